@@ -1,0 +1,24 @@
+"""yax: look inside JAX/Flax models as module expressions (MoX) and change them.
+
+The public API is re-exported here; everything else is private.
+"""
+
+from ._eval import eval_mox as eval_mox
+from ._ir import Equation as Equation
+from ._ir import Literal as Literal
+from ._ir import Mox as Mox
+from ._ir import Symbol as Symbol
+from ._ir import Var as Var
+from ._map import map_mox as map_mox
+from ._print import pprint as pprint
+from ._summary import summary as summary
+from ._trace import ACTIVATIONS as ACTIVATIONS
+from ._trace import make_mox as make_mox
+from .errors import YaxError as YaxError
+from .errors import YaxEvalError as YaxEvalError
+from .errors import YaxInputError as YaxInputError
+from .errors import YaxQueryError as YaxQueryError
+from .errors import YaxRewriteError as YaxRewriteError
+from .errors import YaxTraceError as YaxTraceError
+
+__version__ = "0.1.0"

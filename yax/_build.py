@@ -1,0 +1,164 @@
+"""Turning a marked jaxpr (see `_trace`) into a MoX tree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.extend.core as jcore
+
+from ._ir import Equation, Literal, Mox, Symbol, Var
+from ._trace import MARKER_RE, CallInfo, Recorder
+from .errors import YaxTraceError
+
+
+def _marker(eqn: Any) -> tuple[str, int] | None:
+    if eqn.primitive.name != "optimization_barrier":
+        return None
+    found = MARKER_RE.findall(str(eqn.source_info.name_stack))
+    if not found:
+        return None
+    kind, cid = found[-1]
+    return kind, int(cid)
+
+
+class _Converter:
+    def __init__(self, rec: Recorder):
+        self.rec = rec
+        self.vars: dict[Any, Var] = {}
+
+    def var(self, v: Any) -> Var:
+        out = self.vars.get(v)
+        if out is None:
+            a = v.aval
+            out = self.vars[v] = Var(getattr(a, "shape", ()), getattr(a, "dtype", None), getattr(a, "weak_type", False))
+        return out
+
+    def atom(self, a: Any) -> Symbol:
+        if isinstance(a, jcore.Literal):
+            av = a.aval
+            return Literal(a.val, getattr(av, "shape", ()), getattr(av, "dtype", None), getattr(av, "weak_type", False))
+        return self.var(a)
+
+    def jaxpr(self, jaxpr: Any, consts: tuple = (), path: str = "") -> tuple[tuple, tuple, list, tuple, bool]:
+        """Convert one (open) jaxpr. Returns constvars, invars, children,
+        outvars, and whether any marker was found (so the original jaxpr
+        cannot be reused for evaluation)."""
+        constvars = tuple(self.var(v) for v in jaxpr.constvars)
+        invars = tuple(self.var(v) for v in jaxpr.invars)
+        # Each frame: (call id, info, children, pending node fields, path)
+        frames: list[list[Any]] = [[None, None, [], None, path]]
+        marked = False
+        for eqn in jaxpr.eqns:
+            m = _marker(eqn)
+            if m is None:
+                frames[-1][2].append(self.equation(eqn, frames[-1][4]))
+                continue
+            marked = True
+            kind, cid = m
+            info: CallInfo | None = self.rec.calls.get(cid)
+            if info is None:
+                raise YaxTraceError(f"Internal error: marker {cid} has no recorded call. Please report this.")
+            if kind == "in":
+                n = len(info.dyn_in)
+                inputs = tuple(self.atom(a) for a in eqn.invars[:n])
+                formals = tuple(self.var(v) for v in eqn.outvars[:n])
+                frames.append([cid, info, [], (inputs, formals), info.path])
+            else:
+                cid0, info0, children, (inputs, formals), _ = frames.pop() if len(frames) > 1 else (None,) * 5
+                if cid0 != cid:
+                    raise YaxTraceError(
+                        f"Internal error: the call of `{info.path}` ended inside another call. Please report this."
+                    )
+                n = len(info.dyn_out)
+                frames[-1][2].append(
+                    Mox(
+                        kind=info.kind,
+                        children=tuple(children),
+                        inputs=inputs,
+                        invars=formals,
+                        outvars=tuple(self.atom(a) for a in eqn.invars[:n]),
+                        outputs=tuple(self.var(v) for v in eqn.outvars[:n]),
+                        path=info.path,
+                        name=info.name,
+                        module_type=info.module_type,
+                        method=info.method,
+                        attrs=info.attrs,
+                        num_params=info.num_params,
+                        var_tree=info.var_tree,
+                        in_tree=info.in_tree,
+                        out_tree=info.out_tree,
+                        in_static=info.in_static,
+                        out_static=info.out_static,
+                        dyn_in=info.dyn_in,
+                        dyn_out=info.dyn_out,
+                    )
+                )
+        if len(frames) != 1:
+            raise YaxTraceError(
+                f"Internal error: the call of `{frames[-1][1].path}` never returned in the trace. Please report this."
+            )
+        outvars = tuple(self.atom(a) for a in jaxpr.outvars)
+        return constvars, invars, frames[0][2], outvars, marked
+
+    def sub(self, value: Any, path: str) -> tuple[Mox, bool]:
+        if isinstance(value, jcore.ClosedJaxpr):
+            jaxpr, consts = value.jaxpr, tuple(value.consts)
+        else:
+            jaxpr, consts = value, ()
+        constvars, invars, children, outvars, marked = self.jaxpr(jaxpr, consts, path)
+        mox = Mox(
+            kind="jaxpr",
+            children=tuple(children),
+            inputs=invars,
+            invars=invars,
+            outvars=outvars,
+            outputs=tuple(a for a in outvars if isinstance(a, Var)),
+            constvars=constvars,
+            consts=consts,
+            path=path,
+            attrs={"closed": isinstance(value, jcore.ClosedJaxpr)},
+        )
+        return mox, marked
+
+    def equation(self, eqn: Any, path: str) -> Equation:
+        params = dict(eqn.params)
+        originals: dict[str, Any] = {}
+        for k, v in eqn.params.items():
+            if isinstance(v, (jcore.Jaxpr, jcore.ClosedJaxpr)):
+                params[k], marked = self.sub(v, path)
+                if not marked:
+                    originals[k] = v
+            elif isinstance(v, tuple) and v and all(isinstance(x, (jcore.Jaxpr, jcore.ClosedJaxpr)) for x in v):
+                subs = [self.sub(x, path) for x in v]
+                params[k] = tuple(s for s, _ in subs)
+                if not any(m for _, m in subs):
+                    originals[k] = v
+        return Equation(
+            primitive=eqn.primitive,
+            params=params,
+            inputs=tuple(self.atom(a) for a in eqn.invars),
+            outputs=tuple(self.var(v) for v in eqn.outvars),
+            path=path,
+            source_info=eqn.source_info,
+            ctx=getattr(eqn, "ctx", None),
+            _jaxprs=originals,
+        )
+
+
+def build(closed: Any, rec: Recorder, *, name: str, **root_fields: Any) -> Mox:
+    """The root MoX of a traced function."""
+    conv = _Converter(rec)
+    constvars, invars, children, outvars, _ = conv.jaxpr(closed.jaxpr, tuple(closed.consts), "")
+    return Mox(
+        kind="root",
+        children=tuple(children),
+        inputs=invars,
+        invars=invars,
+        outvars=outvars,
+        outputs=tuple(a for a in outvars if isinstance(a, Var)),
+        constvars=constvars,
+        consts=tuple(closed.consts),
+        path="",
+        name=name,
+        **root_fields,
+    )

@@ -1,0 +1,199 @@
+"""Evaluating a MoX: a jaxpr interpreter that walks module calls.
+
+Equations are evaluated by binding their primitive, exactly like
+``jax.core.eval_jaxpr``; so `eval_mox` composes with ``jit``, ``grad``,
+``vmap`` and sharding, and a jitted unmodified MoX lowers to the same HLO as
+the original function. Nested computations (a scan body, a jit callee) are
+bound with their original jaxpr when nothing in them was marked, and with a
+jaxpr re-traced from the nested MoX otherwise (once, then cached).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from ._ir import Equation, Literal, Mox, Symbol
+from .errors import YaxEvalError, YaxInputError
+
+# Equation -> {param name: jaxpr} built from nested MoX nodes.
+_retraced: "weakref.WeakKeyDictionary[Equation, dict[str, Any]]" = weakref.WeakKeyDictionary()
+
+
+def _read(env: dict, a: Symbol) -> Any:
+    return a.val if isinstance(a, Literal) else env[a]
+
+
+def run(mox: Mox, args: Sequence[Any], consts: Sequence[Any] | None = None) -> list[Any]:
+    """Evaluate a root or ``"jaxpr"`` node on flat inputs; flat outputs."""
+    env: dict = {}
+    for v, c in zip(mox.constvars, mox.consts if consts is None else consts):
+        env[v] = c
+    for v, x in zip(mox.invars, args):
+        env[v] = x
+    _exec(mox.children, env)
+    return [_read(env, a) for a in mox.outvars]
+
+
+def _exec(children: Sequence[Any], env: dict) -> None:
+    for c in children:
+        if isinstance(c, Equation):
+            vals = [_read(env, a) for a in c.inputs]
+            try:
+                params = _bind_params(c)
+                if isinstance(params, tuple):  # older JAX: (subfuns, params)
+                    subfuns, params = params
+                    vals = [*subfuns, *vals]
+                if c.ctx is not None:
+                    with c.ctx.manager:
+                        out = c.primitive.bind(*vals, **params)
+                else:
+                    out = c.primitive.bind(*vals, **params)
+            except Exception as e:
+                raise YaxEvalError(
+                    f"Evaluating `{c.name}` in `{c.path or 'the root'}` failed: {type(e).__name__}: {e}"
+                ) from e
+            if c.primitive.multiple_results:
+                for v, x in zip(c.outputs, out):
+                    env[v] = x
+            else:
+                env[c.outputs[0]] = out
+        else:
+            for formal, actual in zip(c.invars, c.inputs):
+                env[formal] = _read(env, actual)
+            _exec(c.children, env)
+            for out, res in zip(c.outputs, c.outvars):
+                env[out] = _read(env, res)
+
+
+def _bind_params(eqn: Equation) -> Any:
+    subs = eqn.subs
+    if not subs:
+        return eqn.primitive.get_bind_params(eqn.params)
+    cached = _retraced.get(eqn)
+    if cached is None:
+        cached = {}
+        for k, v in eqn.params.items():
+            if k in eqn._jaxprs:
+                cached[k] = eqn._jaxprs[k]
+            elif isinstance(v, Mox):
+                cached[k] = _to_jaxpr(v, eqn)
+            elif isinstance(v, tuple) and any(isinstance(x, Mox) for x in v):
+                cached[k] = tuple(_to_jaxpr(x, eqn) for x in v)
+        _retraced[eqn] = cached
+    return eqn.primitive.get_bind_params({**eqn.params, **cached})
+
+
+def _to_jaxpr(sub: Mox, eqn: Equation) -> Any:
+    """A JAX jaxpr for a nested MoX, with the type JAX expects in ``eqn``."""
+    avals = [jax.ShapeDtypeStruct(v.shape, v.dtype, weak_type=v.weak_type) for v in sub.invars]
+    closed = jax.make_jaxpr(lambda *xs: run(sub, xs))(*avals)
+    if sub.attrs.get("closed", True):
+        return closed
+    # Open jaxprs (remat's body) take no constants.
+    if closed.consts:
+        raise YaxEvalError(
+            f"The body of `{eqn.name}` in `{eqn.path or 'the root'}` captures constants, which "
+            f"`{eqn.name}` cannot hold. Pass the values as inputs instead."
+        )
+    return closed.jaxpr
+
+
+# -- the public entry point ----------------------------------------------------------
+
+def _aval_str(shape: Sequence[int], dtype: Any) -> str:
+    return f"{getattr(dtype, 'name', dtype)}{list(shape)}"
+
+
+def _same_dtype(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except TypeError:  # extended dtypes (PRNG keys) against numpy dtypes
+        return False
+
+
+def flatten_inputs(mox: Mox, args: tuple, kwargs: dict) -> list[Any]:
+    """Check ``(args, kwargs)`` against what ``mox`` was traced with and return
+    the traced leaves."""
+    flat, tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
+    if tree != mox.in_tree:
+        raise YaxInputError(
+            "The arguments have a different structure from those the MoX was traced with.\n"
+            f"  expected: {mox.in_tree}\n  found:    {tree}\n"
+            "Pass the same pytree of arguments (same dict keys, same tuple lengths), "
+            "or trace again with `yax.make_mox`."
+        )
+    leaves = [x for _, x in flat]
+    for i, expected in mox.in_static:
+        found = leaves[i]
+        same = found is expected
+        if not same:
+            try:
+                same = bool(found == expected)
+            except Exception:
+                same = False
+        if not same:
+            raise YaxInputError(
+                f"Argument `{jax.tree_util.keystr(flat[i][0])}` is static (baked in at trace time) "
+                f"and was {expected!r} when traced, but is {found!r} now. "
+                "Trace again with `yax.make_mox` for the new value, or pass an array to make it traced."
+            )
+    out = []
+    for i, v in zip(mox.dyn_in, mox.invars):
+        x = leaves[i]
+        where = jax.tree_util.keystr(flat[i][0])
+        shape = tuple(np.shape(x))
+        dtype = getattr(x, "dtype", None)
+        if dtype is None:
+            raise YaxInputError(
+                f"Argument `{where}` was an array of {_aval_str(v.shape, v.dtype)} when traced, "
+                f"but is a `{type(x).__name__}` now. Pass an array of that shape and dtype."
+            )
+        if shape != v.shape or not _same_dtype(dtype, v.dtype):
+            raise YaxInputError(
+                f"Argument `{where}` was traced as {_aval_str(v.shape, v.dtype)} but is "
+                f"{_aval_str(shape, dtype)} now. Trace again with `yax.make_mox` for new shapes "
+                "or dtypes, or cast the argument."
+            )
+        out.append(x)
+    return out
+
+
+def unflatten_outputs(mox: Mox, flat_out: Sequence[Any]) -> Any:
+    n = len(mox.dyn_out) + len(mox.out_static)
+    leaves: list[Any] = [None] * n
+    for i, x in zip(mox.dyn_out, flat_out):
+        leaves[i] = x
+    for i, x in mox.out_static:
+        leaves[i] = x
+    return jax.tree_util.tree_unflatten(mox.out_tree, leaves)
+
+
+def eval_mox(mox: Mox, *args: Any, **kwargs: Any) -> Any:
+    """Evaluate a MoX on new arguments; a drop-in for the traced function.
+
+    Args:
+      mox: a root MoX from `make_mox` (or a rewrite of one).
+      *args, **kwargs: arguments with the same structure, shapes and dtypes as
+        at trace time; static leaves (``train=False``) must be equal.
+
+    Returns:
+      The same pytree the traced function returns.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, yax
+      >>> mox = yax.make_mox(lambda x, y: {"s": jnp.sin(x) * y})(jnp.ones(3), 2.0)
+      >>> yax.eval_mox(mox, jnp.zeros(3), 2.0)["s"]
+      Array([0., 0., 0.], dtype=float32)
+    """
+    if not isinstance(mox, Mox) or mox.kind != "root":
+        what = f"a `{mox.kind}` node" if isinstance(mox, Mox) else f"a `{type(mox).__name__}`"
+        raise YaxInputError(
+            f"`eval_mox` expected the root MoX returned by `yax.make_mox(fn)(...)`, but got {what}. "
+            "Evaluate the whole MoX; rewrite nodes with `yax.sub`."
+        )
+    flat = flatten_inputs(mox, args, kwargs)
+    return unflatten_outputs(mox, run(mox, flat))

@@ -1,0 +1,56 @@
+"""`map_mox`: rebuild a MoX bottom-up through a function (never in place)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from ._ir import Equation, Mox
+
+Node = Equation | Mox
+
+
+def map_mox(fn: Callable[[Node], Node], mox: Mox) -> Mox:
+    """Apply ``fn`` to every node below ``mox`` (children first) and to
+    ``mox`` itself, returning a new tree; nodes ``fn`` returns unchanged are
+    shared with the input, which is never modified.
+
+    Nested computations held by equations (scan bodies) are mapped too.
+
+    Example:
+      >>> import jax.numpy as jnp, yax
+      >>> mox = yax.make_mox(lambda x: jnp.sin(x))(jnp.ones(2))
+      >>> names = []
+      >>> _ = yax.map_mox(lambda n: names.append(getattr(n, "name", "")) or n, mox)
+      >>> names
+      ['sin', 'f']
+    """
+
+    def go(node: Node) -> Node:
+        if isinstance(node, Equation):
+            changed = {}
+            for k, v in node.params.items():
+                if isinstance(v, Mox):
+                    nv = go(v)
+                elif isinstance(v, tuple) and v and all(isinstance(x, Mox) for x in v):
+                    nv = tuple(go(x) for x in v)
+                    if all(a is b for a, b in zip(nv, v)):
+                        nv = v
+                else:
+                    continue
+                if nv is not v:
+                    changed[k] = nv
+            if changed:
+                # A changed nested computation must be re-traced on eval.
+                node = dataclasses.replace(
+                    node,
+                    params={**node.params, **changed},
+                    _jaxprs={k: j for k, j in node._jaxprs.items() if k not in changed},
+                )
+            return fn(node)
+        children = tuple(go(c) for c in node.children)
+        if any(a is not b for a, b in zip(children, node.children)):
+            node = dataclasses.replace(node, children=children)
+        return fn(node)
+
+    return go(mox)

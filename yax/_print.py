@@ -1,0 +1,161 @@
+"""Jaxpr-like text for a MoX.
+
+The printer walks the tree once, naming vars in order of first appearance
+(``a`` … ``z``, ``ba`` …) through a `Names` context, so output is stable and
+deterministic: memory addresses are scrubbed from parameter reprs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import numpy as np
+
+from ._ir import Equation, Literal, Mox, Symbol, Var
+
+_ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+class Names:
+    """Stable short names for vars, assigned on first use."""
+
+    def __init__(self) -> None:
+        self.names: dict[Var, str] = {}
+
+    def __call__(self, v: Var) -> str:
+        n = self.names.get(v)
+        if n is None:
+            i, s = len(self.names), ""
+            while True:
+                s = _LETTERS[i % 26] + s
+                i = i // 26
+                if i == 0:
+                    break
+            n = self.names[v] = s
+        return n
+
+
+def dtype_str(dtype: Any) -> str:
+    name = getattr(dtype, "name", str(dtype))
+    short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
+             "int32": "i32", "int64": "i64", "int8": "i8", "int16": "i16", "uint8": "u8",
+             "uint32": "u32", "uint64": "u64", "bool": "bool", "complex64": "c64"}
+    return short.get(name, name)
+
+
+def type_str(s: Symbol) -> str:
+    return f"{dtype_str(s.dtype)}[{','.join(map(str, s.shape))}]"
+
+
+def value_str(v: Any) -> str:
+    """A short, deterministic repr of a parameter or attribute value."""
+    if callable(v) and hasattr(v, "__name__"):
+        return getattr(v, "__yax_activation__", None) or v.__name__
+    if isinstance(v, np.dtype) or (isinstance(v, type) and issubclass(v, np.generic)):
+        return np.dtype(v).name
+    if isinstance(v, np.ndarray) and v.size > 8:
+        return f"array<{v.dtype.name}{list(v.shape)}>"
+    return _ADDR.sub("", repr(v))
+
+
+def key_attrs(node: Mox) -> dict[str, Any]:
+    """The module fields that differ from their defaults: the ones worth showing."""
+    if node.module_type is None or not dataclasses.is_dataclass(node.module_type):
+        return dict(node.attrs)
+    fields = {f.name: f for f in dataclasses.fields(node.module_type)}
+    out = {}
+    for k, v in node.attrs.items():
+        f = fields.get(k)
+        if f is not None and f.default is not dataclasses.MISSING:
+            try:
+                if v is f.default or bool(v == f.default):
+                    continue
+            except Exception:
+                pass
+        out[k] = v
+    return out
+
+
+def call_header(node: Mox) -> str:
+    """``module_call[path=MLP/Dense_0 type=Dense features=4 params=16]``."""
+    parts = [f"path={node.path}"]
+    if node.kind != "activation":
+        parts.append(f"type={node.type}")
+        if node.method and node.method != "__call__":
+            parts.append(f"method={node.method}")
+    parts += [f"{k}={value_str(v)}" for k, v in key_attrs(node).items()]
+    if node.num_params:
+        parts.append(f"params={node.num_params}")
+    return f"{node.kind}[{' '.join(parts)}]"
+
+
+class _Printer:
+    def __init__(self) -> None:
+        self.name = Names()
+        self.lines: list[str] = []
+
+    def atom(self, a: Symbol) -> str:
+        if isinstance(a, Literal):
+            v = np.asarray(a.val)
+            return f"{v.item() if v.ndim == 0 else value_str(a.val)}:{type_str(a)}"
+        return self.name(a)
+
+    def binder(self, v: Var) -> str:
+        return f"{self.name(v)}:{type_str(v)}"
+
+    def block(self, mox: Mox, indent: int, head: str = "") -> None:
+        consts = " ".join(self.binder(v) for v in mox.constvars)
+        invars = " ".join(self.binder(v) for v in mox.invars)
+        pad = " " * indent
+        self.lines.append(f"{pad}{head}{{ lambda {consts}{' ' if consts else ''}; {invars}. let")
+        for c in mox.children:
+            self.child(c, indent + 4)
+        outs = " ".join(self.atom(a) for a in mox.outvars)
+        self.lines.append(f"{pad}  in ({outs}) }}")
+
+    def lhs(self, outs: tuple) -> str:
+        return " ".join(self.binder(v) for v in outs) or "()"
+
+    def child(self, c: Equation | Mox, indent: int) -> None:
+        pad = " " * indent
+        if isinstance(c, Mox):
+            args = " ".join(self.atom(a) for a in c.inputs)
+            self.lines.append(f"{pad}{self.lhs(c.outputs)} = {call_header(c)} {args}")
+            self.block(c, indent + 2)
+            return
+        simple, nested = [], []
+        for k, v in sorted(c.params.items()):
+            if isinstance(v, Mox) or (isinstance(v, tuple) and v and all(isinstance(x, Mox) for x in v)):
+                nested.append((k, v))
+            elif v is not None:
+                simple.append(f"{k}={value_str(v)}")
+        params = f"[{' '.join(simple)}]" if simple else ""
+        args = " ".join(self.atom(a) for a in c.inputs)
+        self.lines.append(f"{pad}{self.lhs(c.outputs)} = {c.name}{params} {args}".rstrip())
+        for k, v in nested:
+            for i, sub in enumerate(v if isinstance(v, tuple) else (v,)):
+                label = f"{k}[{i}]=" if isinstance(v, tuple) else f"{k}="
+                self.block(sub, indent + 2, label)
+
+
+def pprint(mox: Mox) -> str:
+    """The jaxpr-like text of a MoX: one block per call, headed by its path,
+    type and key attributes.
+
+    Example:
+      >>> import jax.numpy as jnp, yax
+      >>> print(yax.pprint(yax.make_mox(lambda x: jnp.sin(x) * 2)(jnp.ones(3))))
+      { lambda ; a:f32[3]. let
+          b:f32[3] = sin a
+          c:f32[3] = mul b 2.0:f32[]
+        in (c) }
+    """
+    p = _Printer()
+    if mox.kind in ("root", "jaxpr"):
+        p.block(mox, 0)
+    else:
+        p.child(mox, 0)
+    return "\n".join(p.lines)
