@@ -208,9 +208,18 @@ class ControlFlow(nn.Module):
             return c + xs, c * 2
 
         c, ys = jax.lax.scan(step, x[0], x)
-        x = clip_grad_identity(softclip(x + ys + c))
+        x = softclip(x + ys + c)
         eos = (n == 3).argmax(-1)  # comparisons of int inputs with constants
         return x + eos[:, None].astype(x.dtype), {"eos": eos}
+
+
+class CustomGrads(nn.Module):
+    """User-defined custom_vjp / custom_jvp next to nn.relu (custom_jvp) and nn.gelu."""
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.Dense(4)(x)
+        return clip_grad_identity(softclip(nn.relu(x) + nn.gelu(x)))
 
 
 class Lifted(nn.Module):
@@ -348,6 +357,11 @@ def case_rngs():
 def case_control_flow():
     m, x, n = ControlFlow(), jnp.linspace(-1, 1, 12).reshape(3, 4), jnp.array([[1, 3, 3], [3, 0, 0], [0, 0, 3]])
     return m.apply, (_init(m, x, n), x, n), {}
+
+
+def case_custom_grads():
+    m, x = CustomGrads(), jnp.linspace(-1, 1, 8).reshape(2, 4)
+    return m.apply, (_init(m, x), x), {}
 
 
 def case_lifted():
