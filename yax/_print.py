@@ -52,13 +52,38 @@ def type_str(s: Symbol) -> str:
 
 def value_str(v: Any) -> str:
     """A short, deterministic repr of a parameter or attribute value."""
-    if callable(v) and hasattr(v, "__name__"):
-        return getattr(v, "__yax_activation__", None) or v.__name__
+    if callable(v) and not isinstance(v, type):
+        return getattr(v, "__yax_activation__", None) or getattr(v, "__name__", None) or type(v).__name__
     if isinstance(v, np.dtype) or (isinstance(v, type) and issubclass(v, np.generic)):
         return np.dtype(v).name
     if isinstance(v, np.ndarray) and v.size > 8:
         return f"array<{v.dtype.name}{list(v.shape)}>"
-    return _ADDR.sub("", repr(v))
+    return " ".join(_ADDR.sub("", repr(v)).split())
+
+
+# Parameters JAX's own printer leaves out too: placement details of `jit` and
+# callables of custom derivatives (shown by name only where useful).
+_HIDDEN = {
+    "jit": {"compiler_options_kvs", "ctx_mesh", "donated_invars", "in_layouts", "in_shardings",
+            "out_layouts", "out_shardings", "keep_unused", "inline"},
+}
+_HIDDEN["pjit"] = _HIDDEN["jit"]
+_HIDDEN_ANY = {"jvp_jaxpr_fun", "jvp_jaxpr_thunk", "fwd_jaxpr_thunk", "bwd", "out_trees", "jvp", "linear"}
+
+
+def shown_params(eqn: Equation) -> list[tuple[str, Any]]:
+    """The (name, value) params worth printing, sorted; nested MoX excluded."""
+    hidden = _HIDDEN.get(eqn.name, ())
+    out = []
+    for k, v in sorted(eqn.params.items()):
+        if k in hidden or k in _HIDDEN_ANY or k.startswith("_") or v is None or isinstance(v, Mox):
+            continue
+        if isinstance(v, tuple) and v and all(isinstance(x, Mox) for x in v):
+            continue
+        if callable(v) and not isinstance(v, type):
+            continue
+        out.append((k, v))
+    return out
 
 
 def key_attrs(node: Mox) -> dict[str, Any]:
@@ -126,12 +151,9 @@ class _Printer:
             self.lines.append(f"{pad}{self.lhs(c.outputs)} = {call_header(c)} {args}")
             self.block(c, indent + 2)
             return
-        simple, nested = [], []
-        for k, v in sorted(c.params.items()):
-            if isinstance(v, Mox) or (isinstance(v, tuple) and v and all(isinstance(x, Mox) for x in v)):
-                nested.append((k, v))
-            elif v is not None:
-                simple.append(f"{k}={value_str(v)}")
+        simple = [f"{k}={value_str(v)}" for k, v in shown_params(c)]
+        nested = [(k, v) for k, v in sorted(c.params.items())
+                  if isinstance(v, Mox) or (isinstance(v, tuple) and v and all(isinstance(x, Mox) for x in v))]
         params = f"[{' '.join(simple)}]" if simple else ""
         args = " ".join(self.atom(a) for a in c.inputs)
         self.lines.append(f"{pad}{self.lhs(c.outputs)} = {c.name}{params} {args}".rstrip())

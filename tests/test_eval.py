@@ -1,0 +1,107 @@
+"""eval_mox input checks, errors, and sharding."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import yax
+from models import MLP
+
+pytestmark = pytest.mark.core
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    m, x = MLP(), jnp.ones((2, 4))
+    v = m.init(jax.random.key(0), x)
+    return m, v, x, yax.make_mox(m.apply)(v, x)
+
+
+def test_wrong_shape_names_the_argument(mlp):
+    m, v, x, mox = mlp
+    with pytest.raises(yax.YaxInputError, match=r"`\[0\]\[1\]` was traced as float32\[2, 4\] but is float32\[3, 4\]"):
+        yax.eval_mox(mox, v, jnp.ones((3, 4)))
+
+
+def test_wrong_dtype_names_the_argument(mlp):
+    m, v, x, mox = mlp
+    with pytest.raises(yax.YaxInputError, match=r"\['params'\]\['Dense_0'\]\['bias'\]` was traced as float32\[16\] but is int32\[16\]"):
+        bad = jax.tree.map(lambda a: a, v)
+        bad["params"]["Dense_0"]["bias"] = jnp.zeros(16, jnp.int32)
+        yax.eval_mox(mox, bad, x)
+
+
+def test_wrong_structure(mlp):
+    m, v, x, mox = mlp
+    with pytest.raises(yax.YaxInputError, match="different structure"):
+        yax.eval_mox(mox, v, x, x)
+
+
+def test_static_argument_changed():
+    mox = yax.make_mox(lambda x, *, train: x * (2 if train else 3))(jnp.ones(2), train=True)
+    assert (yax.eval_mox(mox, jnp.ones(2), train=True) == 2).all()
+    with pytest.raises(yax.YaxInputError, match=r"static \(baked in at trace time\) and was True when traced, but is False"):
+        yax.eval_mox(mox, jnp.ones(2), train=False)
+
+
+def test_non_array_where_array_was_traced(mlp):
+    m, v, x, mox = mlp
+    with pytest.raises(yax.YaxInputError, match="different structure|is a `str` now"):
+        yax.eval_mox(mox, v, "x")
+
+
+def test_eval_needs_the_root(mlp):
+    *_, mox = mlp
+    with pytest.raises(yax.YaxInputError, match="expected the root MoX"):
+        yax.eval_mox(mox.calls[0], jnp.ones((2, 4)))
+
+
+def test_make_mox_errors():
+    with pytest.raises(yax.YaxTraceError, match="expected a callable"):
+        yax.make_mox(3)
+    with pytest.raises(yax.YaxTraceError, match="could not trace") as e:
+        yax.make_mox(lambda x: x.reshape(7))(jnp.ones(3))
+    assert e.value.__cause__ is not None
+
+
+def test_original_mox_unchanged_by_eval(mlp):
+    *_, mox = mlp
+    before = str(mox)
+    yax.eval_mox(mox, mlp[1], mlp[2])
+    assert str(mox) == before
+
+
+SHARDING = textwrap.dedent(
+    """
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import yax
+    from models import MLP
+    assert len(jax.devices()) == 8, jax.devices()
+    mesh = Mesh(np.array(jax.devices()).reshape(8), ("data",))
+    m = MLP()
+    x = jnp.arange(8 * 16 * 4, dtype=jnp.float32).reshape(8 * 16, 4) / 100
+    v = m.init(jax.random.key(0), x)
+    xs = jax.device_put(x, NamedSharding(mesh, P("data", None)))
+    mox = yax.make_mox(m.apply)(v, xs)
+    got = jax.jit(lambda v, x: yax.eval_mox(mox, v, x))(v, xs)
+    want = jax.jit(m.apply)(v, xs)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert got.sharding.is_equivalent_to(want.sharding, got.ndim), (got.sharding, want.sharding)
+    assert len(got.sharding.device_set) == 8
+    print("SHARDED-OK", got.sharding)
+    """
+)
+
+
+def test_sharded_inputs_on_8_cpu_devices(tmp_path):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", SHARDING], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "SHARDED-OK" in r.stdout
