@@ -8,7 +8,8 @@ Each entry of `CASES` builds ``(fn, args, kwargs)``: calling ``fn(*args,
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax.linen as nn
 import jax

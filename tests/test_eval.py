@@ -8,9 +8,9 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import pytest
+from models import MLP
 
 import yax
-from models import MLP
 
 pytestmark = pytest.mark.core
 

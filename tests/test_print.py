@@ -9,9 +9,9 @@ import os
 import pathlib
 
 import pytest
+from models import CASES
 
 import yax
-from models import CASES
 
 pytestmark = pytest.mark.core
 

@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from models import CASES, MLP, Transformer
 
 import yax
-from models import CASES, MLP, Transformer
 
 pytestmark = pytest.mark.core
 

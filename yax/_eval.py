@@ -11,7 +11,8 @@ jaxpr re-traced from the nested MoX otherwise (once, then cached).
 from __future__ import annotations
 
 import weakref
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -20,7 +21,7 @@ from ._ir import Equation, Literal, Mox, Symbol
 from .errors import YaxEvalError, YaxInputError
 
 # Equation -> {param name: jaxpr} built from nested MoX nodes.
-_retraced: "weakref.WeakKeyDictionary[Equation, dict[str, Any]]" = weakref.WeakKeyDictionary()
+_retraced: weakref.WeakKeyDictionary[Equation, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 def _read(env: dict, a: Symbol) -> Any:

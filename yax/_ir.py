@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 

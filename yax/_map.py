@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from ._ir import Equation, Mox
 
@@ -23,7 +23,7 @@ def map_mox(fn: Callable[[Node], Node], mox: Mox) -> Mox:
       >>> names = []
       >>> _ = yax.map_mox(lambda n: names.append(getattr(n, "name", "")) or n, mox)
       >>> names
-      ['sin', 'f']
+      ['sin', '<lambda>']
     """
 
     def go(node: Node) -> Node:

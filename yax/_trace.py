@@ -34,7 +34,8 @@ import itertools
 import math
 import re
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np

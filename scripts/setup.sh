@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One set-up command: installs yax with its dev tools into .venv (newest
+# supported JAX) and a second environment .venv-oldest with the oldest
+# supported JAX, so the test command can run the core suite against both.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+$PY -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[dev]"
+
+# Oldest supported JAX (keep in step with pyproject's lower bounds).
+$PY -m venv .venv-oldest
+.venv-oldest/bin/python -m pip install -q --upgrade pip
+.venv-oldest/bin/python -m pip install -q "jax==0.9.0" "jaxlib==0.9.0" "flax==0.12.6" \
+    "lxml>=5" "pytest>=8" "hypothesis>=6" "pytest-xdist>=3"
+.venv-oldest/bin/python -m pip install -q -e . --no-deps
+
+.venv/bin/python -c "import jax, flax, yax; print('newest: jax', jax.__version__, 'flax', flax.__version__)"
+.venv-oldest/bin/python -c "import jax, flax, yax; print('oldest: jax', jax.__version__, 'flax', flax.__version__)"
