@@ -29,8 +29,9 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
-import yax  # noqa: E402
 from models import CNN, MLP, Transformer  # noqa: E402
+
+import yax  # noqa: E402
 
 KEY = jax.random.key(0)
 

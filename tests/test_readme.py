@@ -1,0 +1,19 @@
+"""The README's tour runs as written."""
+
+import pathlib
+import re
+
+import pytest
+
+pytestmark = pytest.mark.core
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_readme_tour_runs(capsys):
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    assert blocks, "the README has no tour"
+    exec(compile(blocks[0], "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "module_call[path=MLP/Dense_0 type=Dense features=16 params=144]" in out
+    assert "['MLP/Dense_0', 'MLP/Dense_1'] [144, 34]" in out
