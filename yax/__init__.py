@@ -14,11 +14,18 @@ from ._print import pprint as pprint
 from ._summary import summary as summary
 from ._trace import ACTIVATIONS as ACTIVATIONS
 from ._trace import make_mox as make_mox
+from ._xml import Document as Document
+from ._xml import dump_xml as dump_xml
+from ._xml import load_xml as load_xml
+from ._xml import to_xml as to_xml
+from ._xpath import explain as explain
+from ._xpath import query as query
 from .errors import YaxError as YaxError
 from .errors import YaxEvalError as YaxEvalError
 from .errors import YaxInputError as YaxInputError
 from .errors import YaxQueryError as YaxQueryError
 from .errors import YaxRewriteError as YaxRewriteError
 from .errors import YaxTraceError as YaxTraceError
+from .errors import YaxXMLError as YaxXMLError
 
 __version__ = "0.1.0"

@@ -264,6 +264,12 @@ class Mox:
         and activations), depth first."""
         return (n for n in self.walk() if isinstance(n, Mox) and n.kind in CALL_KINDS)
 
+    def query(self, xpath: str) -> Any:
+        """`yax.query(xpath, self)`: XPath 1.0 over the tree rooted here."""
+        from ._xpath import query
+
+        return query(xpath, self)
+
     # -- prototype-compatible views ----------------------------------------
     def to_dict(self) -> dict[str, Any]:
         from ._serial import to_dict

@@ -45,3 +45,11 @@ class YaxQueryError(YaxError):
 
 class YaxRewriteError(YaxError):
     """A rewrite was refused; the original MoX and parameters are unchanged."""
+
+
+class YaxXMLError(YaxError):
+    """A document given to `load_xml` is malformed, too large, or unsafe.
+
+    yax documents never declare a DTD or entities; such input is refused
+    before parsing (billion-laughs and external-entity attacks).
+    """
