@@ -17,3 +17,5 @@ def test_readme_tour_runs(capsys):
     out = capsys.readouterr().out
     assert "module_call[path=MLP/Dense_0 type=Dense features=16 params=144]" in out
     assert "['MLP/Dense_0', 'MLP/Dense_1'] [144, 34]" in out
+    assert "\n1.0\n" in out
+    assert "<- stops matching here" in out
