@@ -19,8 +19,9 @@ import jax.numpy as jnp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
-import yax  # noqa: E402
 from models import Transformer  # noqa: E402
+
+import yax  # noqa: E402
 from yax._xpath import build_view  # noqa: E402
 
 QUERIES = [
