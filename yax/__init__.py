@@ -3,6 +3,8 @@
 The public API is re-exported here; everything else is private.
 """
 
+from ._diff import Diff as Diff
+from ._diff import diff as diff
 from ._eval import eval_mox as eval_mox
 from ._ir import Equation as Equation
 from ._ir import Literal as Literal

@@ -1,0 +1,89 @@
+"""`diff`: a structural diff of two MoX (or loaded documents), by path."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any
+
+from ._ir import Mox
+from ._xpath import view
+from .errors import YaxError
+
+_CALLS = ("module_call", "method_call", "activation")
+
+
+def _calls(x: Any) -> dict[tuple, dict[str, str]]:
+    if isinstance(x, Mox):
+        tree = view(x).tree
+    elif hasattr(x, "tree"):
+        tree = x.tree
+    else:
+        raise YaxError(f"`diff` expected two MoX or loaded Documents, but got a `{type(x).__name__}`.")
+    seen: collections.Counter = collections.Counter()
+    out = {}
+    for el in tree.iter(*_CALLS):
+        base = (el.get("path"), el.tag, el.get("method"))
+        key = (*base, seen[base])  # the k-th call of the same module method
+        seen[base] += 1
+        out[key] = {k: v for k, v in el.attrib.items() if k != "id"}
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Diff:
+    """Calls only in ``b`` (added), only in ``a`` (removed), and in both with
+    different attributes (changed: ``{attr: (old, new)}``). Keys are
+    ``(path, kind, method, k)``: the k-th call of that method at that path."""
+
+    added: list[tuple]
+    removed: list[tuple]
+    changed: dict[tuple, dict[str, tuple[str | None, str | None]]]
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed or self.changed)
+
+    def to_dict(self) -> dict[str, Any]:
+        def k(key):
+            return {"path": key[0], "kind": key[1], "method": key[2], "index": key[3]}
+
+        return {
+            "added": [k(x) for x in self.added],
+            "removed": [k(x) for x in self.removed],
+            "changed": [{**k(x), "attrs": {a: list(v) for a, v in d.items()}} for x, d in self.changed.items()],
+        }
+
+    def __repr__(self) -> str:
+        lines = [f"+ {p} ({kind}{'' if m in ('__call__', None) else '.' + m})" for p, kind, m, _ in self.added]
+        lines += [f"- {p} ({kind}{'' if m in ('__call__', None) else '.' + m})" for p, kind, m, _ in self.removed]
+        for (p, _, _, _), d in self.changed.items():
+            lines.append(f"~ {p}: " + ", ".join(f"{a}: {o} -> {n}" for a, (o, n) in d.items()))
+        return "\n".join(lines) or "no differences"
+
+
+def diff(a: Any, b: Any) -> Diff:
+    """Compare the calls of two MoX (or `yax.load_xml` documents) by path.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, flax.linen as nn, yax
+      >>> x = jnp.ones((1, 2))
+      >>> def trace(m): return yax.make_mox(m.apply)(m.init(jax.random.key(0), x), x)
+      >>> yax.diff(trace(nn.Sequential([nn.Dense(3), nn.relu])), trace(nn.Sequential([nn.Dense(4), nn.gelu])))
+      + Sequential/gelu (activation.gelu)
+      - Sequential/relu (activation.relu)
+      ~ Sequential: out_shape: f32[1,3] -> f32[1,4], shape: 1,3 -> 1,4, params: 9 -> 12
+      ~ Sequential/layers_0: out_shape: f32[1,3] -> f32[1,4], shape: 1,3 -> 1,4, params: 9 -> 12, features: 3 -> 4
+    """
+    ca, cb = _calls(a), _calls(b)
+    changed = {}
+    for key in ca.keys() & cb.keys():
+        x, y = ca[key], cb[key]
+        d = {k: (x.get(k), y.get(k)) for k in {**x, **y} if x.get(k) != y.get(k)}
+        if d:
+            changed[key] = dict(sorted(d.items(), key=lambda kv: list({**x, **y}).index(kv[0])))
+    order = list(ca) + [k for k in cb if k not in ca]
+    return Diff(
+        added=[k for k in cb if k not in ca],
+        removed=[k for k in ca if k not in cb],
+        changed={k: changed[k] for k in order if k in changed},
+    )
