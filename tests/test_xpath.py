@@ -123,7 +123,6 @@ def test_view_is_cached_and_per_mox(tf):
 @given(st.text(alphabet=st.sampled_from(list("/[]()@*=<>!|'\" .,:-_0123456789abcdegilmnoprstuxy")), max_size=40)
        | st.text(max_size=30))
 def test_fuzz_query_never_hangs(q):
-    fn, args, kwargs = _FUZZ
     t = time.perf_counter()
     try:
         r = yax.query(q, _FUZZ_MOX)

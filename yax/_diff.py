@@ -6,20 +6,13 @@ import collections
 import dataclasses
 from typing import Any
 
-from ._ir import Mox
-from ._xpath import view
-from .errors import YaxError
+from ._xpath import tree_of
 
 _CALLS = ("module_call", "method_call", "activation")
 
 
 def _calls(x: Any) -> dict[tuple, dict[str, str]]:
-    if isinstance(x, Mox):
-        tree = view(x).tree
-    elif hasattr(x, "tree"):
-        tree = x.tree
-    else:
-        raise YaxError(f"`diff` expected two MoX or loaded Documents, but got a `{type(x).__name__}`.")
+    tree, _ = tree_of(x, "diff")
     seen: collections.Counter = collections.Counter()
     out = {}
     for el in tree.iter(*_CALLS):
@@ -54,8 +47,11 @@ class Diff:
         }
 
     def __repr__(self) -> str:
-        lines = [f"+ {p} ({kind}{'' if m in ('__call__', None) else '.' + m})" for p, kind, m, _ in self.added]
-        lines += [f"- {p} ({kind}{'' if m in ('__call__', None) else '.' + m})" for p, kind, m, _ in self.removed]
+        def call(sign, key):
+            p, kind, m, _ = key
+            return f"{sign} {p} ({kind}{'' if m in ('__call__', None) else '.' + m})"
+
+        lines = [call("+", k) for k in self.added] + [call("-", k) for k in self.removed]
         for (p, _, _, _), d in self.changed.items():
             lines.append(f"~ {p}: " + ", ".join(f"{a}: {o} -> {n}" for a, (o, n) in d.items()))
         return "\n".join(lines) or "no differences"
@@ -76,14 +72,14 @@ def diff(a: Any, b: Any) -> Diff:
     """
     ca, cb = _calls(a), _calls(b)
     changed = {}
-    for key in ca.keys() & cb.keys():
-        x, y = ca[key], cb[key]
-        d = {k: (x.get(k), y.get(k)) for k in {**x, **y} if x.get(k) != y.get(k)}
-        if d:
-            changed[key] = dict(sorted(d.items(), key=lambda kv: list({**x, **y}).index(kv[0])))
-    order = list(ca) + [k for k in cb if k not in ca]
+    for key, x in ca.items():  # in a's document order
+        y = cb.get(key)
+        if y is not None:
+            d = {k: (x.get(k), y.get(k)) for k in {**x, **y} if x.get(k) != y.get(k)}
+            if d:
+                changed[key] = d
     return Diff(
         added=[k for k in cb if k not in ca],
         removed=[k for k in ca if k not in cb],
-        changed={k: changed[k] for k in order if k in changed},
+        changed=changed,
     )

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._ir import Equation, Literal, Mox, Symbol
+from ._ir import Equation, Literal, Mox, Symbol, holds_mox
 from .errors import YaxEvalError, YaxInputError
 
 # Equation -> {param name: jaxpr} built from nested MoX nodes.
@@ -82,7 +82,7 @@ def _bind_params(eqn: Equation) -> Any:
                 cached[k] = eqn._jaxprs[k]
             elif isinstance(v, Mox):
                 cached[k] = _to_jaxpr(v, eqn)
-            elif isinstance(v, tuple) and any(isinstance(x, Mox) for x in v):
+            elif holds_mox(v):
                 cached[k] = tuple(_to_jaxpr(x, eqn) for x in v)
         _retraced[eqn] = cached
     return eqn.primitive.get_bind_params({**eqn.params, **cached})

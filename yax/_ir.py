@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Symbol", "Var", "Literal", "Equation", "Mox", "CALL_KINDS"]
+__all__ = ["Symbol", "Var", "Literal", "Equation", "Mox", "CALL_KINDS", "holds_mox"]
 
 #: Kinds of Mox node that stand for a call in the user's program.
 CALL_KINDS = ("module_call", "method_call", "activation")
@@ -87,6 +87,12 @@ def _short_type(s: Symbol) -> str:
     return f"{getattr(s.dtype, 'name', s.dtype)}{list(s.shape)}"
 
 
+def holds_mox(v: Any) -> bool:
+    """Whether an equation parameter holds nested computations: a `Mox`, or a
+    tuple of them (``cond`` branches)."""
+    return isinstance(v, Mox) or (isinstance(v, tuple) and bool(v) and all(isinstance(x, Mox) for x in v))
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Equation:
     """One primitive application: ``outputs = primitive[params](*inputs)``.
@@ -125,8 +131,8 @@ class Equation:
         for k, v in self.params.items():
             if isinstance(v, Mox):
                 out.append((k, v))
-            elif isinstance(v, tuple):
-                out.extend((f"{k}[{i}]", x) for i, x in enumerate(v) if isinstance(x, Mox))
+            elif holds_mox(v):
+                out.extend((f"{k}[{i}]", x) for i, x in enumerate(v))
         return out
 
     @property

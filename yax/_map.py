@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from ._ir import Equation, Mox
+from ._ir import Equation, Mox, holds_mox
 
 Node = Equation | Mox
 
@@ -32,7 +32,7 @@ def map_mox(fn: Callable[[Node], Node], mox: Mox) -> Mox:
             for k, v in node.params.items():
                 if isinstance(v, Mox):
                     nv = go(v)
-                elif isinstance(v, tuple) and v and all(isinstance(x, Mox) for x in v):
+                elif holds_mox(v):
                     nv = tuple(go(x) for x in v)
                     if all(a is b for a, b in zip(nv, v)):
                         nv = v

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ._ir import Equation, Literal, Mox, Symbol, Var
+from ._ir import Equation, Literal, Mox, Symbol, Var, holds_mox
 
 _ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -76,9 +76,7 @@ def shown_params(eqn: Equation) -> list[tuple[str, Any]]:
     hidden = _HIDDEN.get(eqn.name, ())
     out = []
     for k, v in sorted(eqn.params.items()):
-        if k in hidden or k in _HIDDEN_ANY or k.startswith("_") or v is None or isinstance(v, Mox):
-            continue
-        if isinstance(v, tuple) and v and all(isinstance(x, Mox) for x in v):
+        if k in hidden or k in _HIDDEN_ANY or k.startswith("_") or v is None or holds_mox(v):
             continue
         if callable(v) and not isinstance(v, type):
             continue
@@ -152,8 +150,7 @@ class _Printer:
             self.block(c, indent + 2)
             return
         simple = [f"{k}={value_str(v)}" for k, v in shown_params(c)]
-        nested = [(k, v) for k, v in sorted(c.params.items())
-                  if isinstance(v, Mox) or (isinstance(v, tuple) and v and all(isinstance(x, Mox) for x in v))]
+        nested = [(k, v) for k, v in sorted(c.params.items()) if holds_mox(v)]
         params = f"[{' '.join(simple)}]" if simple else ""
         args = " ".join(self.atom(a) for a in c.inputs)
         self.lines.append(f"{pad}{self.lhs(c.outputs)} = {c.name}{params} {args}".rstrip())

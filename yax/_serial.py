@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ._ir import Equation, Mox
+from ._ir import Equation, Mox, holds_mox
 from ._print import Names, dtype_str, key_attrs, value_str
 
 
@@ -31,8 +31,7 @@ def to_dict(mox: Mox, names: Names | None = None) -> dict[str, Any]:
                 "path": n.path,
                 "inputs": [_sym(names, a) for a in n.inputs],
                 "outputs": [_sym(names, a) for a in n.outputs],
-                "params": {k: value_str(v) for k, v in n.params.items()
-                           if not isinstance(v, (Mox, tuple)) or not any(isinstance(x, Mox) for x in (v if isinstance(v, tuple) else (v,)))},
+                "params": {k: value_str(v) for k, v in n.params.items() if not holds_mox(v)},
             }
             subs = n.subs
             if subs:

@@ -95,7 +95,7 @@ def _is_traced(x: Any) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
-def _mark(tag: str, leaves: list[Any], idx: list[int]) -> None:
+def _mark(tag: str, leaves: list[Any], idx: tuple[int, ...]) -> None:
     """Pass ``leaves[i]`` for ``i in idx`` through a named barrier, in place.
 
     A call with no traced values still gets a (dummy) barrier so that its start
@@ -108,21 +108,24 @@ def _mark(tag: str, leaves: list[Any], idx: list[int]) -> None:
         leaves[i] = v
 
 
-def _split(tree: Any) -> tuple[list[Any], Any, list[int], tuple]:
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    dyn = [i for i, x in enumerate(leaves) if _is_traced(x)]
+def partition(leaves: list[Any], traced: Callable[[Any], bool]) -> tuple[tuple[int, ...], tuple]:
+    """Indices of the leaves ``traced`` accepts, and ``(index, value)`` of the rest."""
+    dyn = tuple(i for i, x in enumerate(leaves) if traced(x))
     dset = set(dyn)
-    static = tuple((i, x) for i, x in enumerate(leaves) if i not in dset)
-    return leaves, treedef, dyn, static
+    return dyn, tuple((i, x) for i, x in enumerate(leaves) if i not in dset)
+
+
+def _split(tree: Any) -> tuple[list[Any], Any, tuple[int, ...], tuple]:
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return leaves, treedef, *partition(leaves, _is_traced)
 
 
 def marked_call(info: CallInfo, fn: Callable, args: tuple, kwargs: dict) -> Any:
     """Run ``fn(*args, **kwargs)`` between markers, recording ``info``."""
     rec = _recorder()
     cid = next(rec._ids)
-    leaves, info.in_tree, dyn, info.in_static = _split((args, kwargs))
-    info.dyn_in = tuple(dyn)
-    _mark(f"yax_in_{cid}", leaves, dyn)
+    leaves, info.in_tree, info.dyn_in, info.in_static = _split((args, kwargs))
+    _mark(f"yax_in_{cid}", leaves, info.dyn_in)
     args, kwargs = jax.tree_util.tree_unflatten(info.in_tree, leaves)
     rec.calls[cid] = info
     rec.stack.append((cid, getattr(info, "_module", None)))
@@ -130,9 +133,8 @@ def marked_call(info: CallInfo, fn: Callable, args: tuple, kwargs: dict) -> Any:
         out = fn(*args, **kwargs)
     finally:
         rec.stack.pop()
-    leaves, info.out_tree, dyn, info.out_static = _split(out)
-    info.dyn_out = tuple(dyn)
-    _mark(f"yax_out_{cid}", leaves, dyn)
+    leaves, info.out_tree, info.dyn_out, info.out_static = _split(out)
+    _mark(f"yax_out_{cid}", leaves, info.dyn_out)
     return jax.tree_util.tree_unflatten(info.out_tree, leaves)
 
 
@@ -386,9 +388,7 @@ def make_mox(fn: Callable) -> Callable[..., Any]:
     def traced(*args: Any, **kwargs: Any) -> Any:
         flat, in_tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
         leaves = [x for _, x in flat]
-        dyn = [i for i, x in enumerate(leaves) if is_dynamic(x)]
-        dset = set(dyn)
-        static = tuple((i, x) for i, x in enumerate(leaves) if i not in dset)
+        dyn, static = partition(leaves, is_dynamic)
         out_info: dict[str, Any] = {}
 
         def flat_fn(*dyn_vals: Any) -> list[Any]:
@@ -398,11 +398,8 @@ def make_mox(fn: Callable) -> Callable[..., Any]:
             a, k = jax.tree_util.tree_unflatten(in_tree, full)
             out = target(*a, **k)
             out_leaves, out_info["tree"] = jax.tree_util.tree_flatten(out)
-            odyn = [i for i, x in enumerate(out_leaves) if isinstance(x, jax.Array)]
-            oset = set(odyn)
-            out_info["dyn"] = tuple(odyn)
-            out_info["static"] = tuple((i, x) for i, x in enumerate(out_leaves) if i not in oset)
-            return [out_leaves[i] for i in odyn]
+            out_info["dyn"], out_info["static"] = partition(out_leaves, lambda x: isinstance(x, jax.Array))
+            return [out_leaves[i] for i in out_info["dyn"]]
 
         with recording() as rec:
             try:
@@ -421,7 +418,7 @@ def make_mox(fn: Callable) -> Callable[..., Any]:
             rec,
             in_tree=in_tree,
             in_static=static,
-            dyn_in=tuple(dyn),
+            dyn_in=dyn,
             in_paths=tuple(jax.tree_util.keystr(flat[i][0]) for i in dyn),
             out_tree=out_info["tree"],
             out_static=out_info["static"],

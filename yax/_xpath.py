@@ -54,8 +54,7 @@ def _num(v: Any) -> str | None:
 
 
 def _io_attrs(el: etree._Element, node: Any) -> None:
-    ins = [a for a in node.inputs]
-    outs = [a for a in node.outputs]
+    ins, outs = node.inputs, node.outputs
     el.set("in_shape", " ".join(type_str(a) for a in ins))
     el.set("out_shape", " ".join(type_str(a) for a in outs))
     el.set("in_dtype", " ".join(dtype_str(a.dtype) for a in ins))
@@ -119,6 +118,17 @@ def view(mox: Mox) -> View:
     return v
 
 
+def tree_of(x: Any, caller: str) -> tuple[etree._ElementTree, View | None]:
+    """The document of a MoX (with its view) or of a loaded Document (no view)."""
+    if isinstance(x, Mox):
+        v = view(x)
+        return v.tree, v
+    tree = getattr(x, "tree", None)
+    if not isinstance(tree, etree._ElementTree):
+        raise YaxQueryError(f"`{caller}` expected a MoX or a loaded Document, but got a `{type(x).__name__}`.")
+    return tree, None
+
+
 # -- queries ---------------------------------------------------------------------------
 
 _COMPAT_EMPTY_TEST = re.compile(r"(^|[|(\s])(//?)\[")
@@ -132,7 +142,7 @@ def normalise(xpath: str) -> str:
     return _PJIT.sub("jit", out)
 
 
-def _hint(xpath: str, message: str) -> str:
+def _hint(xpath: str) -> str:
     hints = []
     if re.search(r"@[\w-]+\s*(=|!=)\s*[A-Za-z_][\w-]*\s*\]", xpath):
         hints.append('Quote string values: `[@type="Dense"]`, not `[@type=Dense]`.')
@@ -159,7 +169,7 @@ def _compile(xpath: str) -> etree.XPath:
             x = etree.XPath(normalise(xpath), namespaces=NS, smart_strings=False)
         except (etree.XPathError, ValueError) as e:
             raise YaxQueryError(
-                f"The XPath `{xpath}` is invalid: lxml reported {type(e).__name__}: {e}. {_hint(xpath, str(e))}"
+                f"The XPath `{xpath}` is invalid: lxml reported {type(e).__name__}: {e}. {_hint(xpath)}"
             ) from None
         if len(_compiled) > 512:
             _compiled.clear()
@@ -192,22 +202,16 @@ def query(xpath: str, mox: Mox) -> Any:
       1.0
     """
     x = _compile(xpath)
-    if not isinstance(mox, Mox):
-        tree = getattr(mox, "tree", None)  # a loaded Document: results are elements
-        if tree is None:
-            raise YaxQueryError(f"`query` expected a MoX or a loaded Document, but got a `{type(mox).__name__}`.")
-        try:
-            return x(tree)
-        except etree.XPathError as e:
-            raise YaxQueryError(f"The XPath `{xpath}` could not be evaluated: lxml reported {e}.") from None
-    v = view(mox)
+    tree, v = tree_of(mox, "query")
     try:
-        res = x(v.tree)
+        res = x(tree)
     except etree.XPathError as e:
         raise YaxQueryError(
             f"The XPath `{xpath}` could not be evaluated: lxml reported {type(e).__name__}: {e}. "
-            f"{_hint(xpath, str(e))}"
+            f"{_hint(xpath)}"
         ) from None
+    if v is None:  # a loaded Document: results are its elements
+        return res
     if isinstance(res, list):
         out = []
         for r in res:
