@@ -6,6 +6,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
+# System programs from Debian's packages: Graphviz's `dot` (yax.to_svg).
+need=()
+command -v dot >/dev/null || need+=(graphviz)
+if [ ${#need[@]} -gt 0 ]; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+
 $PY -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[dev]"
@@ -14,7 +23,7 @@ $PY -m venv .venv
 $PY -m venv .venv-oldest
 .venv-oldest/bin/python -m pip install -q --upgrade pip
 .venv-oldest/bin/python -m pip install -q "jax==0.9.0" "jaxlib==0.9.0" "flax==0.12.6" \
-    "lxml>=5" "pytest>=8" "hypothesis>=6" "pytest-xdist>=3"
+    "lxml>=5" "pytest>=8" "hypothesis>=6" "pytest-xdist>=3" "ytsaurus-client"
 .venv-oldest/bin/python -m pip install -q -e . --no-deps
 
 .venv/bin/python -c "import jax, flax, yax; print('newest: jax', jax.__version__, 'flax', flax.__version__)"

@@ -13,7 +13,10 @@ README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 def test_readme_tour_runs(capsys):
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
     assert blocks, "the README has no tour"
-    exec(compile(blocks[0], "README.md", "exec"), {})
+    scope = {}
+    for block in blocks:  # later blocks go on from the earlier ones
+        exec(compile(block, "README.md", "exec"), scope)
+    assert scope["svg"].lstrip().startswith("<?xml") and "Dense_0 : Dense" in scope["svg"]
     out = capsys.readouterr().out
     assert "module_call[path=MLP/Dense_0 type=Dense features=16 params=144]" in out
     assert "['MLP/Dense_0', 'MLP/Dense_1'] [144, 34]" in out

@@ -5,6 +5,8 @@ The public API is re-exported here; everything else is private.
 
 from ._diff import Diff as Diff
 from ._diff import diff as diff
+from ._dot import to_dot as to_dot
+from ._dot import to_svg as to_svg
 from ._eval import eval_mox as eval_mox
 from ._ir import Equation as Equation
 from ._ir import Literal as Literal
@@ -13,6 +15,7 @@ from ._ir import Symbol as Symbol
 from ._ir import Var as Var
 from ._map import map_mox as map_mox
 from ._print import pprint as pprint
+from ._serial import dump_yson as dump_yson
 from ._summary import summary as summary
 from ._trace import ACTIVATIONS as ACTIVATIONS
 from ._trace import make_mox as make_mox
@@ -22,10 +25,12 @@ from ._xml import load_xml as load_xml
 from ._xml import to_xml as to_xml
 from ._xpath import explain as explain
 from ._xpath import query as query
+from .errors import YaxDependencyError as YaxDependencyError
 from .errors import YaxError as YaxError
 from .errors import YaxEvalError as YaxEvalError
 from .errors import YaxInputError as YaxInputError
 from .errors import YaxQueryError as YaxQueryError
+from .errors import YaxRenderError as YaxRenderError
 from .errors import YaxRewriteError as YaxRewriteError
 from .errors import YaxTraceError as YaxTraceError
 from .errors import YaxXMLError as YaxXMLError

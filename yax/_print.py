@@ -56,6 +56,8 @@ def value_str(v: Any) -> str:
         return getattr(v, "__yax_activation__", None) or getattr(v, "__name__", None) or type(v).__name__
     if isinstance(v, np.dtype) or (isinstance(v, type) and issubclass(v, np.generic)):
         return np.dtype(v).name
+    if isinstance(v, type) and isinstance(getattr(v, "dtype", None), np.dtype):  # jnp.float32
+        return v.dtype.name
     if isinstance(v, np.ndarray) and v.size > 8:
         return f"array<{v.dtype.name}{list(v.shape)}>"
     return " ".join(_ADDR.sub("", repr(v)).split())

@@ -14,13 +14,14 @@ primitive (``dot_general``, ``jit``, ``scan`` …).
 from __future__ import annotations
 
 import re
+import textwrap
 import weakref
 from typing import Any
 
 from lxml import etree
 
-from ._ir import Equation, Mox
-from ._print import dtype_str, shown_params, type_str, value_str
+from ._ir import CALL_KINDS, Equation, Mox
+from ._print import dtype_str, pprint, shown_params, type_str, value_str
 from .errors import YaxQueryError
 
 NS = {"re": "http://exslt.org/regular-expressions"}
@@ -67,7 +68,8 @@ def _io_attrs(el: etree._Element, node: Any) -> None:
 def build_view(mox: Mox) -> View:
     nodes: list[Any] = []
 
-    def add(parent: etree._Element | None, node: Any, tag: str, param: str | None = None) -> etree._Element:
+    def add(parent: etree._Element | None, node: Any, tag: str, param: str | None = None,
+            texted: bool = False) -> etree._Element:
         el = etree.Element(tag) if parent is None else etree.SubElement(parent, tag)
         el.set("id", str(len(nodes)))
         nodes.append(node)
@@ -81,7 +83,7 @@ def build_view(mox: Mox) -> View:
                 if t is not None and _NAME_OK.match(k) and k not in el.attrib:
                     el.set(k, t)
             for k, sub in node.subs:
-                add(el, sub, "jaxpr", k)
+                add(el, sub, "jaxpr", k, texted)
             return el
         el.set("primitive", node.kind)
         el.set("name", node.name or node.kind)
@@ -99,11 +101,18 @@ def build_view(mox: Mox) -> View:
                 t = _num(v)
                 if t is not None and _NAME_OK.match(k) and k not in el.attrib:
                     el.set(k, t)
+        if not texted and node.children and not any(
+            isinstance(n, Mox) and n.kind in CALL_KINDS for n in node.walk() if n is not node
+        ):
+            # the outermost leaf computation: its jaxpr text shows the dataflow elements leave out
+            text = pprint(node) if node.kind in ("root", "jaxpr") else pprint(node).split("\n", 1)[1]
+            el.append(etree.Comment("\n" + textwrap.dedent(text).replace("--", "- -").rstrip("-") + "\n"))
+            texted = True
         for c in node.children:
             if isinstance(c, Equation):
-                add(el, c, c.name if _NAME_OK.match(c.name) else "equation")
+                add(el, c, c.name if _NAME_OK.match(c.name) else "equation", texted=texted)
             else:
-                add(el, c, c.kind)
+                add(el, c, c.kind, texted=texted)
         return el
 
     root = add(None, mox, "mox" if mox.kind == "root" else mox.kind)

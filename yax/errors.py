@@ -53,3 +53,12 @@ class YaxXMLError(YaxError):
     yax documents never declare a DTD or entities; such input is refused
     before parsing (billion-laughs and external-entity attacks).
     """
+
+
+class YaxRenderError(YaxError):
+    """Graphviz failed to render a graph or took longer than allowed."""
+
+
+class YaxDependencyError(YaxError, ImportError):
+    """An optional dependency is missing: a package from one of yax's extras,
+    or a program such as Graphviz's ``dot``. The message says how to get it."""
