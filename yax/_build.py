@@ -91,6 +91,7 @@ class _Converter:
                         out_static=info.out_static,
                         dyn_in=info.dyn_in,
                         dyn_out=info.dyn_out,
+                        scope=info.scope,
                     )
                 )
         if len(frames) != 1:

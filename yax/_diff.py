@@ -6,9 +6,10 @@ import collections
 import dataclasses
 from typing import Any
 
+from ._ir import CALL_KINDS
 from ._xpath import tree_of
 
-_CALLS = ("module_call", "method_call", "activation")
+_CALLS = CALL_KINDS
 
 
 def _calls(x: Any) -> dict[tuple, dict[str, str]]:

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from ._ir import CALL_KINDS, Equation, Mox, Var
+from ._ir import CALL_KINDS, FN_KINDS, Equation, Mox, Var
 from ._print import type_str
 from ._xpath import query, view
 from .errors import YaxDependencyError, YaxQueryError, YaxRenderError
@@ -113,7 +113,7 @@ class _Graph:
             self.alias(c.outputs, c.outvars)
             return
         shapes = f"{' '.join(map(type_str, c.inputs))} → {' '.join(map(type_str, c.outputs))}"
-        if c.kind == "activation":
+        if c.kind in FN_KINDS:
             n = self.new(c, f"{c.name}\n{shapes}", indent, shape="box", style="rounded,filled", fillcolor="#fff3c4")
         else:
             title = c.name if c.kind == "module_call" else f"{c.name}.{c.method}"

@@ -63,6 +63,8 @@ def _exec(children: Sequence[Any], env: dict) -> None:
             else:
                 env[c.outputs[0]] = out
         else:
+            for v, x in zip(c.constvars, c.consts):  # constants a rewrite put in
+                env[v] = x
             for formal, actual in zip(c.invars, c.inputs):
                 env[formal] = _read(env, actual)
             _exec(c.children, env)
@@ -198,3 +200,25 @@ def eval_mox(mox: Mox, *args: Any, **kwargs: Any) -> Any:
         )
     flat = flatten_inputs(mox, args, kwargs)
     return unflatten_outputs(mox, run(mox, flat))
+
+
+def to_function(mox: Mox) -> Any:
+    """A plain function ``f(*args, **kwargs)`` computing ``mox`` (e.g.
+    ``f(params, x)`` for a traced ``model.apply``): jit it, lower it, or
+    ``jax.export`` it to serve or save a rewritten model without yax.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, yax
+      >>> f = yax.to_function(yax.make_mox(lambda x: jnp.sin(x) * 2)(jnp.ones(3)))
+      >>> exp = jax.export.export(jax.jit(f))(jax.ShapeDtypeStruct((3,), jnp.float32))
+      >>> exp.call(jnp.zeros(3))
+      Array([0., 0., 0.], dtype=float32)
+    """
+    if not isinstance(mox, Mox) or mox.kind != "root":
+        raise YaxInputError("`to_function` expected the root MoX returned by `yax.make_mox` or `yax.sub`.")
+
+    def f(*args: Any, **kwargs: Any) -> Any:
+        return eval_mox(mox, *args, **kwargs)
+
+    f.__name__ = f.__qualname__ = mox.name or "mox"
+    return f

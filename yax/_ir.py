@@ -15,7 +15,8 @@ A MoX is a jaxpr whose equations are grouped into a tree of *module calls*.
   ``"module_call"`` one call of a Flax module method;
   ``"method_call"`` a call of a method on the same module instance as the
                     enclosing call (a private helper such as ``_split_heads``);
-  ``"activation"``  a call of a standard activation such as ``jax.nn.gelu``.
+  ``"activation"``  a call of a standard activation such as ``jax.nn.gelu``;
+  ``"function"``    a call of another plain function put in by a rewrite.
 
   A call node works like a function called in place: ``inputs`` are the
   caller's atoms, ``invars`` the node's own formal parameters, ``outvars`` the
@@ -35,10 +36,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Symbol", "Var", "Literal", "Equation", "Mox", "CALL_KINDS", "holds_mox"]
+__all__ = ["Symbol", "Var", "Literal", "Equation", "Mox", "CALL_KINDS", "FN_KINDS", "holds_mox"]
 
 #: Kinds of Mox node that stand for a call in the user's program.
-CALL_KINDS = ("module_call", "method_call", "activation")
+CALL_KINDS = ("module_call", "method_call", "activation", "function")
+#: Call kinds that stand for a plain function rather than a module.
+FN_KINDS = ("activation", "function")
 
 
 class Symbol:
@@ -202,6 +205,7 @@ class Mox:
     dyn_in: tuple[int, ...] = ()
     dyn_out: tuple[int, ...] = ()
     in_paths: tuple[str, ...] = ()
+    scope: tuple[str, ...] | None = None
     ephemeral: bool | None = None
 
     # -- identity ---------------------------------------------------------
@@ -219,7 +223,7 @@ class Mox:
         activations; the kind otherwise."""
         if self.module_type is not None:
             return self.module_type.__name__
-        return self.name if self.kind == "activation" else self.kind
+        return self.name if self.kind in FN_KINDS else self.kind
 
     @property
     def qualtype(self) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ._ir import Equation, Literal, Mox, Symbol, Var, holds_mox
+from ._ir import FN_KINDS, Equation, Literal, Mox, Symbol, Var, holds_mox
 
 _ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -107,7 +107,7 @@ def key_attrs(node: Mox) -> dict[str, Any]:
 def call_header(node: Mox) -> str:
     """``module_call[path=MLP/Dense_0 type=Dense features=4 params=16]``."""
     parts = [f"path={node.path}"]
-    if node.kind != "activation":
+    if node.kind not in FN_KINDS:
         parts.append(f"type={node.type}")
         if node.method and node.method != "__call__":
             parts.append(f"method={node.method}")

@@ -72,6 +72,7 @@ class CallInfo:
     out_tree: Any = None
     out_static: tuple = ()
     dyn_out: tuple = ()
+    scope: tuple[str, ...] | None = None
 
 
 class Recorder:
@@ -212,6 +213,7 @@ def _linen_interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: A
         variables = {}
     info.num_params = _count(variables.get("params", {}))
     info.var_tree = _abstract(dict(variables))
+    info.scope = tuple(module.path) if module.scope is not None else None
     return out
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from lxml import etree
 
-from ._ir import CALL_KINDS, Equation, Mox
+from ._ir import CALL_KINDS, FN_KINDS, Equation, Mox
 from ._print import dtype_str, pprint, shown_params, type_str, value_str
 from .errors import YaxQueryError
 
@@ -91,11 +91,11 @@ def build_view(mox: Mox) -> View:
         if param is not None:
             el.set("param", param)
         _io_attrs(el, node)
-        if node.kind in ("module_call", "method_call", "activation"):
+        if node.kind in CALL_KINDS:
             el.set("type", node.type)
             el.set("qualtype", node.qualtype)
             el.set("method", node.method or "")
-            if node.kind != "activation":
+            if node.kind not in FN_KINDS:
                 el.set("params", str(node.num_params))
             for k, v in node.attrs.items():
                 t = _num(v)
