@@ -82,6 +82,7 @@ class Block(nn.Module):
     num_heads: int
     d_mlp: int
     dropout: float = 0.0
+    act: Callable = nn.gelu
 
     @nn.compact
     def __call__(self, x, mask=None, deterministic: bool = True):
@@ -90,7 +91,7 @@ class Block(nn.Module):
         x = x + nn.Dropout(self.dropout)(h, deterministic=deterministic)
         h = nn.LayerNorm()(x)
         h = nn.Dense(self.d_mlp)(h)
-        h = nn.gelu(h)
+        h = self.act(h)
         h = nn.Dense(self.d_model)(h)
         return x + nn.Dropout(self.dropout)(h, deterministic=deterministic)
 
@@ -101,10 +102,11 @@ class ScanBlock(nn.Module):
     d_model: int
     num_heads: int
     d_mlp: int
+    act: Callable = nn.gelu
 
     @nn.compact
     def __call__(self, x, _):
-        return Block(self.d_model, self.num_heads, self.d_mlp)(x), None
+        return Block(self.d_model, self.num_heads, self.d_mlp, act=self.act)(x), None
 
 
 class Transformer(nn.Module):
@@ -119,6 +121,7 @@ class Transformer(nn.Module):
     scan: bool = False
     remat: bool = False
     dropout: float = 0.0
+    act: Callable = nn.gelu
 
     @nn.compact
     def __call__(self, ids, deterministic: bool = True):
@@ -133,11 +136,11 @@ class Transformer(nn.Module):
                 ScanBlock, variable_axes={"params": 0}, split_rngs={"params": True},
                 length=self.num_layers,
             )
-            x, _ = Stack(self.d_model, self.num_heads, self.d_mlp, name="layers")(x, None)
+            x, _ = Stack(self.d_model, self.num_heads, self.d_mlp, self.act, name="layers")(x, None)
         else:
             B = nn.remat(Block, static_argnums=(3,)) if self.remat else Block
             for _ in range(self.num_layers):
-                x = B(self.d_model, self.num_heads, self.d_mlp, self.dropout)(x, mask, deterministic)
+                x = B(self.d_model, self.num_heads, self.d_mlp, self.dropout, self.act)(x, mask, deterministic)
         x = nn.LayerNorm()(x)
         return embed.attend(x)
 

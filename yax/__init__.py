@@ -3,6 +3,9 @@
 The public API is re-exported here; everything else is private.
 """
 
+from ._compare import Comparison as Comparison
+from ._compare import Stats as Stats
+from ._compare import compare as compare
 from ._diff import Diff as Diff
 from ._diff import diff as diff
 from ._dot import to_dot as to_dot

@@ -28,18 +28,21 @@ def _read(env: dict, a: Symbol) -> Any:
     return a.val if isinstance(a, Literal) else env[a]
 
 
-def run(mox: Mox, args: Sequence[Any], consts: Sequence[Any] | None = None) -> list[Any]:
-    """Evaluate a root or ``"jaxpr"`` node on flat inputs; flat outputs."""
+def run(mox: Mox, args: Sequence[Any], consts: Sequence[Any] | None = None,
+        taps: list[tuple[Mox, list[Any]]] | None = None) -> list[Any]:
+    """Evaluate a root or ``"jaxpr"`` node on flat inputs; flat outputs.
+    With ``taps``, append ``(call node, its output values)`` for every call
+    evaluated at this level (not inside nested computations)."""
     env: dict = {}
     for v, c in zip(mox.constvars, mox.consts if consts is None else consts):
         env[v] = c
     for v, x in zip(mox.invars, args):
         env[v] = x
-    _exec(mox.children, env)
+    _exec(mox.children, env, taps)
     return [_read(env, a) for a in mox.outvars]
 
 
-def _exec(children: Sequence[Any], env: dict) -> None:
+def _exec(children: Sequence[Any], env: dict, taps: list | None = None) -> None:
     for c in children:
         if isinstance(c, Equation):
             vals = [_read(env, a) for a in c.inputs]
@@ -67,9 +70,11 @@ def _exec(children: Sequence[Any], env: dict) -> None:
                 env[v] = x
             for formal, actual in zip(c.invars, c.inputs):
                 env[formal] = _read(env, actual)
-            _exec(c.children, env)
+            _exec(c.children, env, taps)
             for out, res in zip(c.outputs, c.outvars):
                 env[out] = _read(env, res)
+            if taps is not None:
+                taps.append((c, [env[o] for o in c.outputs]))
 
 
 def _bind_params(eqn: Equation) -> Any:

@@ -72,10 +72,14 @@ def _repath(node: Node, old: str, new: str, scope: tuple[str, ...] | None = None
 
 
 def _unbound(root: Mox) -> tuple[Node, Var] | None:
-    """The first node reading a var that nothing binds, if any."""
+    """The first node reading a var that nothing bound before it, in
+    evaluation order. Scoping is that of `eval_mox`: one environment for a
+    root and the calls in it (a BatchNorm's updated statistics leave its call
+    as root outputs), a fresh one for each nested computation."""
 
     def block(node: Mox, bound: set) -> tuple[Node, Var] | None:
-        bound = bound | set(node.constvars) | set(node.invars)
+        bound.update(node.constvars)
+        bound.update(node.invars)
         for c in node.children:
             for a in c.inputs:
                 if isinstance(a, Var) and a not in bound:
@@ -89,9 +93,7 @@ def _unbound(root: Mox) -> tuple[Node, Var] | None:
                 found = block(c, bound)
                 if found:
                     return found
-                bound = bound | set(c.outputs)
-                continue
-            bound = bound | set(c.outputs)
+            bound.update(c.outputs)
         for a in node.outvars:
             if isinstance(a, Var) and a not in bound:
                 return node, a
@@ -272,37 +274,87 @@ class _Traced:
     var_avals: Any = None         # its variables, abstract
 
 
-def _trace(repl: Any, node: Node) -> _Traced:
+def _fresh(root: Mox) -> Mox:
+    """A copy of a traced replacement with new vars, so that each site it is
+    put in keeps the tree's single-assignment form. Nested computations are
+    closed, so they are shared, not copied."""
+    m: dict[Var, Var] = {}
+
+    def new(v: Any) -> Any:
+        if not isinstance(v, Var):
+            return v
+        nv = m.get(v)
+        if nv is None:
+            nv = m[v] = Var(v.shape, v.dtype, v.weak_type)
+        return nv
+
+    def ref(atoms: Any) -> tuple:
+        return tuple(m.get(a, a) if isinstance(a, Var) else a for a in atoms)
+
+    def block(node: Mox) -> Mox:
+        constvars = tuple(new(v) for v in node.constvars)
+        invars = tuple(new(v) for v in node.invars)
+        children: list[Node] = []
+        for c in node.children:
+            if isinstance(c, Equation):
+                ins = ref(c.inputs)
+                children.append(dataclasses.replace(c, inputs=ins, outputs=tuple(new(v) for v in c.outputs)))
+            else:
+                ins = ref(c.inputs)
+                inner = block(c)
+                children.append(dataclasses.replace(inner, inputs=ins, outputs=tuple(new(v) for v in c.outputs)))
+        return dataclasses.replace(node, constvars=constvars, invars=invars, children=tuple(children),
+                                   outvars=ref(node.outvars))
+
+    out = block(root)
+    return dataclasses.replace(out, inputs=out.invars, outputs=tuple(a for a in out.outvars if isinstance(a, Var)))
+
+
+def _trace(repl: Any, node: Node, cache: dict[tuple, tuple[Any, _Traced]]) -> _Traced:
+    """The replacement traced on the node's input avals, with fresh vars for
+    this site; ``cache`` (one per `sub` call) keeps traces by replacement
+    and avals, so 96 equal replacements trace once per shape."""
     from ._trace import make_mox
 
     avals = _avals(node.inputs)
-    if isinstance(repl, Mox):
-        if repl.kind != "root":
-            raise YaxRewriteError(f"A MoX replacement must be a root from `yax.make_mox`, not a `{repl.kind}` node.")
-        return _Traced(repl)
-    if isinstance(repl, Equation):
-        if not all(isinstance(a, Var) for a in repl.inputs):
-            raise YaxRewriteError("An equation replacement must take only vars as inputs (no literals).")
-        return _Traced(Mox(kind="root", children=(repl,), inputs=repl.inputs, invars=repl.inputs,
-                           outvars=repl.outputs, outputs=repl.outputs, name=repl.name))
-    if _is_module(repl):
-        module = _filled(repl, node)
-        try:
+    if isinstance(repl, Mox) and repl.kind != "root":
+        raise YaxRewriteError(f"A MoX replacement must be a root from `yax.make_mox`, not a `{repl.kind}` node.")
+    if isinstance(repl, Equation) and not all(isinstance(a, Var) for a in repl.inputs):
+        raise YaxRewriteError("An equation replacement must take only vars as inputs (no literals).")
+    module = _filled(repl, node) if _is_module(repl) else None
+    if module is None and not callable(repl) and not isinstance(repl, (Mox, Equation)):
+        raise YaxRewriteError(
+            f"A replacement must be a MoX, an Equation, a Flax module or a function, but got a "
+            f"`{type(repl).__name__}`."
+        )
+    key = (repr(module) if module is not None else id(repl), tuple((a.shape, str(a.dtype)) for a in avals))
+    hit = cache.get(key)
+    if hit is not None and (module is not None or hit[0] is repl):
+        t = hit[1]
+        return dataclasses.replace(t, root=_fresh(t.root))
+    what = type(module).__name__ if module is not None else getattr(repl, "__name__", type(repl).__name__)
+    try:
+        if isinstance(repl, Mox):
+            t = _Traced(repl)
+        elif isinstance(repl, Equation):
+            t = _Traced(Mox(kind="root", children=(repl,), inputs=repl.inputs, invars=repl.inputs,
+                            outvars=repl.outputs, outputs=repl.outputs, name=repl.name))
+        elif module is not None:
             var_avals = jax.eval_shape(lambda *xs: dict(module.init(jax.random.key(0), *xs)), *avals)
-        except Exception as e:
-            raise YaxRewriteError(
-                f"Initialising the replacement `{type(module).__name__}` for {_where(node)} on inputs "
-                f"{' '.join(map(type_str, node.inputs))} failed: {type(e).__name__}: {e}"
-            ) from None
-        t = make_mox(lambda v, *xs: module.apply(v, *xs))(var_avals, *avals)
-        return _Traced(t, len(jax.tree_util.tree_leaves(var_avals)), module, var_avals)
-    if callable(repl):
-        t = make_mox(repl)(*avals)
-        return _Traced(t)
-    raise YaxRewriteError(
-        f"A replacement must be a MoX, an Equation, a Flax module or a function, but got a "
-        f"`{type(repl).__name__}`."
-    )
+            root = make_mox(lambda v, *xs: module.apply(v, *xs))(var_avals, *avals)
+            t = _Traced(root, len(jax.tree_util.tree_leaves(var_avals)), module, var_avals)
+        else:
+            t = _Traced(make_mox(repl)(*avals))
+    except YaxRewriteError:
+        raise
+    except Exception as e:
+        raise YaxRewriteError(
+            f"The replacement `{what}` for {_where(node)} could not be traced on the node's inputs "
+            f"({' '.join(map(type_str, node.inputs))}): {type(e).__name__}: {e}\nA replacement is called "
+            "with the node's array inputs, positionally. Nothing was changed."
+        ) from None
+    cache[key] = (repl, t)
+    return dataclasses.replace(t, root=_fresh(t.root))
 
 
 def _check(t: _Traced, node: Node, repl: Any) -> None:
@@ -400,18 +452,24 @@ class _Scope:
     kept: dict[str, Any] = dataclasses.field(default_factory=dict)    # leaf path -> old value
 
 
-_inits: dict[str, Callable] = {}
+_inits: dict[tuple, Callable] = {}
 
 
-def _init(module: Any) -> Callable:
-    """A jitted ``module.init``, shared by equal modules (96 LoRA layers of
-    four shapes compile four times)."""
-    k = repr(module)
+def _init(module: Any, needed: tuple[int, ...]) -> Callable:
+    """A jitted ``module.init`` returning only the leaves at ``needed``
+    (XLA then skips initialising kept ones), shared by equal modules: 96 LoRA
+    layers of two shapes compile twice."""
+    k = (repr(module), needed)
     f = _inits.get(k)
     if f is None:
         if len(_inits) > 64:
             _inits.clear()
-        f = _inits[k] = jax.jit(module.init)
+
+        def init(key: Any, *xs: Any) -> list[Any]:
+            leaves = jax.tree_util.tree_leaves(dict(module.init(key, *xs)))
+            return [leaves[i] for i in needed]
+
+        f = _inits[k] = jax.jit(init)
     return f
 
 
@@ -533,8 +591,9 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
 
     # Trace and check every replacement before building anything.
     traced = []
+    cache: dict[tuple, tuple[Any, _Traced]] = {}
     for node, r in plan:
-        t = _trace(r, node)
+        t = _trace(r, node, cache)
         _check(t, node, r)
         casts = _fit(t, node, r, cast)
         if t.n_vars and id(node) in nested:
@@ -601,8 +660,12 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
                         f"The replacement at `{sc.node.path}` adds new variables; pass `key=` "
                         "(a `jax.random.key`) to initialise them. Nothing was changed."
                     )
+                needed = tuple(j for j, (kp, _) in enumerate(flat) if _keystr(kp) not in sc.kept)
                 xs = [jnp.zeros(a.shape, a.dtype) for a in _avals(sc.node.inputs)]
-                fresh = jax.tree_util.tree_leaves(dict(_init(sc.traced.module)(jax.random.fold_in(key, i), *xs)))
+                got = _init(sc.traced.module, needed)(jax.random.fold_in(key, i), *xs)
+                fresh = [None] * len(flat)
+                for j, x in zip(needed, got):
+                    fresh[j] = x
             else:
                 fresh = [None] * len(flat)
             tree = jax.tree_util.tree_structure(avals)

@@ -357,7 +357,7 @@ def _describe(fn: Any) -> Any:
             f"`make_mox` expected a callable (a JAX function, `Module.apply` or a bound module), "
             f"but got a `{type(fn).__name__}`. Try `yax.make_mox(model.apply)(variables, x)`."
         )
-    return fn
+    return _swap(_activation_table(), fn)  # a bare activation becomes an activation node too
 
 
 def make_mox(fn: Callable) -> Callable[..., Any]:

@@ -1,0 +1,370 @@
+"""yax.sub, to_function and compare, and the recipes users come for, each
+checked against the real thing (a hand-modified model, apply, optax)."""
+
+import io
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import traverse_util
+from models import CASES, CNN, KEY, Shared, Transformer
+
+import yax
+
+pytestmark = pytest.mark.core
+
+DENSE_MLP = '//module_call[@type="Dense"][re:test(@path, "Block_\\d+/Dense_")]'
+
+
+def traced(name):
+    fn, args, kwargs = CASES[name]()
+    return yax.make_mox(fn)(*args, **kwargs), fn, args, kwargs
+
+
+def leaves_equal(a, b):
+    return jax.tree_util.tree_all(jax.tree_util.tree_map(lambda x, y: bool(jnp.array_equal(x, y)), a, b))
+
+
+# -- functions and activations -------------------------------------------------------
+
+@pytest.mark.parametrize("src, dst, fn", [("gelu", "relu", jax.nn.relu), ("relu", "gelu", jax.nn.gelu)])
+def test_swap_activation_matches_hand_modified_model(src, dst, fn):
+    ids = jnp.arange(16).reshape(2, 8) % 64
+    acts = {"gelu": nn.gelu, "relu": nn.relu}
+    model, hand = Transformer(act=acts[src]), Transformer(act=acts[dst])
+    params = model.init(KEY, ids)
+    mox = yax.make_mox(model.apply)(params, ids)
+    new = yax.sub(f'//activation[@name="{src}"]', fn, mox)
+    assert yax.query(f'count(//activation[@name="{dst}"])', new) == 2.0
+    assert yax.query(f'count(//activation[@name="{src}"])', new) == 0.0
+    np.testing.assert_allclose(yax.eval_mox(new, params, ids), hand.apply(params, ids), rtol=1e-6, atol=1e-6)
+    # the original is untouched and still evaluates as before
+    assert yax.query(f'count(//activation[@name="{src}"])', mox) == 2.0
+    np.testing.assert_allclose(yax.eval_mox(mox, params, ids), model.apply(params, ids), rtol=1e-6, atol=1e-6)
+
+
+def test_rewritten_mox_under_jit_grad_vmap():
+    mox, fn, (params, ids), kw = traced("transformer")
+    new = yax.sub('//*[@name="gelu"]', jax.nn.relu, mox)
+    hand = Transformer(act=nn.relu)
+    f = jax.jit(lambda p, i: yax.eval_mox(new, p, i, **kw))
+    np.testing.assert_allclose(f(params, ids), hand.apply(params, ids), rtol=1e-5, atol=1e-5)
+    loss = lambda apply: lambda p: jnp.mean(apply(p) ** 2)  # noqa: E731
+    g_new = jax.grad(loss(lambda p: yax.eval_mox(new, p, ids, **kw)))(params)
+    g_hand = jax.grad(loss(lambda p: hand.apply(p, ids)))(params)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g_new, g_hand)
+    batched = jax.vmap(lambda i: yax.eval_mox(new, params, i[None].repeat(2, 0), **kw))(ids)
+    assert batched.shape == (2, 2, 8, 64)
+
+
+def test_identity_equation_and_decider():
+    mox, fn, (params, x), kw = traced("mlp")
+    # an equation replaced by a function: every dot_general, by a decider that keeps the second one
+    seen = []
+
+    def decide(path, node):
+        seen.append(path)
+        return (lambda a, b: 2.0 * jnp.dot(a, b)) if path == "MLP/Dense_0" else node
+
+    new = yax.sub("//dot_general", decide, mox)
+    assert seen == ["MLP/Dense_0", "MLP/Dense_1"]
+    (fn_node,) = [n for n in new.modules() if n.kind == "function"]
+    assert fn_node.path == "MLP/Dense_0" and fn_node.name == "<lambda>"
+    p = params["params"]
+    h = jax.nn.relu(2.0 * x @ p["Dense_0"]["kernel"] + p["Dense_0"]["bias"])
+    np.testing.assert_allclose(yax.eval_mox(new, params, x), h @ p["Dense_1"]["kernel"] + p["Dense_1"]["bias"],
+                               rtol=1e-6)
+
+
+def test_remove_dropout_for_inference():
+    mox, fn, (params, ids), kw = traced("transformer_dropout")
+    new = yax.sub('//module_call[@type="Dropout"]', lambda x: x, mox)
+    assert yax.query('count(//module_call[@type="Dropout"])', new) == 0.0
+    want = Transformer(dropout=0.3).apply(params, ids, deterministic=True)
+    np.testing.assert_allclose(yax.eval_mox(new, params, ids, **kw), want, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(yax.eval_mox(mox, params, ids, **kw), want)  # dropout was on
+
+
+@jax.custom_vjp
+def sign_relu(x):
+    """ReLU that saves one bit (the sign) per element for its backward pass."""
+    return jnp.maximum(x, 0)
+
+
+def _sr_fwd(x):
+    return jnp.maximum(x, 0), x > 0
+
+
+def _sr_bwd(mask, g):
+    return (jnp.where(mask, g, 0),)
+
+
+sign_relu.defvjp(_sr_fwd, _sr_bwd)
+
+
+def test_custom_vjp_activation_keeps_gradients_flowing():
+    mox, fn, (params, ids), kw = traced("transformer")
+    new = yax.sub('//*[@name="gelu"]', sign_relu, mox)
+    assert yax.query("count(//custom_vjp_call)", new) == 2.0
+    hand = Transformer(act=nn.relu)
+    g_new = jax.grad(lambda p: jnp.sum(yax.eval_mox(new, p, ids, **kw) ** 2))(params)
+    g_hand = jax.grad(lambda p: jnp.sum(hand.apply(p, ids) ** 2))(params)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), g_new, g_hand)
+    assert float(jnp.abs(g_new["params"]["Block_0"]["Dense_0"]["kernel"]).sum()) > 0
+
+
+# -- modules and parameters ----------------------------------------------------------
+
+def test_lora_train_merge_recipe():
+    ids = jnp.arange(16).reshape(2, 8) % 64
+    model = Transformer()
+    params = model.init(KEY, ids)
+    mox = yax.make_mox(model.apply)(params, ids)
+    new, lp = yax.sub(DENSE_MLP, yax.LoRA(rank=2), mox, params=params, key=jax.random.key(7))
+    assert [n.type for n in yax.query(DENSE_MLP.replace('[@type="Dense"]', ""), new)] == ["LoRA"] * 4
+    b0 = lp["params"]["Block_0"]
+    assert set(b0["Dense_0"]) == {"kernel", "bias", "lora_a", "lora_b"}
+    assert b0["Dense_0"]["kernel"] is params["params"]["Block_0"]["Dense_0"]["kernel"]  # kept, not copied
+    np.testing.assert_allclose(yax.eval_mox(new, lp, ids), model.apply(params, ids), atol=1e-6)  # B = 0
+
+    # train only the adapters on a toy task: predict the next token
+    mask = yax.lora_mask(lp)
+    opt = optax.multi_transform({True: optax.adam(3e-2), False: optax.set_to_zero()}, mask)
+    state = opt.init(lp)
+
+    def loss(p):
+        logits = yax.eval_mox(new, p, ids)
+        return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], ids[:, 1:]).mean()
+
+    @jax.jit
+    def step(p, s):
+        val, g = jax.value_and_grad(loss)(p)
+        u, s = opt.update(g, s, p)
+        return optax.apply_updates(p, u), s, val
+
+    losses = []
+    for _ in range(8):
+        lp, state, val = step(lp, state)
+        losses.append(float(val))
+    assert losses[-1] < losses[0] - 0.05, losses
+    frozen = traverse_util.flatten_dict(lp["params"])
+    orig = traverse_util.flatten_dict(params["params"])
+    assert all(jnp.array_equal(frozen[k], orig[k]) for k in orig)  # only adapters moved
+    assert not jnp.array_equal(lp["params"]["Block_1"]["Dense_1"]["lora_b"], 0)
+
+    merged, mp = yax.merge_lora(new, lp)
+    assert yax.query('count(//module_call[@type="LoRA"])', merged) == 0.0
+    assert "lora_a" not in mp["params"]["Block_0"]["Dense_0"]
+    assert jax.tree_util.tree_structure(mp) == jax.tree_util.tree_structure(params)
+    np.testing.assert_allclose(yax.eval_mox(merged, mp, ids), yax.eval_mox(new, lp, ids), rtol=1e-4, atol=1e-5)
+    # the merged parameters run the plain, unmodified model
+    np.testing.assert_allclose(model.apply(mp, ids), yax.eval_mox(new, lp, ids), rtol=1e-4, atol=1e-5)
+
+
+def test_module_called_twice_shares_its_replacement():
+    m, x = Shared(), jnp.linspace(-1, 1, 10).reshape(2, 5)
+    params = m.init(KEY, x)
+    mox = yax.make_mox(m.apply)(params, x)
+    new, lp = yax.sub('//module_call[@name="shared"]', yax.LoRA(rank=2), mox, params=params, key=KEY)
+    calls = yax.query('//module_call[@type="LoRA"]', new)
+    assert len(calls) == 3
+    assert list(lp["params"]["shared"]) == ["bias", "kernel", "lora_a", "lora_b"]  # one set, not three
+    lp["params"]["shared"]["lora_b"] = jnp.ones_like(lp["params"]["shared"]["lora_b"])
+    p = lp["params"]["shared"]
+
+    def hand(x):
+        for _ in range(3):
+            x = jnp.tanh(x @ p["kernel"] + p["bias"] + (x @ p["lora_a"]) @ p["lora_b"] * (4.0 / 2))
+        return x
+
+    np.testing.assert_allclose(yax.eval_mox(new, lp, x), hand(x), rtol=1e-5, atol=1e-6)
+    # replacing one of the three calls: LoRA keeps `kernel`/`bias`, so the other two still read them
+    one, lp1 = yax.sub('(//module_call[@name="shared"])[2]', yax.LoRA(rank=2), mox, params=params, key=KEY)
+    assert [n.type for n in yax.query('//module_call[@name="shared"]', one)] == ["Dense", "LoRA", "Dense"]
+    np.testing.assert_allclose(yax.eval_mox(one, lp1, x), m.apply(params, x), atol=1e-6)
+
+
+def test_replacing_a_module_with_new_variables_and_dropping_old_ones():
+    mox, fn, (params, x), kw = traced("mlp")
+    new, p2 = yax.sub('//module_call[@name="Dense_0"]', nn.Dense(16, use_bias=False), mox, params=params, key=KEY)
+    assert set(p2["params"]["Dense_0"]) == {"kernel"}
+    assert p2["params"]["Dense_0"]["kernel"] is params["params"]["Dense_0"]["kernel"]
+    pp = params["params"]
+    want = jax.nn.relu(x @ pp["Dense_0"]["kernel"]) @ pp["Dense_1"]["kernel"] + pp["Dense_1"]["bias"]
+    np.testing.assert_allclose(yax.eval_mox(new, p2, x), want, rtol=1e-6)
+    ident, p3 = yax.sub('//module_call[@name="Dense_1"]', lambda h: h[:, :8], mox, params=params)
+    assert "Dense_1" not in p3["params"] and "Dense_1" in params["params"]
+    np.testing.assert_allclose(yax.eval_mox(ident, p3, x), jax.nn.relu(x @ pp["Dense_0"]["kernel"] + pp["Dense_0"]["bias"])[:, :8],
+                               rtol=1e-6)
+
+
+def test_mixed_precision_by_query():
+    m, x = CNN(), jax.random.normal(KEY, (2, 8, 8, 3))
+    params = m.init(KEY, x)
+    mox = yax.make_mox(m.apply)(params, x, train=False)
+    q = '//module_call[@type="Dense" or @type="Conv"]'
+    new, p2 = yax.sub(q, lambda path, node: yax.module_of(node, dtype=jnp.bfloat16), mox, params=params, cast=True)
+    assert leaves_equal(p2, params)  # same variables, float32 storage
+    dots = yax.query('//module_call[@type="Dense" or @type="Conv"]//*[@primitive="dot_general" or '
+                     '@primitive="conv_general_dilated"]', new)
+    assert [str(e.outputs[0].dtype) for e in dots] == ["bfloat16", "bfloat16"]
+    norm = yax.query('//module_call[@type="BatchNorm"]', new)[0]
+    assert str(norm.outputs[0].dtype) == "float32"
+    c = yax.compare(mox, new, params, x, train=False, rtol=1e-2, atol=1e-2)
+    assert c.boundaries["CNN/Conv_0"].max_abs > 0 and c.boundaries["CNN/Conv_0"].cosine > 0.999
+    assert 0 < c.outputs["out"].max_abs < 0.1 and c.outputs["out"].cosine > 0.999
+    hand = CNN().apply(params, x, train=False)
+    with pytest.raises(yax.YaxRewriteError, match="Pass `cast=True`"):
+        yax.sub(q, lambda path, node: yax.module_of(node, dtype=jnp.bfloat16), mox, params=params)
+    np.testing.assert_allclose(yax.eval_mox(new, p2, x, train=False), hand, atol=0.1)
+
+
+def test_save_load_params_and_rebuild_from_recipe(tmp_path):
+    def recipe(mox, params):
+        return yax.sub(DENSE_MLP, yax.LoRA(rank=2), mox, params=params, key=jax.random.key(3))
+
+    mox, fn, (params, ids), kw = traced("transformer")
+    new, lp = recipe(mox, params)
+    lp["params"]["Block_0"]["Dense_0"]["lora_b"] = jnp.full((2, 64), 0.5)
+    flat = {"/".join(k): np.asarray(v) for k, v in traverse_util.flatten_dict(lp).items()}
+    np.savez(tmp_path / "lora.npz", **flat)
+    with np.load(tmp_path / "lora.npz") as f:
+        loaded = traverse_util.unflatten_dict({tuple(k.split("/")): jnp.asarray(f[k]) for k in f.files})
+    mox2 = yax.make_mox(fn)(params, ids, **kw)
+    rebuilt, _ = recipe(mox2, params)
+    np.testing.assert_array_equal(yax.eval_mox(rebuilt, loaded, ids, **kw), yax.eval_mox(new, lp, ids, **kw))
+
+
+def test_to_function_jit_lower_and_export():
+    mox, fn, (params, ids), kw = traced("transformer")
+    new, lp = yax.sub(DENSE_MLP, yax.LoRA(rank=2), mox, params=params, key=KEY)
+    f = yax.to_function(new)
+    lowered = jax.jit(lambda p, i: f(p, i, **kw)).lower(lp, ids)
+    assert "dot_general" in lowered.as_text()
+    exp = jax.export.export(jax.jit(lambda p, i: f(p, i, **kw)))(lp, ids)
+    blob = exp.serialize()
+    back = jax.export.deserialize(blob)  # what a server without yax does
+    np.testing.assert_allclose(back.call(lp, ids), yax.eval_mox(new, lp, ids, **kw), rtol=1e-5, atol=1e-5)
+
+
+def test_history_is_a_list_of_values():
+    mox, fn, (params, ids), kw = traced("transformer")
+    history = [mox]
+    history.append(yax.sub('//*[@name="gelu"]', jax.nn.relu, history[-1]))
+    history.append(yax.sub('//module_call[@type="Dropout"]', lambda x: x, history[-1]))
+    history.append(yax.sub('//*[@name="relu"]', jax.nn.silu, history[-1]))
+    texts = [str(h) for h in history]
+    assert len(set(texts)) == 4 and str(mox) == texts[0]
+    outs = [yax.eval_mox(h, params, ids, **kw) for h in history]
+    np.testing.assert_allclose(outs[1], outs[2], atol=1e-6)  # dropout was off
+    assert not np.allclose(outs[0], outs[1]) and not np.allclose(outs[2], outs[3])
+    np.testing.assert_allclose(yax.eval_mox(history[0], params, ids, **kw), fn(params, ids, **kw), atol=1e-6)
+
+
+# -- bad rewrites fail cleanly -------------------------------------------------------
+
+def _snapshot(mox, params):
+    return str(mox), yax.to_xml(mox), jax.tree_util.tree_map(np.asarray, params)
+
+
+@pytest.mark.parametrize(
+    "pattern, repl, kwargs, match",
+    [
+        ('//module_call[@name="Dense_0"]', nn.Dense(7), {"key": KEY},
+         r"module_call `Dense_0` at `MLP/Dense_0` does not fit: its output 0 is f32\[2,7\] but the node's is f32\[2,16\]"),
+        ('//module_call[@name="Dense_0"]', lambda a, b: a, {},
+         r"could not be traced on the node's inputs \(f32\[2,4\]\)"),
+        ('//module_call[@name="Dense_0"]', lambda a: (a, a), {}, "returns 2 arrays, but the node returns 1"),
+        ('//module_call[@name="Dense_0"]', yax.LoRA(rank=2), {"params": None},
+         "has variables; pass `params=`"),
+        ('//module_call[@name="Dense_0"]', yax.LoRA(rank=2), {"key": None}, "pass `key=`"),
+        ("/mox", jax.nn.relu, {}, "the pattern matched a `root` node"),
+        ('count(//module_call)', jax.nn.relu, {}, "returned a float, not nodes"),
+        ("//[", jax.nn.relu, {}, "is invalid"),
+        ('//module_call[@name="Dense_0"]', 42, {}, "must be a MoX, an Equation, a Flax module or a function"),
+    ],
+)
+def test_bad_rewrites_raise_and_change_nothing(pattern, repl, kwargs, match):
+    mox, fn, (params, x), kw = traced("mlp")
+    before = _snapshot(mox, params)
+    kwargs = {"params": params, **kwargs}
+    with pytest.raises((yax.YaxRewriteError, yax.YaxQueryError), match=match):
+        yax.sub(pattern, repl, mox, **kwargs)
+    after = _snapshot(mox, params)
+    assert before[:2] == after[:2] and leaves_equal(before[2], after[2])
+    np.testing.assert_allclose(yax.eval_mox(mox, params, x), fn(params, x), rtol=1e-6)
+
+
+def test_dropping_variables_a_shared_call_still_reads_is_refused():
+    mox, fn, (params, ids), kw = traced("transformer")
+    before = _snapshot(mox, params)
+    # `embed` is called twice: __call__ (lookup) and attend (tied output). Replacing only the lookup by a
+    # function drops `embedding`, which attend still reads.
+    with pytest.raises(yax.YaxRewriteError, match="read a value that no longer exists"):
+        yax.sub('//module_call[@name="embed"][@method="__call__"]', lambda i: jnp.zeros((2, 8, 32)), mox,
+                params=params)
+    assert before[:2] == _snapshot(mox, params)[:2]
+
+
+def test_variables_inside_scan_bodies_are_refused_but_functions_work():
+    mox, fn, (params, ids), kw = traced("transformer_scan")
+    with pytest.raises(yax.YaxRewriteError, match="inside a transformed computation"):
+        yax.sub(DENSE_MLP, yax.LoRA(rank=2), mox, params=params, key=KEY)
+    new = yax.sub('//*[@name="gelu"]', jax.nn.relu, mox)
+    want = Transformer(scan=True, num_layers=3, act=nn.relu).apply(params, ids)
+    np.testing.assert_allclose(yax.eval_mox(new, params, ids), want, rtol=1e-5, atol=1e-5)
+
+
+def test_nodes_from_another_mox_are_refused():
+    mox, *_ = traced("mlp")
+    other, *_ = traced("mlp")
+    with pytest.raises(yax.YaxRewriteError, match="is not part of this MoX"):
+        yax.sub(other.calls[0].calls[0], jax.nn.relu, mox)
+
+
+# -- compare -------------------------------------------------------------------------
+
+def test_compare_finds_where_outputs_diverge():
+    mox, fn, (params, ids), kw = traced("transformer")
+    new = yax.sub('(//*[@name="gelu"])[2]', jax.nn.relu, mox)
+    c = yax.compare(mox, new, params, ids, **kw)
+    assert c.first_divergence == "Transformer/Block_1/gelu"
+    assert all(s.allclose for k, s in c.boundaries.items() if "Block_0" in k)
+    assert not c.allclose and c.outputs["out"].max_abs > 1e-3 and 0.9 < c.outputs["out"].cosine < 1
+    ref = fn(params, ids, **kw)
+    got = yax.eval_mox(new, params, ids, **kw)
+    assert c.outputs["out"].max_abs == pytest.approx(float(jnp.abs(got - ref).max()), rel=1e-4)
+    d = c.to_dict()
+    assert d["first_divergence"] == "Transformer/Block_1/gelu" and "Transformer/embed.attend" in d["boundaries"]
+    assert "first_divergence='Transformer/Block_1/gelu'" in repr(c) and "NO" in repr(c)
+    same = yax.compare(mox, mox, params, ids, **kw)
+    assert same.allclose and same.first_divergence is None and same.outputs["out"].max_abs == 0
+
+
+def test_compare_with_new_params_and_pytree_outputs():
+    mox, fn, (v, x), kw = traced("cnn_train")
+    new = yax.sub('//activation[@name="relu"]', jax.nn.gelu, mox)
+    c = yax.compare(mox, new, v, x, **kw)
+    assert list(c.outputs) == ["out[0]", "out[1]['batch_stats']['BatchNorm_0']['mean']",
+                               "out[1]['batch_stats']['BatchNorm_0']['var']"]
+    assert c.outputs["out[1]['batch_stats']['BatchNorm_0']['mean']"].allclose  # stats are before relu
+    assert not c.outputs["out[0]"].allclose
+    lmox, fn2, (params, ids), kw2 = traced("transformer")
+    new2, lp = yax.sub(DENSE_MLP, yax.LoRA(rank=2), lmox, params=params, key=KEY)
+    assert yax.compare(lmox, new2, params, ids, new_params=lp, **kw2).allclose  # lora_b = 0
+    with pytest.raises(yax.YaxInputError, match="structure"):
+        yax.compare(lmox, new2, params, ids, **kw2)
+
+
+def test_dump_of_rewritten_mox_roundtrips():
+    mox, *_ = traced("mlp")
+    new = yax.sub('//*[@name="relu"]', lambda x: x * 2, mox)
+    buf = io.BytesIO()
+    yax.dump_xml(new, buf)
+    doc = yax.load_xml(io.BytesIO(buf.getvalue()))
+    assert [e.get("path") for e in yax.query("//function", doc)] == ["MLP/relu"]
+    d = yax.diff(mox, new)
+    assert "MLP/relu" in repr(d)
