@@ -17,8 +17,10 @@ def test_readme_tour_runs(capsys):
     for block in blocks:  # later blocks go on from the earlier ones
         exec(compile(block, "README.md", "exec"), scope)
     assert scope["svg"].lstrip().startswith("<?xml") and "Dense_0 : Dense" in scope["svg"]
+    assert scope["lora_params"]["params"]["Dense_0"]["lora_a"].shape == (8, 2)
     out = capsys.readouterr().out
     assert "module_call[path=MLP/Dense_0 type=Dense features=16 params=144]" in out
     assert "['MLP/Dense_0', 'MLP/Dense_1'] [144, 34]" in out
     assert "\n1.0\n" in out
     assert "<- stops matching here" in out
+    assert "first_divergence='MLP/gelu'" in out

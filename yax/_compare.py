@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._eval import flatten_inputs, run
 from ._ir import Mox
@@ -72,41 +75,92 @@ class Comparison:
         return "\n".join(lines)
 
 
-def _keys(taps: list[tuple[Mox, list[Any]]]) -> dict[str, tuple[Mox, list[Any]]]:
+def _calls(node: Mox) -> Iterator[Mox]:
+    """Call nodes in the order `eval_mox` finishes them (not inside nested
+    computations, whose values live in a compiled loop or branch)."""
+    for c in node.children:
+        if isinstance(c, Mox):
+            yield from _calls(c)
+            yield c
+
+
+def _keys(mox: Mox) -> dict[str, Mox]:
+    """``path`` (``path.method`` for other methods; ``#k`` for the k-th call) -> call node."""
     seen: collections.Counter = collections.Counter()
     out = {}
-    for node, vals in taps:
+    for node in _calls(mox):
         base = node.path if node.method in (None, "__call__") or node.kind in ("activation", "function") \
             else f"{node.path}.{node.method}"
         seen[base] += 1
-        out[base if seen[base] == 1 else f"{base}#{seen[base]}"] = (node, vals)
+        out[base if seen[base] == 1 else f"{base}#{seen[base]}"] = node
     return out
 
 
-def _stats(a: list[jax.Array], b: list[jax.Array], rtol: float, atol: float) -> dict[str, jax.Array]:
-    x = jnp.concatenate([jnp.ravel(v).astype(jnp.float32) for v in a])
-    y = jnp.concatenate([jnp.ravel(v).astype(jnp.float32) for v in b])
-    d = jnp.abs(y - x)
-    nx, ny = jnp.linalg.norm(x), jnp.linalg.norm(y)
-    tiny = jnp.finfo(jnp.float32).tiny
-    return {
-        "max_abs": jnp.max(d, initial=0.0),
-        "mean_abs": jnp.mean(d) if d.size else jnp.float32(0),
-        "rel": jnp.linalg.norm(y - x) / jnp.maximum(nx, tiny),
-        "cosine": jnp.where((nx > 0) & (ny > 0), jnp.dot(x, y) / jnp.maximum(nx * ny, tiny),
-                            jnp.where(nx == ny, 1.0, 0.0)),
-        "allclose": jnp.all(d <= atol + rtol * jnp.abs(x)),
-    }
+def _flat(vals: list[jax.Array]) -> jax.Array:
+    return jnp.concatenate([jnp.ravel(v).astype(jnp.float32) for v in vals])
 
 
-def _numeric(vals: list[Any]) -> bool:
+def _stats(pairs: list[tuple[Any, Any]], rtol: float, atol: float) -> list[Stats]:
+    """Per-pair statistics, in NumPy after the models ran (float32 values;
+    BLAS dot products, float64 sums). Reducing hundreds of boundaries inside the models' jitted
+    programs multiplied XLA's compile time by ten; NumPy compiles nothing."""
+    out = []
+    for x, y in jax.device_get(pairs):
+        d = np.abs(y - x)
+        nx, ny, nd = (float(np.sqrt(np.dot(v, v), dtype=np.float64)) for v in (x, y, d))  # BLAS
+        out.append(Stats(
+            max_abs=float(d.max(initial=0.0)),
+            mean_abs=float(d.sum(dtype=np.float64) / d.size) if d.size else 0.0,
+            rel=nd / nx if nx > 0 else (0.0 if nd == 0 else float("inf")),
+            cosine=float(np.dot(x, y)) / (nx * ny) if nx > 0 and ny > 0 else float(nx == ny),
+            allclose=bool(np.all(d <= atol + rtol * np.abs(x))),
+        ))
+    return out
+
+
+def _numeric(vals: Any) -> bool:
     return bool(vals) and all(jnp.issubdtype(v.dtype, jnp.number) or v.dtype == jnp.bool_ for v in vals)
+
+
+_programs: weakref.WeakKeyDictionary[Mox, dict[tuple, Any]] = weakref.WeakKeyDictionary()
+
+
+def _tap_index(mox: Mox) -> dict[str, int]:
+    """Boundary key -> position among the values `_program` returns."""
+    return {k: j for j, k in enumerate(k for k, n in _keys(mox).items() if _numeric(n.outputs))}
+
+
+def _program(mox: Mox, out_idx: tuple[int, ...], taps: bool) -> Any:
+    """The jitted program computing ``mox``'s outputs and the values at all
+    its numeric call boundaries, flattened to float32. One per MoX (kept while
+    the MoX lives), so comparing many rewrites against one original compiles
+    the original once."""
+    cache = _programs.setdefault(mox, {})
+    key = (out_idx, taps)
+    f = cache.get(key)
+    if f is None:
+        tapped = {id(n): j for j, n in enumerate(n for n in _keys(mox).values() if _numeric(n.outputs))} if taps else {}
+
+        ref = weakref.ref(mox)  # the cache must not keep its own key alive
+
+        def program(flat: list[Any]) -> Any:
+            got: list = []
+            outs = run(ref(), flat, taps=got if taps else None)
+            vals: list = [None] * len(tapped)
+            for node, xs in got:
+                j = tapped.get(id(node))
+                if j is not None:
+                    vals[j] = _flat(xs)
+            return [_flat([outs[i]]) for i in out_idx], vals
+
+        f = cache[key] = jax.jit(program)
+    return f
 
 
 def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rtol: float = 1e-5,
             atol: float = 1e-6, boundaries: bool = True, **kwargs: Any) -> Comparison:
-    """Run ``original`` and ``modified`` on the same inputs, in one jitted
-    computation, and measure the differences: per output, and at every module
+    """Run ``original`` and ``modified`` on the same inputs (each compiled
+    once, with ``jax.jit``) and measure the differences: per output, and at every module
     boundary both share (matched by path, method and call order, with equal
     shapes), so the first divergent boundary shows where a change starts to
     matter.
@@ -139,42 +193,26 @@ def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rt
         raise YaxInputError("`new_params` replaces the first positional argument, but no arguments were given.")
     flat_a = flatten_inputs(original, args, kwargs)
     flat_b = flatten_inputs(modified, args_b, kwargs)
-    keys: list[str] = []
-
-    def both(fa: list[Any], fb: list[Any]) -> Any:
-        ta: list = []
-        tb: list = []
-        oa = run(original, fa, taps=ta if boundaries else None)
-        ob = run(modified, fb, taps=tb if boundaries else None)
-        if len(oa) != len(ob):
-            raise YaxInputError(f"The models return {len(oa)} and {len(ob)} arrays; they cannot be compared.")
-        outs = {}
-        for i, (x, y) in enumerate(zip(oa, ob)):
-            if x.shape != y.shape:
-                raise YaxInputError(f"Output {i} has shape {x.shape} in the original but {y.shape} in the modified model.")
-            if _numeric([x]):
-                outs[str(i)] = _stats([x], [y], rtol, atol)
-        bounds = {}
-        kb = _keys(tb)
-        for k, (node, xs) in _keys(ta).items():
-            other = kb.get(k)
-            if other is None or not _numeric(xs) or [type_str(a) for a in node.outputs] != [
-                    type_str(a) for a in other[0].outputs]:
-                continue
-            bounds[k] = _stats(xs, other[1], rtol, atol)
-        keys[:] = list(bounds)
-        return outs, bounds
-
-    outs, bounds = jax.device_get(jax.jit(both)(flat_a, flat_b))
+    if len(original.outvars) != len(modified.outvars):
+        raise YaxInputError(
+            f"The models return {len(original.outvars)} and {len(modified.outvars)} arrays; they cannot be compared."
+        )
+    for i, (x, y) in enumerate(zip(original.outvars, modified.outvars)):
+        if x.shape != y.shape:
+            raise YaxInputError(f"Output {i} has shape {x.shape} in the original but {y.shape} in the modified model.")
+    # The boundaries both models have, with equal output types, in the original's evaluation order.
+    ka, kb = _keys(original), _keys(modified)
+    keys = [k for k, n in ka.items() if boundaries and k in kb and _numeric(n.outputs)
+            and [type_str(a) for a in n.outputs] == [type_str(a) for a in kb[k].outputs]]
+    out_idx = [i for i, a in enumerate(original.outvars) if _numeric([a])]
+    oa, ta = _program(original, tuple(out_idx), boundaries)(flat_a)
+    ob, tb = _program(modified, tuple(out_idx), boundaries)(flat_b)
+    ia, ib = _tap_index(original), _tap_index(modified)
+    stats = _stats(list(zip(oa + [ta[ia[k]] for k in keys], ob + [tb[ib[k]] for k in keys])), rtol, atol)
     names = _output_names(original)
-
-    def stats(d: dict[str, Any]) -> Stats:
-        return Stats(float(d["max_abs"]), float(d["mean_abs"]), float(d["rel"]), float(d["cosine"]),
-                     bool(d["allclose"]))
-
     return Comparison(
-        outputs={names.get(int(i), f"out[{i}]"): stats(d) for i, d in sorted(outs.items(), key=lambda kv: int(kv[0]))},
-        boundaries={k: stats(bounds[k]) for k in keys},
+        outputs={names.get(i, f"out[{i}]"): st for i, st in zip(out_idx, stats)},
+        boundaries=dict(zip(keys, stats[len(out_idx):])),
         rtol=rtol,
         atol=atol,
     )

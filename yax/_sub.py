@@ -473,6 +473,82 @@ def _init(module: Any, needed: tuple[int, ...]) -> Callable:
     return f
 
 
+def _variables(traced: list[tuple[Node, Any, _Traced, Any]], p: _Params | None, key: Any) -> dict[int, dict[Var, Var]]:
+    """Place the replacements' variables in ``p`` (one set per module scope,
+    kept leaves reused, new ones initialised with ``key``, dropped ones
+    removed) and return, per replaced node, how its traced variable vars map
+    to the canonical ones."""
+    var_maps: dict[int, dict[Var, Var]] = {}
+    scopes: dict[tuple[str, ...], _Scope] = {}
+    for node, _r, t, _ in traced:
+        var_maps[id(node)] = {}
+        is_module = isinstance(node, Mox) and node.module_type is not None
+        if t.module is None:
+            if p is not None and is_module and node.var_tree and node.scope is not None:
+                scopes.setdefault(node.scope, _Scope(node))  # its variables are dropped
+            continue
+        if p is None:
+            raise YaxRewriteError(
+                f"The replacement `{type(t.module).__name__}` for {_where(node)} has variables; pass "
+                "`params=` (the variables dict the MoX was traced with) and `key=` so yax can place them."
+            )
+        if is_module and node.scope is None:
+            raise YaxRewriteError(f"Cannot tell where the variables of {_where(node)} live: it has no scope.")
+        scope = node.scope if is_module else tuple(node.path.split("/")[1:])
+        tvars = t.root.invars[: t.n_vars]
+        flat = jax.tree_util.tree_flatten_with_path(t.var_avals)[0]
+        sc = scopes.get(scope)
+        if sc is not None and sc.traced is not None:
+            if [(a.shape, a.dtype) for _, a in flat] != [
+                    (a.shape, a.dtype) for a in jax.tree_util.tree_leaves(sc.traced.var_avals)]:
+                raise YaxRewriteError(
+                    f"Two calls of the module at scope `{'/'.join(scope)}` were given replacements with "
+                    "different variables; calls of one module share its variables, so give them the same one."
+                )
+        else:
+            sc = scopes[scope] = _Scope(node, t)
+            old_vars = {c: _get(p.vars, (c, *scope)) for c in (node.var_tree or {})} if is_module else {}
+            for kp, a in flat:
+                keys = [k.key for k in kp]
+                ov = _get(old_vars, keys)
+                if isinstance(ov, Var) and ov.shape == a.shape and ov.dtype == a.dtype:
+                    sc.canon[_keystr(kp)] = ov
+                    sc.kept[_keystr(kp)] = _get(p.values, keys[:1] + list(scope) + keys[1:])
+        for tv, (kp, _) in zip(tvars, flat):
+            sc.canon.setdefault(_keystr(kp), tv)
+        var_maps[id(node)] = {tv: sc.canon[_keystr(kp)] for tv, (kp, _) in zip(tvars, flat)
+                              if sc.canon[_keystr(kp)] is not tv}
+
+    if p is not None:
+        for i, (scope, sc) in enumerate(scopes.items()):
+            old = sc.node.var_tree or {}
+            if sc.traced is None:  # replaced by something without variables: drop the old ones
+                p.place(scope, old, {}, {})
+                continue
+            avals = sc.traced.var_avals
+            flat = jax.tree_util.tree_flatten_with_path(avals)[0]
+            if len(sc.kept) < len(flat):
+                if key is None:
+                    raise YaxRewriteError(
+                        f"The replacement at `{sc.node.path}` adds new variables; pass `key=` "
+                        "(a `jax.random.key`) to initialise them. Nothing was changed."
+                    )
+                needed = tuple(j for j, (kp, _) in enumerate(flat) if _keystr(kp) not in sc.kept)
+                xs = [jnp.zeros(a.shape, a.dtype) for a in _avals(sc.node.inputs)]
+                got = _init(sc.traced.module, needed)(jax.random.fold_in(key, i), *xs)
+                fresh = [None] * len(flat)
+                for j, x in zip(needed, got):
+                    fresh[j] = x
+            else:
+                fresh = [None] * len(flat)
+            tree = jax.tree_util.tree_structure(avals)
+            vals = jax.tree_util.tree_unflatten(tree, [sc.kept.get(_keystr(kp), x) for (kp, _), x in zip(flat, fresh)])
+            vars_ = jax.tree_util.tree_unflatten(tree, [sc.canon[_keystr(kp)] for kp, _ in flat])
+            p.place(scope, old, dict(vals), dict(vars_))
+
+    return var_maps
+
+
 # -- the public entry point -----------------------------------------------------------
 
 def _matches(pattern: Any, mox: Mox) -> list[Node]:
@@ -605,74 +681,7 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
         traced.append((node, r, t, casts))
 
     p = _Params(mox, params) if params is not None else None
-    var_maps: dict[int, dict[Var, Var]] = {}
-    scopes: dict[tuple[str, ...], _Scope] = {}
-    for node, _r, t, _ in traced:
-        var_maps[id(node)] = {}
-        is_module = isinstance(node, Mox) and node.module_type is not None
-        if t.module is None:
-            if p is not None and is_module and node.var_tree and node.scope is not None:
-                scopes.setdefault(node.scope, _Scope(node))  # its variables are dropped
-            continue
-        if p is None:
-            raise YaxRewriteError(
-                f"The replacement `{type(t.module).__name__}` for {_where(node)} has variables; pass "
-                "`params=` (the variables dict the MoX was traced with) and `key=` so yax can place them."
-            )
-        if is_module and node.scope is None:
-            raise YaxRewriteError(f"Cannot tell where the variables of {_where(node)} live: it has no scope.")
-        scope = node.scope if is_module else tuple(node.path.split("/")[1:])
-        tvars = t.root.invars[: t.n_vars]
-        flat = jax.tree_util.tree_flatten_with_path(t.var_avals)[0]
-        sc = scopes.get(scope)
-        if sc is not None and sc.traced is not None:
-            if [(a.shape, a.dtype) for _, a in flat] != [
-                    (a.shape, a.dtype) for a in jax.tree_util.tree_leaves(sc.traced.var_avals)]:
-                raise YaxRewriteError(
-                    f"Two calls of the module at scope `{'/'.join(scope)}` were given replacements with "
-                    "different variables; calls of one module share its variables, so give them the same one."
-                )
-        else:
-            sc = scopes[scope] = _Scope(node, t)
-            old_vars = {c: _get(p.vars, (c, *scope)) for c in (node.var_tree or {})} if is_module else {}
-            for kp, a in flat:
-                keys = [k.key for k in kp]
-                ov = _get(old_vars, keys)
-                if isinstance(ov, Var) and ov.shape == a.shape and ov.dtype == a.dtype:
-                    sc.canon[_keystr(kp)] = ov
-                    sc.kept[_keystr(kp)] = _get(p.values, keys[:1] + list(scope) + keys[1:])
-        for tv, (kp, _) in zip(tvars, flat):
-            sc.canon.setdefault(_keystr(kp), tv)
-        var_maps[id(node)] = {tv: sc.canon[_keystr(kp)] for tv, (kp, _) in zip(tvars, flat)
-                              if sc.canon[_keystr(kp)] is not tv}
-
-    if p is not None:
-        for i, (scope, sc) in enumerate(scopes.items()):
-            old = sc.node.var_tree or {}
-            if sc.traced is None:  # replaced by something without variables: drop the old ones
-                p.place(scope, old, {}, {})
-                continue
-            avals = sc.traced.var_avals
-            flat = jax.tree_util.tree_flatten_with_path(avals)[0]
-            if len(sc.kept) < len(flat):
-                if key is None:
-                    raise YaxRewriteError(
-                        f"The replacement at `{sc.node.path}` adds new variables; pass `key=` "
-                        "(a `jax.random.key`) to initialise them. Nothing was changed."
-                    )
-                needed = tuple(j for j, (kp, _) in enumerate(flat) if _keystr(kp) not in sc.kept)
-                xs = [jnp.zeros(a.shape, a.dtype) for a in _avals(sc.node.inputs)]
-                got = _init(sc.traced.module, needed)(jax.random.fold_in(key, i), *xs)
-                fresh = [None] * len(flat)
-                for j, x in zip(needed, got):
-                    fresh[j] = x
-            else:
-                fresh = [None] * len(flat)
-            tree = jax.tree_util.tree_structure(avals)
-            vals = jax.tree_util.tree_unflatten(tree, [sc.kept.get(_keystr(kp), x) for (kp, _), x in zip(flat, fresh)])
-            vars_ = jax.tree_util.tree_unflatten(tree, [sc.canon[_keystr(kp)] for kp, _ in flat])
-            p.place(scope, old, dict(vals), dict(vars_))
-
+    var_maps = _variables(traced, p, key)
     built = {id(node): _build(t, node, casts, var_maps[id(node)]) for node, _r, t, casts in traced}
     new = map_mox(lambda n: built.get(id(n), n), mox) if built else mox
     if p is not None:
