@@ -6,9 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
-# System programs from Debian's packages: Graphviz's `dot` (yax.to_svg).
+# System programs from Debian's packages: Graphviz's `dot` (yax.to_svg) and
+# chromium for the widget's browser tests (never a downloaded browser).
 need=()
 command -v dot >/dev/null || need+=(graphviz)
+[ -x /usr/bin/chromium ] || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
@@ -17,14 +19,18 @@ fi
 
 $PY -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[dev]"
+.venv/bin/python -m pip install -q -e ".[dev,widget]"
+
+# The widget's front-end: js/ bundled by esbuild into yax_widget/static.
+npm --prefix js ci --no-audit --no-fund
+npm --prefix js run build
 
 # Oldest supported JAX (keep in step with pyproject's lower bounds).
 $PY -m venv .venv-oldest
 .venv-oldest/bin/python -m pip install -q --upgrade pip
 .venv-oldest/bin/python -m pip install -q "jax==0.9.0" "jaxlib==0.9.0" "flax==0.12.6" \
     "lxml>=5" "pytest>=8" "hypothesis>=6" "pytest-xdist>=3" "ytsaurus-client" "optax" "flatbuffers" \
-    "nbclient" "nbformat" "ipykernel"
+    "nbclient" "nbformat" "ipykernel" "anywidget>=0.9" "ipywidgets>=8"
 .venv-oldest/bin/python -m pip install -q -e . --no-deps
 
 .venv/bin/python -c "import jax, flax, yax; print('newest: jax', jax.__version__, 'flax', flax.__version__)"

@@ -24,3 +24,4 @@ def test_readme_tour_runs(capsys):
     assert "\n1.0\n" in out
     assert "<- stops matching here" in out
     assert "first_divergence='MLP/gelu'" in out
+    assert [r[3] for r in scope["ex"]._tree["rows"]] == ["MLP", "Dense_0", "gelu", "Dropout_0", "Dense_1"]

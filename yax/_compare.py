@@ -42,6 +42,9 @@ class Comparison:
     boundaries: dict[str, Stats]
     rtol: float
     atol: float
+    #: output name -> (original, modified) values as float32 NumPy arrays, for plots
+    arrays: dict[str, tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict, repr=False,
+                                                                         compare=False)
 
     @property
     def allclose(self) -> bool:
@@ -100,12 +103,12 @@ def _flat(vals: list[jax.Array]) -> jax.Array:
     return jnp.concatenate([jnp.ravel(v).astype(jnp.float32) for v in vals])
 
 
-def _stats(pairs: list[tuple[Any, Any]], rtol: float, atol: float) -> list[Stats]:
-    """Per-pair statistics, in NumPy after the models ran (float32 values;
+def _stats(pairs: list[tuple[np.ndarray, np.ndarray]], rtol: float, atol: float) -> list[Stats]:
+    """Per-pair statistics of flat float32 host arrays, in NumPy after the models ran (float32 values;
     BLAS dot products, float64 sums). Reducing hundreds of boundaries inside the models' jitted
     programs multiplied XLA's compile time by ten; NumPy compiles nothing."""
     out = []
-    for x, y in jax.device_get(pairs):
+    for x, y in pairs:
         d = np.abs(y - x)
         nx, ny, nd = (float(np.sqrt(np.dot(v, v), dtype=np.float64)) for v in (x, y, d))  # BLAS
         out.append(Stats(
@@ -208,13 +211,16 @@ def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rt
     oa, ta = _program(original, tuple(out_idx), boundaries)(flat_a)
     ob, tb = _program(modified, tuple(out_idx), boundaries)(flat_b)
     ia, ib = _tap_index(original), _tap_index(modified)
-    stats = _stats(list(zip(oa + [ta[ia[k]] for k in keys], ob + [tb[ib[k]] for k in keys])), rtol, atol)
-    names = _output_names(original)
+    oa, ob, ta, tb = jax.device_get((oa, ob, [ta[ia[k]] for k in keys], [tb[ib[k]] for k in keys]))
+    stats = _stats(list(zip(oa + ta, ob + tb)), rtol, atol)
+    names = [_output_names(original).get(i, f"out[{i}]") for i in out_idx]
+    shapes = [original.outvars[i].shape for i in out_idx]
     return Comparison(
-        outputs={names.get(i, f"out[{i}]"): st for i, st in zip(out_idx, stats)},
+        outputs=dict(zip(names, stats)),
         boundaries=dict(zip(keys, stats[len(out_idx):])),
         rtol=rtol,
         atol=atol,
+        arrays={k: (x.reshape(s), y.reshape(s)) for k, x, y, s in zip(names, oa, ob, shapes)},
     )
 
 

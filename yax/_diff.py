@@ -12,16 +12,21 @@ from ._xpath import tree_of
 _CALLS = CALL_KINDS
 
 
-def _calls(x: Any) -> dict[tuple, dict[str, str]]:
+def keyed(x: Any) -> dict[tuple, Any]:
+    """``(path, kind, method, k)`` -> the XML element of each call: the k-th
+    call of that module method at that path. The keys `diff` reports."""
     tree, _ = tree_of(x, "diff")
     seen: collections.Counter = collections.Counter()
     out = {}
     for el in tree.iter(*_CALLS):
         base = (el.get("path"), el.tag, el.get("method"))
-        key = (*base, seen[base])  # the k-th call of the same module method
+        out[(*base, seen[base])] = el
         seen[base] += 1
-        out[key] = {k: v for k, v in el.attrib.items() if k != "id"}
     return out
+
+
+def _calls(x: Any) -> dict[tuple, dict[str, str]]:
+    return {k: {a: v for a, v in el.attrib.items() if a != "id"} for k, el in keyed(x).items()}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -609,6 +609,36 @@ def _locate(mox: Mox, targets: list[Node]) -> tuple[list[Node], set[int]]:
     return order, nested
 
 
+def _checked(node: Node, r: Any, cast: bool, nested: bool, cache: dict) -> tuple[_Traced, Any]:
+    """Trace ``r`` on ``node``'s inputs and run every check `sub` makes
+    before it changes anything; raises `YaxRewriteError`."""
+    t = _trace(r, node, cache)
+    _check(t, node, r)
+    casts = _fit(t, node, r, cast)
+    if t.n_vars and nested:
+        raise YaxRewriteError(
+            f"{_where(node).capitalize()} is inside a transformed computation (an `nn.scan`/`vmap` "
+            "body), where yax cannot add variables yet. Replace it with a function or a module "
+            "without variables, or rewrite the model's code for this layer."
+        )
+    return t, casts
+
+
+def misfit(repl: Any, node: Node, mox: Mox, *, cast: bool = False, cache: dict | None = None) -> str | None:
+    """Why ``repl`` cannot replace ``node`` of ``mox``, or ``None`` when it
+    fits: the checks `sub` runs before it changes anything (the explorer
+    offers only the replacements that fit a row). ``cache`` may be shared
+    between calls to trace each replacement once per input shapes."""
+    _, nested = _locate(mox, [node])
+    try:
+        r = repl(node.path, node) if _is_decider(repl) else repl
+        if r is not node:
+            _checked(node, r, cast, id(node) in nested, {} if cache is None else cache)
+    except YaxRewriteError as e:
+        return str(e)
+    return None
+
+
 def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = None,
         cast: bool = False) -> Any:
     """Replace the nodes ``pattern`` selects by ``repl``; never in place.
@@ -669,16 +699,7 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
     traced = []
     cache: dict[tuple, tuple[Any, _Traced]] = {}
     for node, r in plan:
-        t = _trace(r, node, cache)
-        _check(t, node, r)
-        casts = _fit(t, node, r, cast)
-        if t.n_vars and id(node) in nested:
-            raise YaxRewriteError(
-                f"{_where(node).capitalize()} is inside a transformed computation (an `nn.scan`/`vmap` "
-                "body), where yax cannot add variables yet. Replace it with a function or a module "
-                "without variables, or rewrite the model's code for this layer."
-            )
-        traced.append((node, r, t, casts))
+        traced.append((node, r, *_checked(node, r, cast, id(node) in nested, cache)))
 
     p = _Params(mox, params) if params is not None else None
     var_maps = _variables(traced, p, key)

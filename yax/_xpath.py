@@ -13,6 +13,7 @@ primitive (``dot_general``, ``jit``, ``scan`` …).
 
 from __future__ import annotations
 
+import functools
 import re
 import textwrap
 import weakref
@@ -37,6 +38,11 @@ class View:
 
     def node(self, el: etree._Element) -> Any:
         return self.nodes[int(el.get("id"))]
+
+    @functools.cached_property
+    def ids(self) -> dict[int, int]:
+        """``id(node)`` -> the node's element id (its index in ``nodes``)."""
+        return {id(n): i for i, n in enumerate(self.nodes)}
 
 
 _views: weakref.WeakKeyDictionary[Mox, View] = weakref.WeakKeyDictionary()

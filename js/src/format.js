@@ -1,0 +1,81 @@
+// Formatting and colour helpers. No DOM here.
+
+/** 1234567 -> "1.2M", 5300 -> "5.3k", 0 -> "". */
+export function compact(n) {
+  if (!n) return "";
+  const abs = Math.abs(n);
+  if (abs >= 1e9) return `${(n / 1e9).toFixed(1)}B`;
+  if (abs >= 1e6) return `${(n / 1e6).toFixed(1)}M`;
+  if (abs >= 1e3) return `${(n / 1e3).toFixed(1)}k`;
+  return String(n);
+}
+
+/** A number for tables: 3 significant digits, exponent when tiny or huge. */
+export function num(x) {
+  if (x === null || x === undefined) return "–";
+  if (x === 0) return "0";
+  const a = Math.abs(x);
+  return a < 1e-3 || a >= 1e5 ? x.toExponential(2) : x.toPrecision(3);
+}
+
+/** Divergence level 0..1 of a relative error on a log scale: 1e-7 -> 0, 1 -> 1. */
+export function divergenceLevel(rel) {
+  if (rel === null || rel === undefined) return null;
+  if (!(rel > 1e-7)) return 0;
+  return Math.min(1, (Math.log10(rel) + 7) / 7);
+}
+
+/** A CSS colour for a divergence level: green (same) -> yellow -> red. */
+export function divergenceColor(level) {
+  if (level === null) return "transparent";
+  const hue = Math.round(120 * (1 - level));
+  return `hsl(${hue}, 75%, 45%)`;
+}
+
+/** Float32 values from a DataView / ArrayBuffer / typed array (little-endian). */
+export function floats(buf) {
+  if (!buf) return new Float32Array(0);
+  if (buf instanceof Float32Array) return buf;
+  if (buf instanceof DataView) {
+    const out = new Float32Array(buf.byteLength / 4);
+    for (let i = 0; i < out.length; i++) out[i] = buf.getFloat32(i * 4, true);
+    return out;
+  }
+  if (ArrayBuffer.isView(buf)) return floats(new DataView(buf.buffer, buf.byteOffset, buf.byteLength));
+  if (buf instanceof ArrayBuffer) return floats(new DataView(buf));
+  return new Float32Array(0);
+}
+
+/** [min, max] of finite values ([0, 1] when there are none; widened when equal). */
+export function extent(values) {
+  let lo = Infinity;
+  let hi = -Infinity;
+  for (const v of values) {
+    if (Number.isFinite(v)) {
+      if (v < lo) lo = v;
+      if (v > hi) hi = v;
+    }
+  }
+  if (lo === Infinity) return [0, 1];
+  if (lo === hi) return [lo - 0.5, hi + 0.5];
+  return [lo, hi];
+}
+
+/** Bars of a histogram in a `width` x `height` box: [{x, y, w, h}]. */
+export function histogramBars(counts, width, height) {
+  const max = Math.max(1, ...counts);
+  const w = width / Math.max(1, counts.length);
+  return counts.map((c, i) => {
+    const h = c === 0 ? 0 : Math.max(1, (c / max) * height);
+    return { x: i * w, y: height - h, w: Math.max(1, w - 1), h };
+  });
+}
+
+/** Viridis-like colour ramp, t in 0..1 -> [r, g, b]. */
+export function ramp(t) {
+  const stops = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+  const x = Math.min(1, Math.max(0, Number.isFinite(t) ? t : 0)) * (stops.length - 1);
+  const i = Math.min(stops.length - 2, Math.floor(x));
+  const f = x - i;
+  return stops[i].map((a, k) => Math.round(a + f * (stops[i + 1][k] - a)));
+}

@@ -1,0 +1,165 @@
+"""A real JupyterLab on 127.0.0.1 driven by Playwright with Debian's chromium.
+
+Used by the end-to-end tests and by ``bench/bench_widget.py``. JupyterLab runs
+with an empty token, news and update checks off, and ``windowingMode: none``
+so every cell's output stays in the page (as JupyterLab's own galata tests
+configure it); its user settings live in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import nbformat
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic"]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SETTINGS = {
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
+        "fetchNews": "false", "checkForUpdates": False, "doNotDisturbMode": True},
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_notebook(path: pathlib.Path, cells: list[str]) -> None:
+    """A notebook with a kernelspec (without one, Lab asks for a kernel)."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+
+
+@contextlib.contextmanager
+def jupyterlab(root: pathlib.Path) -> Iterator[str]:
+    """Start JupyterLab serving ``root``; yields its base URL."""
+    settings = root / ".lab-settings"
+    for name, value in SETTINGS.items():
+        f = settings / name
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps(value))
+    port = _free_port()
+    env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(settings), "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+           "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
+           f"--ServerApp.root_dir={root}", "--LabApp.news_url=None", f"--LabApp.workspaces_dir={root / '.lab-workspaces'}",
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--allow-root"]
+    log = open(root / "jupyterlab.log", "w")
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/status", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"JupyterLab did not start:\n{(root / 'jupyterlab.log').read_text()[-3000:]}") from None
+                time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@contextlib.contextmanager
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+class Notebook:
+    """An open notebook page; collects console errors."""
+
+    def __init__(self, page: Any, url: str, name: str):
+        self.page = page
+        self.errors: list[str] = []
+        page.on("console", lambda m: self.errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
+        page.on("response", lambda r: self.errors.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+        page.goto(f"{url}/lab/tree/{name}")
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+        self.idle()
+
+    def idle(self, timeout: float = 180) -> None:
+        self.page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=timeout * 1000)
+
+    def run(self, index: int, timeout: float = 180) -> str:
+        """Run cell ``index`` (0-based), wait for the kernel, return its output text."""
+        cell = self.page.locator(".jp-Notebook .jp-CodeCell").nth(index)
+        prompt = cell.locator(".jp-InputPrompt")
+        before = prompt.inner_text()
+        for _ in range(5):  # a key press can be lost while the editor is still mounting
+            cell.locator(".jp-InputArea-editor").click()
+            self.page.keyboard.press("Control+Enter")
+            try:
+                self.page.wait_for_function(
+                    "([el, before]) => el.textContent !== before", arg=[prompt.element_handle(), before],
+                    timeout=10_000)
+                break
+            except Exception:
+                continue
+        # the prompt goes from [ ] or [n] through [*] to a new [m] when the cell is done
+        self.page.wait_for_function(
+            "(el) => /\\[\\d+\\]/.test(el.textContent)", arg=prompt.element_handle(), timeout=timeout * 1000)
+        self.idle(timeout)
+        return cell.locator(".jp-OutputArea").inner_text()
+
+    def last_output(self, index: int) -> str:
+        return self.page.locator(".jp-Notebook .jp-CodeCell").nth(index).locator(".jp-OutputArea").inner_text()
+
+
+def drag(page: Any, source: Any, target: Any) -> None:
+    """HTML5 drag and drop with the mouse. Pressing the mouse in a cell's
+    output makes JupyterLab activate that cell and scroll it into view, so
+    the target's position is read again once it has stopped moving."""
+    source.click()  # activates the cell now, so it is scrolled before the drag starts
+    page.wait_for_timeout(500)
+    source.scroll_into_view_if_needed()
+    box = source.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] / 2 + 5, box["y"] + box["height"] / 2 + 5, steps=2)
+    target.scroll_into_view_if_needed()
+    seen = []
+    for _ in range(50):  # until the same position three times in a row
+        seen.append(target.bounding_box())
+        if len(seen) >= 3 and seen[-1] == seen[-2] == seen[-3]:
+            break
+        page.wait_for_timeout(100)
+    for _ in range(10):  # aim again until the pointer is really over the target
+        box = target.bounding_box()
+        x, y = box["x"] + min(60, box["width"] / 2), box["y"] + box["height"] / 2
+        page.mouse.move(x, y, steps=3)
+        page.wait_for_timeout(100)
+        if target.evaluate("(el, [x, y]) => el.contains(document.elementFromPoint(x, y))", [x, y]):
+            break
+    page.mouse.up()

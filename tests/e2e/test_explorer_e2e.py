@@ -1,0 +1,172 @@
+"""The explorer end to end: a real JupyterLab, a real kernel, Debian's
+chromium driven by Playwright. Screenshots of each state are saved under
+``artifacts/e2e/``; any console error fails the test."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from .lab import ROOT, Notebook, browser, drag, jupyterlab, write_notebook
+
+pytestmark = pytest.mark.e2e
+
+ARTIFACTS = ROOT / "artifacts" / "e2e"
+
+CELLS = [
+    # 0: open the explorer on a small Transformer
+    """import jax, jax.numpy as jnp, yax
+from models import Transformer
+from yax._xpath import view
+from yax_widget import Explorer
+model = Transformer(num_layers=2)
+batch = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % 64
+variables = model.init(jax.random.key(0), batch)
+ex = Explorer(model, variables, batch)
+ex.add_replacement("LoRA r=4", yax.LoRA(rank=4))
+ex""",
+    # 1: what yax.query returns, as view ids
+    """XP = '//module_call[@type="Dense"][@features=64]'
+print("IDS=" + ",".join(str(view(ex.mox).ids[id(n)]) for n in yax.query(XP, ex.mox)))""",
+    # 2: the kernel's view of the explorer
+    """print("STATE", [n.name for n in yax.query("//activation|//module_call[@type='Dropout']", ex.mox)],
+      len(ex.history), ex.mox is ex.original, ex.comparison is not None)""",
+    # 3: the magic
+    """%load_ext yax_widget
+%yax model variables batch --query "//activation[@name='gelu']"
+""",
+    # 4: ids the magic's query selects
+    """print("GELU=" + ",".join(str(view(ex.mox).ids[id(n)]) for n in yax.query("//activation[@name='gelu']", ex.mox)))""",
+]
+
+
+@pytest.fixture(scope="module")
+def notebook(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab")
+    write_notebook(root / "explore.ipynb", CELLS)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with jupyterlab(root) as url, browser() as b:
+        page = b.new_page(viewport={"width": 1400, "height": 1000})
+        yield Notebook(page, url, "explore.ipynb")
+
+
+def shot(nb: Notebook, name: str) -> None:
+    nb.page.locator(".yax-explorer").first.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def type_query(root, xpath: str) -> list[str]:
+    """Type a query that selects other nodes than the current highlight; the ids it highlights."""
+    before = root.get_attribute("data-match-ids")
+    root.locator(".yax-query input").fill(xpath)
+    root.page.wait_for_function("([el, before]) => el.dataset.matchIds !== before",
+                                arg=[root.element_handle(), before])
+    return root.get_attribute("data-match-ids").split(",")
+
+
+def ids_of(text: str, tag: str) -> list[str]:
+    m = re.search(rf"{tag}=([\d,]*)", text)
+    assert m, text
+    return [x for x in m.group(1).split(",") if x]
+
+
+def test_explorer_end_to_end(notebook):
+    try:
+        _steps(notebook)
+    except BaseException:
+        notebook.page.screenshot(path=str(ARTIFACTS / "failure.png"), full_page=True)
+        print("console errors:", notebook.errors)
+        raise
+
+
+def _steps(nb: Notebook) -> None:
+    page = nb.page
+    nb.run(0)
+    root = page.locator(".yax-explorer").first
+    root.wait_for(timeout=60_000)
+    page.wait_for_selector('.yax-explorer[data-ready="1"]', timeout=60_000)
+    assert root.locator(".yax-row").count() > 10
+    shot(nb, "01-tree")
+
+    # typing a query highlights exactly what yax.query returns
+    want = ids_of(nb.run(1), "IDS")
+    assert len(want) == 2
+    box = root.locator(".yax-query input")
+    box.fill('//module_call[@type="Dense"][@features=64]')
+    page.wait_for_function(
+        "(ids) => document.querySelector('.yax-explorer').dataset.matchIds === ids", arg=",".join(want))
+    assert sorted(root.locator(".yax-row.yax-match").evaluate_all("els => els.map(e => e.dataset.id)")) == sorted(want)
+    assert "2" in root.locator(".yax-count").inner_text()
+    shot(nb, "02-query")
+
+    # an invalid query shows its error and keeps the last good highlight
+    box.fill("//[@")
+    err = root.locator(".yax-query-error")
+    err.wait_for(state="visible")
+    page.wait_for_function("() => document.querySelector('.yax-query-error').textContent.includes('XPath')")
+    assert root.get_attribute("data-match-ids") == ",".join(want)
+    shot(nb, "03-invalid-query")
+
+    # drag a palette item onto a row: the kernel's model changes and the comparison shows
+    gelu = type_query(root, "//activation[@name='gelu']")[0]
+    drag(page, root.locator('.yax-palette-item[data-name="ReLU"]'), root.locator(f'.yax-row[data-id="{gelu}"]'))
+    page.wait_for_selector(".yax-compare .yax-hist", timeout=120_000)
+    assert root.locator(".yax-compare canvas.yax-heat").count() == 3
+    assert "Block_0/gelu" in root.locator(".yax-compare").inner_text()  # the first divergence
+    out = nb.run(2)
+    assert "'relu'" in out and " 1 False True" in out, out
+    shot(nb, "04-dragged")
+
+    # a replacement that does not fit is refused at its row, and nothing changes
+    dense = type_query(root, "//module_call[@name='Dense_0']")[0]
+    drag(page, root.locator('.yax-palette-item[data-name="GELU"]'), root.locator(f'.yax-row[data-id="{dense}"]'))
+    notice = root.locator(".yax-notice")
+    notice.wait_for(state="visible")
+    assert "does not fit" in notice.inner_text()
+    assert " 1 False True" in nb.run(2)
+    shot(nb, "05-refused")
+
+    # click-to-substitute: the menu offers what fits
+    drops = type_query(root, "//module_call[@type='Dropout']")
+    assert len(drops) == 4
+    drop = drops[0]
+    root.locator(f'.yax-row[data-id="{drop}"]').click()
+    menu = root.locator(".yax-fits")
+    menu.wait_for(state="visible")
+    assert menu.locator('.yax-fit[data-name="identity"]').count() == 1
+    shot(nb, "06-fits")
+    menu.locator('.yax-fit[data-name="identity"]').click()
+    page.wait_for_function("() => !document.querySelector('.yax-status') || "
+                           "!document.querySelector('.yax-status').textContent.includes('compiling')")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.yax-history li, .yax-history .yax-history-item')].length >= 2")
+    out = nb.run(2)
+    assert "'identity'" in out and " 2 False True" in out, out
+    shot(nb, "07-clicked")
+
+    # the graph of the selected module renders as SVG in the browser
+    root.locator(".yax-graph-button").click()
+    page.wait_for_selector(".yax-graph svg", timeout=60_000)
+    assert root.locator(".yax-graph svg g.node").count() > 2
+    shot(nb, "08-graph")
+
+    # undo twice restores the original
+    root.locator(".yax-undo").click()
+    page.wait_for_function("() => document.querySelector('.yax-history') !== null")
+    root.locator(".yax-undo").click()
+    page.wait_for_function("() => document.querySelector('.yax-undo').disabled")
+    out = nb.run(2)
+    assert " 0 True False" in out, out
+    shot(nb, "09-undone")
+
+    # %yax opens a second explorer with the query applied
+    nb.run(3)
+    page.wait_for_function("() => document.querySelectorAll('.yax-explorer[data-ready=\"1\"]').length === 2")
+    second = page.locator(".yax-explorer").nth(1)
+    want = ids_of(nb.run(4), "GELU")
+    page.wait_for_function(
+        "(ids) => document.querySelectorAll('.yax-explorer')[1].dataset.matchIds === ids", arg=",".join(want))
+    assert second.locator(".yax-query input").input_value() == "//activation[@name='gelu']"
+    second.screenshot(path=str(ARTIFACTS / "10-magic.png"))
+
+    assert nb.errors == [], nb.errors

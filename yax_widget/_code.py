@@ -1,0 +1,77 @@
+"""Python source for "copy as code": the XPath of a node and the expression
+of a registered replacement."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+import yax
+from yax._ir import Equation, Mox
+
+# Where users import things from, most familiar first.
+_HOMES = ("yax", "jax.nn", "jax.numpy", "flax.linen", "flax.nnx", "yax_widget")
+_ALIASES = {"jax.numpy": "jnp", "flax.linen": "nn", "flax.nnx": "nnx"}
+
+
+def _public_name(obj: Any) -> str | None:
+    """``jax.nn.gelu`` / ``nn.Dense`` / ``yax.LoRA`` for an object reachable
+    from a familiar home, else ``module.qualname`` when that is importable."""
+    name = getattr(obj, "__name__", None)
+    if name is None:
+        return None
+    for home in _HOMES:
+        try:
+            mod = importlib.import_module(home)
+        except ImportError:
+            continue
+        if getattr(mod, name, None) is obj:
+            return f"{_ALIASES.get(home, home)}.{name}"
+    mod, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
+    if mod and "<" not in qual and not any(p.startswith("_") for p in mod.split(".")):
+        return f"{mod}.{qual}"
+    return None
+
+
+def replacement_code(repl: Any) -> str | None:
+    """A Python expression for ``repl``, or ``None`` when it has no importable name."""
+    import flax.linen as nn
+
+    if isinstance(repl, nn.Module):
+        cls = _public_name(type(repl)) or type(repl).__name__
+        args = []
+        for f in dataclasses.fields(repl):
+            if f.name in ("parent", "name") or not f.init:
+                continue
+            v = getattr(repl, f.name)
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+            if default is not dataclasses.MISSING and v is default or (
+                    default is not dataclasses.MISSING and type(v) is type(default) and v == default):
+                continue
+            code = (replacement_code(v) if callable(v) else repr(v)) or "..."
+            args.append(f"{f.name}={code}")
+        return f"{cls}({', '.join(args)})"
+    if isinstance(repl, (Mox, Equation)):
+        return None
+    return _public_name(repl)
+
+
+def _literal(s: str) -> str:
+    return f'"{s}"' if '"' not in s else f"'{s}'"
+
+
+def xpath_for(node: Any, mox: Mox) -> str:
+    """An XPath that selects exactly ``node`` in ``mox``."""
+    if isinstance(node, Equation):
+        base = f"//*[@primitive={_literal(node.name)}][@path={_literal(node.path)}]"
+    else:
+        base = f"//{node.kind}[@path={_literal(node.path)}]"
+        if node.method and node.method != "__call__" and node.kind in ("module_call", "method_call"):
+            base += f"[@method={_literal(node.method)}]"
+    hits = yax.query(base, mox)
+    if len(hits) == 1 and hits[0] is node:
+        return base
+    return f"({base})[{next(i for i, n in enumerate(hits) if n is node) + 1}]"
+
