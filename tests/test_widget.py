@@ -31,7 +31,7 @@ def model():
 
 def explorer(model, **kw) -> Explorer:
     m, v = model
-    ex = Explorer(m, v, IDS, **kw)
+    ex = Explorer(m, v, IDS, **{"warm": False, **kw})
     ex.sent = []
     ex.send = lambda content, buffers=None: ex.sent.append(content)  # the comm's transport only
     return ex
@@ -153,6 +153,16 @@ def test_a_replacement_that_does_not_fit_is_refused_at_its_row(model):
     assert reply["type"] == "error" and "Nothing was changed" in reply["message"]
     assert ex._notice["id"] == i and ex._notice["message"] == reply["message"]
     assert snapshot(ex) == before and ex.history == []
+
+
+def test_the_original_is_compiled_in_the_background(model):
+    from yax._compare import _programs
+
+    ex = explorer(model, warm=True)
+    ex._warmer.join(120)
+    assert not ex._warmer.is_alive() and _programs.get(ex.original)
+    ex.substitute("//activation[@name='gelu']", "ReLU")
+    assert ex.comparison.first_divergence == "Transformer/Block_0/gelu"
 
 
 def test_undo_redo_and_history(model):

@@ -12,7 +12,9 @@ import dataclasses
 import math
 import pathlib
 import re
+import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -93,6 +95,9 @@ class Explorer(anywidget.AnyWidget):
         parameters `yax.sub` reconciles.
       key: PRNG key for the parameters of inserted modules (default
         ``jax.random.key(0)``, folded with each step).
+      warm: compile the original model's comparison program in a
+        background thread right away, so the first substitution only
+        compiles the modified model (default True).
 
     Example:
       >>> import jax, jax.numpy as jnp, flax.linen as nn
@@ -123,7 +128,7 @@ class Explorer(anywidget.AnyWidget):
     _status = traitlets.Dict({"busy": False, "message": ""}).tag(sync=True)  #: busy flag and message
     _notice = traitlets.Dict().tag(sync=True)          #: a refused replacement's reason, at its row
 
-    def __init__(self, target: Any, *args: Any, key: Any = None, **kwargs: Any):
+    def __init__(self, target: Any, *args: Any, key: Any = None, warm: bool = True, **kwargs: Any):
         super().__init__()
         if isinstance(target, Mox):
             if target.kind != "root":
@@ -148,6 +153,17 @@ class Explorer(anywidget.AnyWidget):
         self._original_tree = _tree(mox, 0)
         self._refresh()
         self.on_msg(self._on_msg)
+        if warm and (args or kwargs):
+            # Compile (and run once) the original's comparison program while the user looks at
+            # the tree: the first substitution then compiles only the modified model.
+            self._warmer = threading.Thread(target=self._warm, daemon=True, name="yax-warm")
+            self._warmer.start()
+
+    def _warm(self) -> None:
+        try:
+            yax.compare(self.original, self.original, *self._args, **self._kwargs)
+        except Exception:  # the first real compare reports any problem, with context
+            pass
 
     # -- the Python API ----------------------------------------------------------
 
@@ -266,9 +282,9 @@ class Explorer(anywidget.AnyWidget):
 
     def _refresh(self) -> None:
         mox = self.mox
-        self._tree = _tree(mox, self._index)
+        self._tree = {**self._original_tree, "version": self._index} if mox is self.original else _tree(mox, self._index)
         self._history = {"items": [c.description for c in self._states[1:]], "index": self._index}
-        self._diff = _diff_marks(self.original, mox)
+        self._diff = {"original": {}, "current": {}} if mox is self.original else _diff_marks(self.original, mox)
         if self._query:
             try:
                 self._run_query(self._query)
@@ -482,10 +498,17 @@ def _tree(mox: Mox, version: int) -> dict:
     return {"version": version, "rows": rows}
 
 
+_owner_maps: weakref.WeakKeyDictionary[Mox, dict[int, int]] = weakref.WeakKeyDictionary()
+
+
 def _owners(mox: Mox) -> dict[int, int]:
     """Equation id -> id of the call it runs in directly (what `expand` lists)."""
-    ids = _ids(mox)
-    return {ids[id(e)]: ids[id(c)] for c in mox.modules() for e in c.children if isinstance(e, Equation)}
+    m = _owner_maps.get(mox)
+    if m is None:
+        ids = _ids(mox)
+        m = _owner_maps[mox] = {ids[id(e)]: ids[id(c)] for c in mox.modules() for e in c.children
+                                if isinstance(e, Equation)}
+    return m
 
 
 def _diff_marks(a: Mox, b: Mox) -> dict:

@@ -10,7 +10,7 @@ import {
 
 const ROW_H = 22;
 const OVERSCAN = 10;
-const DEBOUNCE_MS = 50;
+const DEBOUNCE_MS = 40;
 
 let vizPromise = null;
 const viz = () => (vizPromise ??= vizInstance());
@@ -379,9 +379,10 @@ function render({ model, el }) {
       const i = visible.findIndex((n) => matchSet.has(n.id));
       if (i >= 0) scrollTo(i);
       // announce the highlight once it is on screen (the browser tests wait for this)
-      requestAnimationFrame(() => requestAnimationFrame(() => {
+      requestAnimationFrame(() => {
+        paint(); // the rows are in the DOM before the highlight is announced
         if (version === matchVersion) root.dataset.matchIds = ids.join(",");
-      }));
+      });
     });
   }
 
