@@ -695,6 +695,10 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
     new = map_mox(lambda n: built.get(id(n), n), mox) if built else mox
     if p is not None:
         new = p.rebuilt(new)
+    if nnx_root:
+        from ._sub_nnx import keep_untouched_state
+
+        new = keep_untouched_state(new, [n for n, _ in plan])
     bad = _unbound(new)
     if bad is not None:
         node, _ = bad

@@ -16,6 +16,7 @@ so ``nnx.merge(new_mox.graphdef, new_state)`` is the rewritten model.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -311,6 +312,17 @@ def sub_modules(mox: Mox, plan: list[tuple[Mox, Any]], nested: set[int], params:
             )
         sites.append(_Site(node, r))
 
+    # A module is one object: all its calls change together, so all must be matched.
+    matched = collections.Counter(s.node.scope for s in sites)
+    calls = collections.Counter(n.scope for n in mox.modules() if n.kind == "module_call" and n.scope in matched)
+    for s in sites:
+        if calls[s.node.scope] != matched[s.node.scope]:
+            raise YaxRewriteError(
+                f"The module at `{s.node.path}` is called {calls[s.node.scope]} times, but the pattern matched "
+                f"{matched[s.node.scope]} of its calls. An nnx module is one object, so replacing it changes "
+                f"every call; match them all (e.g. `//module_call[@path=\"{s.node.path}\"]`). Nothing was changed."
+            )
+
     # Trace and check every replacement before building anything.
     for s in sites:
         avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in s.node.inputs]
@@ -421,3 +433,30 @@ def sub_modules(mox: Mox, plan: list[tuple[Mox, Any]], nested: set[int], params:
             "Replace all calls of that module together. Nothing was changed."
         )
     return new, new_state
+
+
+def keep_untouched_state(new: Mox, replaced: Sequence[Any]) -> Mox:
+    """After functions replaced module calls of an nnx MoX: state updates the
+    old calls made (a Dropout's RNG counter, batch statistics) no longer
+    happen, so those state outputs become the state inputs, unchanged."""
+    from ._ir import Equation
+
+    inner: set[Var] = set()
+    for n in replaced:
+        if not isinstance(n, Mox):
+            continue
+        inner.update(a for a in n.outvars if isinstance(a, Var))
+        for c in n.walk():
+            if isinstance(c, (Equation, Mox)):
+                inner.update(c.outputs)
+    (state_in, *_), _ = _tree_with(new.in_tree, new.dyn_in, new.invars, new.in_static)
+    out, state_out = _tree_with(new.out_tree, new.dyn_out, new.outvars, new.out_static)
+    start = {p: v for p, _, v in flat_state(state_in)}
+    flat = flat_state(state_out)
+    if not any(isinstance(v, Var) and v in inner for _, _, v in flat):
+        return new
+    fixed = [start[p] if isinstance(v, Var) and v in inner else v for p, _, v in flat]
+    td = jax.tree_util.tree_structure(state_out)
+    out_td, dyn_out, outvars, out_static = _split_tree((out, jax.tree_util.tree_unflatten(td, fixed)))
+    return dataclasses.replace(new, outvars=tuple(outvars), outputs=tuple(a for a in outvars if isinstance(a, Var)),
+                               out_tree=out_td, dyn_out=dyn_out, out_static=out_static)

@@ -138,7 +138,7 @@ def _variables(module: Any) -> tuple[int, Any]:
 
     params = nnx.state(module, nnx.Param)
     n = sum(int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(params))
-    return n, _abstract(nnx.state(module).to_pure_dict())
+    return n, _abstract(nnx.to_pure_dict(nnx.state(module)))
 
 
 # -- method wrappers ----------------------------------------------------------------
@@ -175,8 +175,10 @@ def _wrap(name: str, fn: Callable) -> Callable:
         rec = _recorder()
         if rec is None or rec.token is None:
             return fn(self, *args, **kwargs)
-        path = _path(self, rec)
         same = bool(rec.stack) and rec.stack[-1][1] is self
+        if same and rec.calls[rec.stack[-1][0]].method == name:
+            return fn(self, *args, **kwargs)  # `super().__call__(x)`: part of the same call
+        path = _path(self, rec)
         info = CallInfo(
             kind="method_call" if same else "module_call",
             path=path,
