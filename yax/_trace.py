@@ -86,6 +86,8 @@ class Recorder:
         self.root_name: str | None = None
         self.token: int | None = None  # set while nnx methods are wrapped
         self.stamped: list[Any] = []   # nnx modules given a path (see `_trace_nnx`)
+        self.memo: dict[int, tuple] = {}  # id(nnx module) -> its variables, abstract
+        self.sizes: dict[int, int] = {}   # id(nnx Param) -> its size
 
 
 _local = threading.local()

@@ -33,7 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._trace import CallInfo, Recorder, _abstract, _activation_table, _recorder, _swap, marked_call
+from ._trace import CallInfo, Recorder, _activation_table, _recorder, marked_call
 
 _STAMP = "_yax_call"
 _tokens = itertools.count(1)
@@ -55,9 +55,19 @@ def is_graph_leaf(x: Any) -> bool:
     """nnx objects (modules, ``Rngs``, ``Variable``) passed to or returned by a
     method are kept whole: flattening them would hand the method copies, and
     its updates (an RNG counter) would be lost."""
+    return _kind(type(x)) != 0
+
+
+@functools.cache
+def _kind(t: type) -> int:
+    """1 for ``nnx.Variable`` types, 2 for other nnx graph objects, 0 otherwise.
+    By type, cached: ``isinstance`` against nnx's classes runs Python code
+    (``Variable``'s metaclass), and tracing asks thousands of times."""
     from flax import nnx
 
-    return isinstance(x, (nnx.Pytree, nnx.Variable))
+    if issubclass(t, nnx.Variable):
+        return 1
+    return 2 if issubclass(t, nnx.Pytree) else 0
 
 
 # -- paths --------------------------------------------------------------------------
@@ -67,18 +77,32 @@ def _key(k: Any) -> str:
 
 
 def stamp(root: Any, path: str, rec: Recorder) -> None:
-    """Give every module of ``root``'s graph not stamped in this trace its path."""
+    """Give every module of ``root``'s graph not stamped in this trace its path:
+    the first path to it in nnx's graph order (attributes sorted by name,
+    depth first), as in ``nnx.iter_graph`` and ``nnx.split``'s state."""
     from flax import nnx
 
-    for keys, node in nnx.graph.iter_graph(root):
-        if not isinstance(node, nnx.Module):
-            continue
-        old = vars(node).get(_STAMP)
-        if old is not None and old[0] == rec.token:
-            continue
-        p = "/".join([path, *map(_key, keys)]) if keys else path
-        object.__setattr__(node, _STAMP, (rec.token, p))
-        rec.stamped.append(node)
+    seen: set[int] = set()
+
+    def visit(node: Any, p: str) -> None:
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        if isinstance(node, nnx.Module):
+            old = vars(node).get(_STAMP)
+            if old is None or old[0] != rec.token:
+                object.__setattr__(node, _STAMP, (rec.token, p))
+                rec.stamped.append(node)
+        for k, v in sorted(vars(node).items(), key=lambda kv: _order(kv[0])):
+            if _kind(type(v)) == 2:
+                visit(v, f"{p}/{k}")
+
+    visit(root, path)
+
+
+def _order(k: str) -> tuple:
+    """nnx sorts the items of an ``nnx.List`` (attributes ``"0"``, ``"1"``, …) as numbers."""
+    return (0, int(k), "") if k.isdigit() else (1, 0, k)
 
 
 def unstamp(rec: Recorder) -> None:
@@ -123,7 +147,7 @@ def _printable(v: Any) -> bool:
         return True
     if isinstance(v, tuple):
         return all(_printable(x) for x in v)
-    return callable(v) and not is_graph_leaf(v) and not isinstance(v, jax.Array)
+    return callable(v) and _kind(type(v)) == 0 and not isinstance(v, jax.Array)
 
 
 def module_attrs(module: Any) -> dict[str, Any]:
@@ -133,40 +157,75 @@ def module_attrs(module: Any) -> dict[str, Any]:
             if not k.startswith("_") and _printable(v)}
 
 
-def _variables(module: Any) -> tuple[int, Any]:
+def _variables(module: Any, rec: Recorder) -> tuple[int, Any]:
+    """The parameter count and the variables (abstract, as nested dicts by
+    attribute) of a module. Memoised per object for the trace (shapes do not
+    change while it runs): a parent reuses its children's, so a trace does
+    this once per module. A variable reached twice (a shared submodule) is
+    counted once."""
+    return _vars(module, rec.memo, rec.sizes)[1:]
+
+
+def _vars(module: Any, memo: dict, sizes: dict) -> tuple[set[int], int, dict]:
     from flax import nnx
 
-    params = nnx.state(module, nnx.Param)
-    n = sum(int(np.prod(np.shape(x))) for x in jax.tree_util.tree_leaves(params))
-    return n, _abstract(nnx.to_pure_dict(nnx.state(module)))
+    hit = memo.get(id(module))
+    if hit is not None:
+        return hit
+    ids: set[int] = set()
+    n = 0
+    tree: dict[str, Any] = {}
+    for k, v in sorted(vars(module).items()):
+        kind = _kind(type(v))
+        if kind == 1:
+            x = v.get_value()
+            tree[k] = jax.ShapeDtypeStruct(np.shape(x), x.dtype) if hasattr(x, "dtype") else x
+            if id(v) not in ids:
+                ids.add(id(v))
+                size = int(np.prod(np.shape(x))) if issubclass(type(v), nnx.Param) else 0
+                sizes[id(v)] = size
+                n += size
+        elif kind == 2:
+            c_ids, c_n, c_tree = _vars(v, memo, sizes)
+            if c_tree:
+                tree[k] = c_tree
+            if ids.isdisjoint(c_ids):
+                n += c_n
+            else:
+                n += sum(sizes[i] for i in c_ids - ids)
+            ids |= c_ids
+    memo[id(module)] = out = (ids, n, tree)
+    return out
 
 
 # -- method wrappers ----------------------------------------------------------------
 
-@contextlib.contextmanager
-def _swap_activation_attrs(module: Any):
+def _swap_activation_attrs(module: Any) -> list[tuple[dict, str, Any]]:
     """Attributes holding an activation (``self.act = nnx.gelu``, the items of
-    ``nnx.Sequential``'s list) were bound before the trace; point them at the
-    marking wrapper for the call, and put them back after."""
+    ``nnx.Sequential``'s list) were bound before the trace: point them at the
+    marking wrapper for the call. Returns what `_restore` puts back."""
     from flax import nnx
 
     table = _activation_table()
     undo = []
-    try:
-        holders = [module] + [v for v in vars(module).values() if isinstance(v, nnx.List)]
-        for h in holders:
-            d = vars(h)
-            for k, v in list(d.items()):
-                if k.startswith("_") or not callable(v):
-                    continue
-                w = _swap(table, v)
-                if w is not v:
-                    undo.append((d, k, v))
-                    d[k] = w
-        yield
-    finally:
-        for d, k, v in reversed(undo):
-            d[k] = v
+    d = vars(module)
+    for k, v in d.items():
+        hit = table.get(id(v))
+        if hit is not None and hit[1] is v:
+            undo.append((d, k, v))
+        elif type(v) is nnx.List:
+            for k2, v2 in vars(v).items():
+                hit = table.get(id(v2))
+                if hit is not None and hit[1] is v2:
+                    undo.append((vars(v), k2, v2))
+    for holder, k, v in undo:
+        holder[k] = table[id(v)][2]
+    return undo
+
+
+def _restore(undo: list[tuple[dict, str, Any]]) -> None:
+    for holder, k, v in reversed(undo):
+        holder[k] = v
 
 
 def _wrap(name: str, fn: Callable) -> Callable:
@@ -189,9 +248,12 @@ def _wrap(name: str, fn: Callable) -> Callable:
             scope=tuple(path.split("/")[1:]),
         )
         info._module = self  # type: ignore[attr-defined]
-        with _swap_activation_attrs(self):
+        undo = _swap_activation_attrs(self)
+        try:
             out = marked_call(info, lambda *a, **k: fn(self, *a, **k), args, kwargs, is_leaf=is_graph_leaf)
-        info.num_params, info.var_tree = _variables(self)
+        finally:
+            _restore(undo)
+        info.num_params, info.var_tree = _variables(self, rec)
         return out
 
     method.__yax_method__ = fn  # type: ignore[attr-defined]
