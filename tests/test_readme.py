@@ -25,3 +25,6 @@ def test_readme_tour_runs(capsys):
     assert "<- stops matching here" in out
     assert "first_divergence='MLP/gelu'" in out
     assert [r[3] for r in scope["ex"]._tree["rows"]] == ["MLP", "Dense_0", "gelu", "Dropout_0", "Dense_1"]
+    assert "['Net/fc1', 'Net/fc2']" in out
+    assert type(scope["lora_net"].fc2).__name__ == "LoRALinear" and type(scope["net"].fc2).__name__ == "Linear"
+    assert scope["lora_state"]["fc1"]["lora"]["lora_a"].shape == (8, 2)

@@ -25,6 +25,7 @@ from ._print import pprint as pprint
 from ._serial import dump_yson as dump_yson
 from ._sub import module_of as module_of
 from ._sub import sub as sub
+from ._sub_nnx import replace_modules as replace_modules
 from ._summary import summary as summary
 from ._trace import ACTIVATIONS as ACTIVATIONS
 from ._trace import make_mox as make_mox

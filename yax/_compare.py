@@ -196,20 +196,22 @@ def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rt
         raise YaxInputError("`new_params` replaces the first positional argument, but no arguments were given.")
     flat_a = flatten_inputs(original, args, kwargs)
     flat_b = flatten_inputs(modified, args_b, kwargs)
-    if len(original.outvars) != len(modified.outvars):
+    sel_a, sel_b = _compared(original), _compared(modified)
+    if len(sel_a) != len(sel_b):
         raise YaxInputError(
-            f"The models return {len(original.outvars)} and {len(modified.outvars)} arrays; they cannot be compared."
+            f"The models return {len(sel_a)} and {len(sel_b)} arrays; they cannot be compared."
         )
-    for i, (x, y) in enumerate(zip(original.outvars, modified.outvars)):
+    for i, (x, y) in enumerate(zip((original.outvars[j] for j in sel_a), (modified.outvars[j] for j in sel_b))):
         if x.shape != y.shape:
             raise YaxInputError(f"Output {i} has shape {x.shape} in the original but {y.shape} in the modified model.")
     # The boundaries both models have, with equal output types, in the original's evaluation order.
     ka, kb = _keys(original), _keys(modified)
     keys = [k for k, n in ka.items() if boundaries and k in kb and _numeric(n.outputs)
             and [type_str(a) for a in n.outputs] == [type_str(a) for a in kb[k].outputs]]
-    out_idx = [i for i, a in enumerate(original.outvars) if _numeric([a])]
+    pos = [k for k, i in enumerate(sel_a) if _numeric([original.outvars[i]])]
+    out_idx = [sel_a[k] for k in pos]
     oa, ta = _program(original, tuple(out_idx), boundaries)(flat_a)
-    ob, tb = _program(modified, tuple(out_idx), boundaries)(flat_b)
+    ob, tb = _program(modified, tuple(sel_b[k] for k in pos), boundaries)(flat_b)
     ia, ib = _tap_index(original), _tap_index(modified)
     oa, ob, ta, tb = jax.device_get((oa, ob, [ta[ia[k]] for k in keys], [tb[ib[k]] for k in keys]))
     stats = _stats(list(zip(oa + ta, ob + tb)), rtol, atol)
@@ -222,6 +224,18 @@ def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rt
         atol=atol,
         arrays={k: (x.reshape(s), y.reshape(s)) for k, x, y, s in zip(names, oa, ob, shapes)},
     )
+
+
+def _compared(mox: Mox) -> list[int]:
+    """Which outputs `compare` looks at: all of them, or for a MoX traced from
+    an nnx module (``(out, new_state)``) those of ``out``: the states of a
+    model and its rewrite hold different variables."""
+    if mox.graphdef is None:
+        return list(range(len(mox.outvars)))
+    n = len(mox.dyn_out) + len(mox.out_static)
+    first, _ = jax.tree_util.tree_unflatten(mox.out_tree, list(range(n)))
+    mine = set(jax.tree_util.tree_leaves(first))
+    return [j for j, i in enumerate(mox.dyn_out) if i in mine]
 
 
 def _output_names(mox: Mox) -> dict[int, str]:

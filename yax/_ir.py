@@ -181,6 +181,10 @@ class Mox:
         leaves that were not traced (Python scalars, strings) are kept in
         ``in_static`` / ``out_static`` as ``(leaf_index, value)`` pairs.
       dyn_in / dyn_out: indices of the traced leaves in those treedefs.
+      scope: where the module's variables live: its path in the linen
+        variables dict, or its attribute path in an nnx model.
+      graphdef: on a root traced from an ``nnx.Module``, the ``nnx.GraphDef``
+        that ``nnx.merge(graphdef, state)`` rebuilds the model with.
     """
 
     kind: str
@@ -207,6 +211,7 @@ class Mox:
     in_paths: tuple[str, ...] = ()
     scope: tuple[str, ...] | None = None
     ephemeral: bool | None = None
+    graphdef: Any = None
 
     # -- identity ---------------------------------------------------------
     @property

@@ -8,6 +8,8 @@ deterministic: memory addresses are scrubbed from parameter reprs.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import re
 from typing import Any
 
@@ -88,20 +90,33 @@ def shown_params(eqn: Equation) -> list[tuple[str, Any]]:
 
 def key_attrs(node: Mox) -> dict[str, Any]:
     """The module fields that differ from their defaults: the ones worth showing."""
-    if node.module_type is None or not dataclasses.is_dataclass(node.module_type):
+    if node.module_type is None:
         return dict(node.attrs)
-    fields = {f.name: f for f in dataclasses.fields(node.module_type)}
+    if dataclasses.is_dataclass(node.module_type):
+        defaults = {f.name: f.default for f in dataclasses.fields(node.module_type)
+                    if f.default is not dataclasses.MISSING}
+    else:  # an nnx module: the defaults of its constructor's parameters
+        defaults = _init_defaults(node.module_type)
     out = {}
     for k, v in node.attrs.items():
-        f = fields.get(k)
-        if f is not None and f.default is not dataclasses.MISSING:
+        if k in defaults:
+            d = defaults[k]
             try:
-                if v is f.default or bool(v == f.default):
+                if v is d or bool(v == d):
                     continue
             except Exception:
                 pass
         out[k] = v
     return out
+
+
+@functools.cache
+def _init_defaults(cls: type) -> dict[str, Any]:
+    try:
+        params = inspect.signature(cls.__init__).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
 
 
 def call_header(node: Mox) -> str:

@@ -695,18 +695,31 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
             continue
         plan.append((node, r))
 
+    from ._trace_nnx import is_module as is_nnx_module
+
+    if any(is_nnx_module(r) for _, r in plan):
+        from ._sub_nnx import sub_modules
+
+        return sub_modules(mox, plan, nested, params, cast)
+    nnx_root = mox.graphdef is not None
+
     # Trace and check every replacement before building anything.
     traced = []
     cache: dict[tuple, tuple[Any, _Traced]] = {}
     for node, r in plan:
         traced.append((node, r, *_checked(node, r, cast, id(node) in nested, cache)))
 
-    p = _Params(mox, params) if params is not None else None
+    # An nnx root keeps its state: replaced modules' variables stay in it, unused.
+    p = _Params(mox, params) if params is not None and not nnx_root else None
     var_maps = _variables(traced, p, key)
     built = {id(node): _build(t, node, casts, var_maps[id(node)]) for node, _r, t, casts in traced}
     new = map_mox(lambda n: built.get(id(n), n), mox) if built else mox
     if p is not None:
         new = p.rebuilt(new)
+    if nnx_root:
+        from ._sub_nnx import keep_untouched_state
+
+        new = keep_untouched_state(new, [n for n, _ in plan])
     bad = _unbound(new)
     if bad is not None:
         node, _ = bad
@@ -716,4 +729,6 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
             "another call of it). Replace all calls of that module together, or keep variables with the "
             "same names and shapes. Nothing was changed."
         )
+    if nnx_root and params is not None:
+        return new, params
     return (new, p.values) if p is not None else new

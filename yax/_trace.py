@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import itertools
 import math
 import re
@@ -83,6 +84,10 @@ class Recorder:
         self._ids = itertools.count()
         self.stack: list[tuple[int, Any]] = []  # (call id, module or None)
         self.root_name: str | None = None
+        self.token: int | None = None  # set while nnx methods are wrapped
+        self.stamped: list[Any] = []   # nnx modules given a path (see `_trace_nnx`)
+        self.memo: dict[int, tuple] = {}  # id(nnx module) -> its variables, abstract
+        self.sizes: dict[int, int] = {}   # id(nnx Param) -> its size
 
 
 _local = threading.local()
@@ -116,16 +121,18 @@ def partition(leaves: list[Any], traced: Callable[[Any], bool]) -> tuple[tuple[i
     return dyn, tuple((i, x) for i, x in enumerate(leaves) if i not in dset)
 
 
-def _split(tree: Any) -> tuple[list[Any], Any, tuple[int, ...], tuple]:
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
+def _split(tree: Any, is_leaf: Callable | None = None) -> tuple[list[Any], Any, tuple[int, ...], tuple]:
+    leaves, treedef = jax.tree_util.tree_flatten(tree, is_leaf=is_leaf)
     return leaves, treedef, *partition(leaves, _is_traced)
 
 
-def marked_call(info: CallInfo, fn: Callable, args: tuple, kwargs: dict) -> Any:
-    """Run ``fn(*args, **kwargs)`` between markers, recording ``info``."""
+def marked_call(info: CallInfo, fn: Callable, args: tuple, kwargs: dict,
+                is_leaf: Callable | None = None) -> Any:
+    """Run ``fn(*args, **kwargs)`` between markers, recording ``info``.
+    ``is_leaf`` keeps objects whole (nnx modules and variables)."""
     rec = _recorder()
     cid = next(rec._ids)
-    leaves, info.in_tree, info.dyn_in, info.in_static = _split((args, kwargs))
+    leaves, info.in_tree, info.dyn_in, info.in_static = _split((args, kwargs), is_leaf)
     _mark(f"yax_in_{cid}", leaves, info.dyn_in)
     args, kwargs = jax.tree_util.tree_unflatten(info.in_tree, leaves)
     rec.calls[cid] = info
@@ -134,7 +141,7 @@ def marked_call(info: CallInfo, fn: Callable, args: tuple, kwargs: dict) -> Any:
         out = fn(*args, **kwargs)
     finally:
         rec.stack.pop()
-    leaves, info.out_tree, info.dyn_out, info.out_static = _split(out)
+    leaves, info.out_tree, info.dyn_out, info.out_static = _split(out, is_leaf)
     _mark(f"yax_out_{cid}", leaves, info.dyn_out)
     return jax.tree_util.tree_unflatten(info.out_tree, leaves)
 
@@ -312,7 +319,8 @@ def _swap_activation_fields(module: Any):
 
 @contextlib.contextmanager
 def recording():
-    """Install the recorder, the linen interceptor and the activation patches."""
+    """Install the recorder, the linen interceptor, the nnx method wrappers
+    and the activation patches."""
     if _recorder() is not None:
         raise YaxTraceError(
             "`make_mox` was called while another `make_mox` trace was running in this thread. "
@@ -328,6 +336,9 @@ def recording():
                 nn = None
             if nn is not None:
                 stack.enter_context(nn.intercept_methods(_linen_interceptor))
+            from ._trace_nnx import patched_methods
+
+            stack.enter_context(patched_methods(rec))
             stack.enter_context(_patched_activations())
             yield rec
     finally:
@@ -365,13 +376,20 @@ def make_mox(fn: Callable) -> Callable[..., Any]:
 
     Args:
       fn: a JAX function, a Flax linen ``Module.apply``, a bound linen module,
-        or an unbound linen module (meaning its ``apply``).
+        an unbound linen module (meaning its ``apply``), an ``nnx.Module``
+        (meaning its ``__call__``) or a bound method of one (``model.encode``).
 
     Returns:
       A function taking the same ``*args, **kwargs`` as ``fn`` and returning
       the root :class:`Mox`. Array leaves (also ``jax.ShapeDtypeStruct``) are
       traced abstractly; other leaves (``train=False``, ``mutable=[...]``) are
       static and baked in.
+
+      For an nnx module, the MoX computes the pure function
+      ``(state, *args, **kwargs) -> (out, new_state)`` with
+      ``graphdef, state = nnx.split(model)``: evaluate it with
+      ``out, new_state = yax.eval_mox(mox, state, x)``; ``mox.graphdef`` is
+      the graphdef (see docs/nnx.md). The model is not changed.
 
     Example:
       >>> import jax, jax.numpy as jnp, flax.linen as nn, yax
@@ -383,7 +401,10 @@ def make_mox(fn: Callable) -> Callable[..., Any]:
       ['Dense']
     """
     from ._build import build
+    from ._trace_nnx import is_module
 
+    if is_module(fn) or (inspect.ismethod(fn) and is_module(fn.__self__)):
+        return _make_nnx_mox(fn)
     target = _describe(fn)
 
     @functools.wraps(target)
@@ -429,3 +450,24 @@ def make_mox(fn: Callable) -> Callable[..., Any]:
         )
 
     return traced
+
+
+def _make_nnx_mox(fn: Any) -> Callable[..., Any]:
+    import dataclasses
+
+    from ._trace_nnx import module_target
+
+    module, method = (fn.__self__, fn.__name__) if inspect.ismethod(fn) else (fn, "__call__")
+
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        pure, graphdef, state = module_target(module, method)
+        state = jax.tree_util.tree_map(_shape_of, state)
+        mox = make_mox(pure)(state, *args, **kwargs)
+        return dataclasses.replace(mox, graphdef=graphdef)
+
+    return traced
+
+
+def _shape_of(x: Any) -> Any:
+    """Trace the model's state abstractly, whatever its leaves are."""
+    return jax.ShapeDtypeStruct(np.shape(x), x.dtype) if hasattr(x, "dtype") else x

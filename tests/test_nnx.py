@@ -1,0 +1,440 @@
+"""flax.nnx: make_mox / eval_mox / queries / sub / compare / replace_modules,
+each checked against the real nnx model (a clone called in place)."""
+
+import collections
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from nnx_models import IDS, MLP, NNX_CASES, Block, Shared, Transformer, rngs
+
+import yax
+
+pytestmark = pytest.mark.core
+
+
+def plain(x):
+    return jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x
+
+
+def close(a, b, tol=1e-5):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    return jax.tree.all(jax.tree.map(lambda x, y: np.allclose(plain(x), plain(y), rtol=tol, atol=tol), a, b))
+
+
+def real(model, *args, **kwargs):
+    """What calling the model does: its output and its state afterwards."""
+    m = nnx.clone(model)
+    out = m(*args, **kwargs)
+    return out, nnx.state(m)
+
+
+@pytest.fixture(scope="module")
+def traced():
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            model, args, kwargs = NNX_CASES[name]()
+            cache[name] = (model, args, kwargs, yax.make_mox(model)(*args, **kwargs))
+        return cache[name]
+
+    return get
+
+
+# -- evaluation ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(NNX_CASES))
+def test_eval_matches_model(name, traced):
+    model, args, kwargs, mox = traced(name)
+    graphdef, state = nnx.split(model)
+    assert mox.graphdef == graphdef
+    got = yax.eval_mox(mox, state, *args, **kwargs)
+    assert close(got, real(model, *args, **kwargs))
+    jitted = jax.jit(lambda s, *a: yax.eval_mox(mox, s, *a, **kwargs))(state, *args)
+    assert close(jitted, got)
+
+
+@pytest.mark.parametrize("name", sorted(NNX_CASES))
+def test_grad_matches_model(name, traced):
+    model, args, kwargs, mox = traced(name)
+    graphdef, state = nnx.split(model)
+    leaves, tree = jax.tree.flatten(state)
+    idx = [i for i, x in enumerate(leaves) if jnp.issubdtype(x.dtype, jnp.floating)]
+
+    def loss(f):
+        def go(floats):
+            full = list(leaves)
+            for i, x in zip(idx, floats):
+                full[i] = x
+            out, _ = f(jax.tree.unflatten(tree, full))
+            return jnp.sum(out.astype(jnp.float32) ** 2)
+        return jax.grad(go)([leaves[i] for i in idx])
+
+    def model_fn(s):
+        m = nnx.merge(graphdef, s)
+        return m(*args, **kwargs), nnx.state(m)
+
+    want = loss(model_fn)
+    got = loss(lambda s: yax.eval_mox(mox, s, *args, **kwargs))
+    assert close(got, want, tol=1e-4)
+    assert any(float(jnp.abs(g).sum()) > 0 for g in got)
+
+
+def test_batchnorm_train_updates_statistics_like_the_model(traced):
+    model, args, _, mox = traced("cnn_train")
+    _, state = nnx.split(model)
+    out, new = yax.eval_mox(mox, state, *args)
+    want_out, want = real(model, *args)
+    assert close(out, want_out) and close(new, want)
+    assert not np.allclose(new["bn"]["mean"][...], state["bn"]["mean"][...])  # really updated
+    # in eval mode the statistics are read, not written
+    model, args, _, mox = traced("cnn_eval")
+    _, state = nnx.split(model)
+    _, new = yax.eval_mox(mox, state, *args)
+    assert close(new, state)
+
+
+def test_dropout_uses_and_advances_the_rng_state(traced):
+    model, args, _, mox = traced("transformer_dropout")
+    _, state = nnx.split(model)
+    out, new = yax.eval_mox(mox, state, *args)
+    want_out, want = real(model, *args)
+    assert close(out, want_out) and close(new, want)
+    count = lambda s: int(s["blocks"][0]["drop1"]["rngs"]["count"][...])  # noqa: E731
+    assert count(new) == count(state) + 1  # each Dropout holds a stream forked from `rngs`
+    # running again from the new state draws new masks, exactly as the model does
+    out2, _ = yax.eval_mox(mox, new, *args)
+    m = nnx.clone(model)
+    m(*args)
+    assert close(out2, m(*args)) and not np.allclose(out2, out)
+    # and with dropout off the outputs are deterministic
+    off = nnx.clone(model)
+    off.eval()
+    assert not np.allclose(out, off(*args))
+
+
+def test_model_is_not_changed_by_tracing():
+    model, args, _ = NNX_CASES["cnn_train"]()
+    before = nnx.split(model)
+    yax.make_mox(model)(*args)
+    after = nnx.split(model)
+    assert before[0] == after[0] and close(before[1], after[1])
+    assert all("_yax_call" not in vars(m) for _, m in nnx.iter_modules(model))
+
+
+def test_functional_style_and_bound_methods():
+    model, (x,), _ = NNX_CASES["sequential"]()
+    graphdef, state = nnx.split(model)
+
+    def forward(state, x):
+        m = nnx.merge(graphdef, state)
+        return m(x), nnx.state(m)
+
+    mox = yax.make_mox(forward)(state, x)
+    assert [(n.kind, n.path, n.method) for n in mox.modules()] == [
+        ("module_call", "Classifier", "__call__"), ("method_call", "Classifier", "encode"),
+        ("module_call", "Classifier/body", "__call__"), ("module_call", "Classifier/body/layers/0", "__call__"),
+        ("activation", "Classifier/body/relu", "relu"), ("module_call", "Classifier/body/layers/2", "__call__"),
+        ("module_call", "Classifier/norm", "__call__")]
+    assert mox.graphdef is None  # the function's own arguments: (state, x) -> (out, state)
+    assert close(yax.eval_mox(mox, state, x), real(model, x))
+    enc = yax.make_mox(model.encode)(x)
+    assert [(n.kind, n.path, n.method) for n in enc.modules()][:2] == [
+        ("module_call", "Classifier", "encode"), ("module_call", "Classifier/body", "__call__")]
+    out, _ = yax.eval_mox(enc, state, x)
+    assert np.allclose(out, model.encode(x))
+
+
+def test_tracing_is_abstract():
+    abstract = nnx.eval_shape(lambda: Transformer(num_layers=1, rngs=rngs()))
+    mox = yax.make_mox(abstract)(jax.ShapeDtypeStruct((2, 8), jnp.int32))
+    assert mox.outputs[0].shape == (2, 8, 64)
+    model = Transformer(num_layers=1, rngs=rngs())
+    _, state = nnx.split(model)
+    assert close(yax.eval_mox(mox, state, IDS), real(model, IDS))
+
+
+def test_jitted_eval_compiles_to_the_same_hlo(traced):
+    model, args, _, mox = traced("transformer")
+    graphdef, state = nnx.split(model)
+
+    def ops(f):
+        text = jax.jit(f).lower(state, *args).compile().as_text()
+        return collections.Counter(re.findall(r"= \S+ (\w[\w-]*)\(", text))
+
+    def model_fn(s, *a):
+        m = nnx.merge(graphdef, s)
+        return m(*a), nnx.state(m)
+
+    assert ops(lambda s, *a: yax.eval_mox(mox, s, *a)) == ops(model_fn)
+
+
+# -- the tree and queries ---------------------------------------------------------------
+
+def test_paths_types_attributes_and_params(traced):
+    model, _, _, mox = traced("transformer")
+    calls = [(m.kind, m.path, m.method) for m in mox.modules()]
+    assert calls[:3] == [("module_call", "Transformer", "__call__"), ("module_call", "Transformer/embed", "__call__"),
+                         ("module_call", "Transformer/blocks/0", "__call__")]
+    assert ("module_call", "Transformer/blocks/1/attn/query", "__call__") in calls
+    assert ("module_call", "Transformer/embed", "attend") in calls  # tied output embedding
+    assert not any(m == "_split_heads" for *_, m in calls)  # private helpers stay inside their call
+    gelus = [m.path for m in mox.modules() if m.kind == "activation" and m.name == "gelu"]
+    assert gelus == ["Transformer/blocks/0/gelu", "Transformer/blocks/1/gelu"]  # held in `self.act`
+    softmax = [m for m in mox.modules() if m.name == "softmax"]
+    assert len(softmax) == 2 and softmax[0].attrs == {"axis": -1}
+    fc1 = next(m for m in mox.modules() if m.path == "Transformer/blocks/0/fc1")
+    assert fc1.type == "Linear" and fc1.module_type is nnx.Linear
+    assert fc1.attrs["in_features"] == 32 and fc1.attrs["out_features"] == 64 and fc1.attrs["use_bias"] is True
+    assert fc1.num_params == 32 * 64 + 64 and fc1.scope == ("blocks", "0", "fc1")
+    assert fc1.var_tree["kernel"].shape == (32, 64)
+    assert fc1.in_shapes == [(2, 8, 32)] and fc1.out_shapes == [(2, 8, 64)]
+    total = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    assert mox.calls[0].num_params == total
+    drop = next(m for m in mox.modules() if m.type == "Dropout")
+    assert drop.attrs["rate"] == 0.0 and "rngs" not in drop.attrs
+
+
+def test_queries_return_exact_nodes(traced):
+    _, _, _, mox = traced("transformer")
+    big = yax.query("//module_call[@params > 2000]", mox)
+    assert [n.path for n in big] == [
+        "Transformer", "Transformer/embed", "Transformer/blocks/0", "Transformer/blocks/0/attn",
+        "Transformer/blocks/0/fc1", "Transformer/blocks/0/fc2", "Transformer/blocks/1",
+        "Transformer/blocks/1/attn", "Transformer/blocks/1/fc1", "Transformer/blocks/1/fc2",
+        "Transformer/embed"]
+    assert [n.method for n in big][-1] == "attend"
+    q = yax.query('//module_call[@type="Linear"][@out_features=64]', mox)
+    assert [n.path for n in q] == ["Transformer/blocks/0/fc1", "Transformer/blocks/1/fc1"]
+    assert yax.query('//module_call[@path="Transformer/blocks/0/attn/query"]/@in_features', mox) == ["32"]
+    assert yax.query('count(//activation[@name="gelu"])', mox) == 2.0
+    _, _, _, mha = traced("transformer_mha_rms")
+    attn = yax.query('//module_call[@type="MultiHeadAttention"]', mha)
+    assert [n.path for n in attn] == ["Transformer/blocks/0/attn", "Transformer/blocks/1/attn"]
+    assert attn[0].attrs["num_heads"] == 4 and attn[0].attrs["in_features"] == 32
+    assert yax.query('count(//module_call[@type="RMSNorm"])', mha) == 4.0
+    assert "module_call[path=Transformer/blocks/0/fc1 type=Linear in_features=32 out_features=64" in str(mox)
+
+
+def test_scan_over_layers_shows_one_body(traced):
+    _, _, _, mox = traced("transformer_scan")
+    scans = [n for n in mox.walk() if isinstance(n, yax.Equation) and n.name == "scan"]
+    assert len(scans) == 1 and scans[0].params["length"] == 3
+    (_, body), = scans[0].subs
+    paths = [m.path for m in body.modules() if m.kind == "module_call"]
+    assert paths[:3] == ["ScanTransformer/blocks", "ScanTransformer/blocks/norm1", "ScanTransformer/blocks/attn"]
+    one_layer = sum(x.size for x in jax.tree.leaves(nnx.state(Block(32, 4, 64, rngs=rngs()), nnx.Param)))
+    assert body.calls[0].num_params == one_layer
+
+
+def test_remat_vmap_jit_inside_models(traced):
+    _, _, _, mox = traced("lifted")
+    prims = collections.Counter(n.name for n in mox.walk() if isinstance(n, yax.Equation))
+    assert prims["jit"] >= 1 and prims["remat2"] + prims.get("checkpoint", 0) >= 1
+    assert not prims["optimization_barrier"]  # markers never reach the MoX
+    assert [m.path for m in mox.modules()] == ["Lifted", "Lifted/a", "Lifted/b", "Lifted/c"]
+    _, _, _, rm = traced("transformer_remat")
+    assert any(m.path == "Transformer/blocks/1/fc2" for m in rm.modules())
+
+
+def test_shared_module_called_three_times(traced):
+    model, _, _, mox = traced("shared")
+    calls = [m for m in mox.modules() if m.type == "Linear"]
+    assert len(calls) == 3 and len({c.path for c in calls}) == 1 and len({id(c) for c in calls}) == 3
+    assert all(c.num_params == 30 for c in calls)
+    assert len(jax.tree.leaves(nnx.state(model))) == 2  # one set of parameters
+
+
+def test_classes_restored_even_when_tracing_fails():
+    originals = {c: dict(vars(c)) for c in (nnx.Linear, nnx.Module, nnx.Sequential, nnx.LayerNorm)}
+    acts = (jax.nn.gelu, nnx.gelu, nnx.relu, jax.nn.softmax)
+
+    class Boom(nnx.Module):
+        def __init__(self):
+            self.lin = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+            self.act = nnx.gelu
+
+        def __call__(self, x):
+            self.act(self.lin(x))
+            raise ValueError("boom")
+
+    boom_call = Boom.__call__
+    model = Boom()
+    with pytest.raises(yax.YaxTraceError, match="boom"):
+        yax.make_mox(model)(jnp.ones((1, 2)))
+    graphdef, state = nnx.split(model)
+    with pytest.raises(yax.YaxTraceError, match="boom"):  # functional style: the closure's objects
+        yax.make_mox(lambda x: model(x))(jnp.ones((1, 2)))
+    assert Boom.__call__ is boom_call
+    assert {c: dict(vars(c)) for c in originals} == originals
+    assert (jax.nn.gelu, nnx.gelu, nnx.relu, jax.nn.softmax) == acts
+    assert model.act is nnx.gelu and all("_yax_call" not in vars(m) for _, m in nnx.iter_modules(model))
+    assert nnx.split(model)[0] == graphdef
+    # and plain nnx code runs without markers
+    assert "optimization_barrier" not in str(jax.make_jaxpr(lambda x: model.lin(x))(jnp.ones((1, 2))))
+
+
+# -- sub and compare -------------------------------------------------------------------
+
+FC = '//module_call[@type="Linear"][re:test(@path, "fc\\d$")]'
+
+
+def lora_for(path, node):
+    return nnx.LoRALinear(node.attrs["in_features"], node.attrs["out_features"], lora_rank=4,
+                          rngs=nnx.Rngs(len(path)))
+
+
+def test_sub_activation_matches_hand_modified_model(traced):
+    model, args, _, mox = traced("transformer")
+    _, state = nnx.split(model)
+    new, new_state = yax.sub('//activation[@name="gelu"]', jax.nn.relu, mox, params=state)
+    assert new_state is state and new.graphdef == mox.graphdef
+    hand = Transformer(act=nnx.relu, rngs=rngs())
+    assert close(yax.eval_mox(new, state, *args), real(hand, *args))
+    assert yax.query('count(//activation[@name="relu"])', new) == 2.0
+    assert yax.query('count(//activation[@name="gelu"])', mox) == 2.0  # the original is untouched
+    c = yax.compare(mox, new, state, *args)
+    assert c.first_divergence == "Transformer/blocks/0/gelu" and not c.allclose
+
+
+def test_sub_lora_returns_the_new_state_and_graphdef(traced):
+    model, args, _, mox = traced("transformer")
+    _, state = nnx.split(model)
+    before = jax.tree.map(lambda x: x, state)
+    new, new_state = yax.sub(FC, lora_for, mox, params=state)
+    assert close(state, before)  # inputs untouched
+    lora = [n for n in new.modules() if n.kind == "module_call" and n.type == "LoRALinear"]
+    assert [n.path for n in lora] == ["Transformer/blocks/0/fc1", "Transformer/blocks/0/fc2",
+                                      "Transformer/blocks/1/fc1", "Transformer/blocks/1/fc2"]
+    fc1 = new_state["blocks"][0]["fc1"]
+    leaf = lambda v: jax.tree.leaves(v)[0]  # noqa: E731
+    assert leaf(fc1["kernel"]) is leaf(state["blocks"][0]["fc1"]["kernel"])  # kept, the very same array
+    assert fc1["lora"]["lora_a"][...].shape == (32, 4) and isinstance(fc1["lora"]["lora_a"], nnx.LoRAParam)
+    # the graphdef and state are the rewritten model
+    rewritten = nnx.merge(new.graphdef, new_state)
+    assert type(rewritten.blocks[1].fc2) is nnx.LoRALinear and type(rewritten.blocks[0].norm1) is nnx.LayerNorm
+    assert close(yax.eval_mox(new, new_state, *args), real(rewritten, *args))
+    # lora_b starts at zero: same outputs as before; a trained adapter changes them like the real model
+    assert yax.compare(mox, new, state, *args, new_params=new_state).allclose
+    trained = jax.tree.map(lambda x: x, new_state)
+    trained["blocks"][0]["fc1"]["lora"]["lora_b"][...] = jnp.full((4, 64), 0.05)
+    out, _ = yax.eval_mox(new, trained, *args)
+    assert close(out, real(nnx.merge(new.graphdef, trained), *args)[0])
+    assert not np.allclose(out, real(model, *args)[0])
+    # gradients reach the adapters, as in the real rewritten model
+    g = jax.grad(lambda s: jnp.sum(yax.eval_mox(new, s, *args)[0] ** 2), allow_int=True)(trained)
+    g_real = nnx.grad(lambda m: jnp.sum(m(*args) ** 2))(nnx.merge(new.graphdef, trained))
+    assert np.allclose(g["blocks"][0]["fc1"]["lora"]["lora_a"][...],
+                       nnx.state(g_real)["blocks"][0]["fc1"]["lora"]["lora_a"][...], atol=1e-4)
+    c = yax.compare(mox, new, state, *args, new_params=trained)
+    assert c.first_divergence == "Transformer/blocks/0/fc1"
+
+
+def test_sub_threads_state_updates_of_the_replacement(traced):
+    model, args, _, mox = traced("cnn_train")
+    _, state = nnx.split(model)
+    bn = nnx.BatchNorm(8, momentum=0.5, rngs=nnx.Rngs(3))
+    new, new_state = yax.sub('//module_call[@type="BatchNorm"]', bn, mox, params=state)
+    rewritten = nnx.merge(new.graphdef, new_state)
+    assert rewritten.bn.momentum == 0.5
+    out, after = yax.eval_mox(new, new_state, *args)
+    want_out, want = real(rewritten, *args)
+    assert close(out, want_out) and close(after, want)
+    assert not np.allclose(after["bn"]["mean"][...], new_state["bn"]["mean"][...])
+
+
+def test_sub_removes_dropout_for_inference(traced):
+    model, args, _, mox = traced("transformer_dropout")
+    _, state = nnx.split(model)
+    new, _ = yax.sub('//module_call[@type="Dropout"]', lambda x: x, mox, params=state)
+    off = nnx.clone(model)
+    off.eval()
+    assert np.allclose(yax.eval_mox(new, state, *args)[0], off(*args), atol=1e-5)
+
+
+def test_sub_refusals_leave_inputs_untouched(traced):
+    model, args, _, mox = traced("transformer")
+    _, state = nnx.split(model)
+    text, before = str(mox), jax.tree.map(lambda x: x, state)
+    with pytest.raises(yax.YaxRewriteError, match=r"output 0 is f32\[2,8,16\] but the node's is f32\[2,8,64\]"):
+        yax.sub('//module_call[@path="Transformer/blocks/0/fc1"]', nnx.Linear(32, 16, rngs=nnx.Rngs(0)), mox,
+                params=state)
+    with pytest.raises(yax.YaxRewriteError, match="pass `params=state`"):
+        yax.sub(FC, lora_for, mox)
+    with pytest.raises(yax.YaxRewriteError, match="module calls"):
+        yax.sub('//activation[@name="gelu"]', nnx.Linear(64, 64, rngs=nnx.Rngs(0)), mox, params=state)
+    _, _, _, shared = traced("shared")
+    _, sstate = nnx.split(NNX_CASES["shared"]()[0])
+    with pytest.raises(yax.YaxRewriteError, match="called 3 times, but the pattern matched 1"):
+        yax.sub(yax.query('//module_call[@type="Linear"]', shared)[:1], nnx.Linear(5, 5, rngs=nnx.Rngs(1)),
+                shared, params=sstate)
+    _, _, _, scan = traced("transformer_scan")
+    with pytest.raises(yax.YaxRewriteError, match="inside a transformed computation"):
+        yax.sub('//module_call[@type="Linear"][@out_features=64]', nnx.Linear(32, 64, rngs=nnx.Rngs(0)), scan,
+                params=nnx.split(NNX_CASES["transformer_scan"]()[0])[1])
+    assert str(mox) == text and close(state, before)
+
+
+def test_sub_shared_module_all_calls_share_the_new_variables(traced):
+    model, args, _, mox = traced("shared")
+    _, state = nnx.split(model)
+    new, new_state = yax.sub('//module_call[@type="Linear"]', lambda path, node: nnx.LoRALinear(
+        5, 5, lora_rank=2, rngs=nnx.Rngs(1)), mox, params=state)
+    assert len(jax.tree.leaves(new_state)) == 4
+    rewritten = nnx.merge(new.graphdef, new_state)
+    assert rewritten.layer is rewritten.alias
+    assert close(yax.eval_mox(new, new_state, *args), real(rewritten, *args))
+
+
+# -- replace_modules: surgery on the live object -------------------------------------------
+
+def test_replace_modules_on_a_copy():
+    model = Transformer(rngs=rngs())
+    before = nnx.split(model)
+    seen = []
+
+    def factory(path, module):
+        seen.append(path)
+        if path.endswith("blocks/1/fc2"):
+            return module  # keep this one
+        return nnx.LoRALinear(module.in_features, module.out_features, lora_rank=2, rngs=nnx.Rngs(7))
+
+    new = yax.replace_modules(model, FC, factory, IDS)
+    assert seen == ["Transformer/blocks/0/fc1", "Transformer/blocks/0/fc2", "Transformer/blocks/1/fc1",
+                    "Transformer/blocks/1/fc2"]
+    assert type(new.blocks[0].fc1) is nnx.LoRALinear and type(new.blocks[1].fc2) is nnx.Linear
+    assert type(model.blocks[0].fc1) is nnx.Linear  # the original is untouched
+    after = nnx.split(model)
+    assert before[0] == after[0] and close(before[1], after[1])
+    assert new.blocks[0].attn is not model.blocks[0].attn  # a copy, not shared with the original
+    # the new model is a plain nnx model: it runs, and yax traces it like any other
+    mox = yax.make_mox(new)(IDS)
+    assert yax.query('count(//module_call[@type="LoRALinear"])', mox) == 3.0
+    assert close(yax.eval_mox(mox, nnx.split(new)[1], IDS), real(new, IDS))
+
+
+def test_replace_modules_instance_shared_and_errors():
+    model = Shared(rngs=rngs())
+    new = yax.replace_modules(model, '//module_call[@type="Linear"]', nnx.Linear(5, 5, use_bias=False,
+                                                                                rngs=nnx.Rngs(2)), jnp.ones((2, 5)))
+    assert new.layer is new.alias and new.layer.bias is None and model.layer.bias is not None
+    mlp = MLP(rngs=rngs())
+    x = jnp.ones((2, 4))
+    with pytest.raises(yax.YaxRewriteError, match=r"MLP/fc1.*output 0 is f32\[2,3\] but the node's is f32\[2,16\]"):
+        yax.replace_modules(mlp, '//module_call[@type="Linear"]', nnx.Linear(4, 3, rngs=nnx.Rngs(0)), x)
+    with pytest.raises(yax.YaxRewriteError, match="could not be called"):
+        yax.replace_modules(mlp, '//module_call[@type="Linear"]', lambda path, m: nnx.Linear(7, 16, rngs=nnx.Rngs(0)),
+                            x)
+    with pytest.raises(yax.YaxRewriteError, match="activation `relu`"):
+        yax.replace_modules(mlp, '//activation', nnx.Linear(16, 16, rngs=nnx.Rngs(0)), x)
+    with pytest.raises(yax.YaxRewriteError, match="must return an `nnx.Module`"):
+        yax.replace_modules(mlp, '//module_call[@type="Linear"]', lambda path, m: jax.nn.relu, x)
+    with pytest.raises(yax.YaxRewriteError, match="stacked layers"):
+        scan, args, _ = NNX_CASES["transformer_scan"]()
+        yax.replace_modules(scan, '//module_call[@type="Linear"][@out_features=64]',
+                            nnx.Linear(32, 64, rngs=nnx.Rngs(0)), *args)
+    assert type(mlp.fc1) is nnx.Linear and mlp.fc1.out_features == 16
