@@ -327,3 +327,37 @@ def test_magic(shell, model):
                       ("model variables batch --query '//['", "XPath")]:
         with pytest.raises(UsageError, match=msg):
             shell.run_line_magic("yax", line)
+
+
+# -- flax.nnx models ------------------------------------------------------------------
+
+def test_nnx_explorer_and_magic(shell):
+    from flax import nnx
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.fc1, self.fc2 = nnx.Linear(8, 16, rngs=rngs), nnx.Linear(16, 2, rngs=rngs)
+
+        def __call__(self, x):
+            return self.fc2(nnx.gelu(self.fc1(x)))
+
+    net, x = Net(nnx.Rngs(0)), jnp.ones((3, 8))
+    ex = Explorer(net, x, warm=False)
+    assert [r[3] for r in ex._tree["rows"]] == ["Net", "fc1", "gelu", "fc2"]
+    assert [n.path for n in ex.query('//module_call[@type="Linear"]')] == ["Net/fc1", "Net/fc2"]
+    ex.add_replacement("LoRA", lambda path, node: nnx.LoRALinear(
+        node.attrs["in_features"], node.attrs["out_features"], lora_rank=2, rngs=nnx.Rngs(1)), code="lora")
+    ex.substitute("query", "LoRA")
+    assert [n.type for n in ex.query('//module_call[@path="Net/fc2"]')] == ["LoRALinear"]
+    out, _ = yax.eval_mox(ex.mox, ex.params, x)
+    merged = nnx.merge(ex.mox.graphdef, ex.params)
+    np.testing.assert_allclose(out, merged(x), rtol=1e-6)
+    assert ex.comparison.outputs and "lora" in ex.code()
+    ex.substitute("//activation", "ReLU")
+    assert ex.comparison.first_divergence == "Net/gelu" and not ex.comparison.allclose
+    np.testing.assert_allclose(yax.eval_mox(ex.mox, ex.params, x)[0],
+                               merged.fc2(jax.nn.relu(merged.fc1(x))), rtol=1e-6)
+    assert type(net.fc1).__name__ == "Linear"  # the user's model is untouched
+    shell.run_line_magic("load_ext", "yax_widget")
+    shell.user_ns.update(net=net, x=x)
+    assert shell.run_line_magic("yax", "net x --query //activation").selection[0].name == "gelu"

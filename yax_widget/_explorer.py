@@ -88,7 +88,9 @@ class Explorer(anywidget.AnyWidget):
 
     Args:
       target: a root `yax.Mox`, a Flax linen module (traced as
-        ``model.apply(*args, **kwargs)``), or any JAX function.
+        ``model.apply(*args, **kwargs)``), a flax.nnx module (traced as
+        ``model(*args, **kwargs)``; its state becomes the parameters), or
+        any JAX function.
       *args, **kwargs: the example inputs: traced with ``target`` and used
         to compare the original and modified model. When the first
         positional argument is a mapping (linen variables), it is the
@@ -139,8 +141,12 @@ class Explorer(anywidget.AnyWidget):
             mox = target
         else:
             mox = yax.make_mox(target)(*args, **kwargs)
+            if _is_nnx(target):  # the MoX runs (state, *args) -> (out, new_state): docs/nnx.md
+                from flax import nnx
+
+                args = (nnx.state(target), *args)
         self._args, self._kwargs = args, kwargs
-        self._has_params = bool(args) and isinstance(args[0], Mapping)
+        self._has_params = bool(args) and (isinstance(args[0], Mapping) or mox.graphdef is not None)
         self._key = jax.random.key(0) if key is None else key
         self._states: list[Change] = [Change("original", "", mox, args[0] if self._has_params else None)]
         self._index = 0
@@ -431,6 +437,14 @@ _HANDLERS: dict[str, Callable[[Explorer, dict], dict]] = {
 
 
 # -- helpers ------------------------------------------------------------------------
+
+def _is_nnx(x: Any) -> bool:
+    try:
+        from flax import nnx
+    except ImportError:
+        return False
+    return isinstance(x, nnx.Module)
+
 
 def _is_module(x: Any) -> bool:
     from yax._sub import _is_module

@@ -38,6 +38,15 @@ print("IDS=" + ",".join(str(view(ex.mox).ids[id(n)]) for n in yax.query(XP, ex.m
 """,
     # 4: ids the magic's query selects
     """print("GELU=" + ",".join(str(view(ex.mox).ids[id(n)]) for n in yax.query("//activation[@name='gelu']", ex.mox)))""",
+    # 5: a flax.nnx model through the magic
+    """from flax import nnx
+class Net(nnx.Module):
+    def __init__(self, rngs):
+        self.fc1, self.fc2 = nnx.Linear(8, 16, rngs=rngs), nnx.Linear(16, 2, rngs=rngs)
+    def __call__(self, x):
+        return self.fc2(nnx.gelu(self.fc1(x)))
+net, xs = Net(nnx.Rngs(0)), jnp.ones((3, 8))
+%yax net xs --query \"//module_call[@type='Linear']\"""",
 ]
 
 
@@ -168,5 +177,16 @@ def _steps(nb: Notebook) -> None:
         "(ids) => document.querySelectorAll('.yax-explorer')[1].dataset.matchIds === ids", arg=",".join(want))
     assert second.locator(".yax-query input").input_value() == "//activation[@name='gelu']"
     second.screenshot(path=str(ARTIFACTS / "10-magic.png"))
+
+    # an nnx model: its tree and the query's highlight
+    nb.run(5)
+    page.wait_for_function("() => document.querySelectorAll('.yax-explorer[data-ready=\"1\"]').length === 3")
+    third = page.locator(".yax-explorer").nth(2)
+    page.wait_for_function("() => (document.querySelectorAll('.yax-explorer')[2].dataset.matchIds || '').split(',')"
+                           ".filter(Boolean).length === 2")
+    assert third.locator(".yax-row").evaluate_all("els => els.map(e => e.querySelector('.yax-name').textContent)") == [
+        "Net", "fc1", "gelu", "fc2"]
+    assert third.locator(".yax-row.yax-match").count() == 2
+    third.screenshot(path=str(ARTIFACTS / "11-nnx.png"))
 
     assert nb.errors == [], nb.errors
