@@ -31,7 +31,7 @@ def model():
 
 def explorer(model, **kw) -> Explorer:
     m, v = model
-    ex = Explorer(m, v, IDS, **{"warm": False, **kw})
+    ex = Explorer(m, v, IDS, **kw)
     ex.sent = []
     ex.send = lambda content, buffers=None: ex.sent.append(content)  # the comm's transport only
     return ex
@@ -361,3 +361,12 @@ def test_nnx_explorer_and_magic(shell):
     shell.run_line_magic("load_ext", "yax_widget")
     shell.user_ns.update(net=net, x=x)
     assert shell.run_line_magic("yax", "net x --query //activation").selection[0].name == "gelu"
+
+
+def test_a_script_exiting_during_the_background_compile_exits_cleanly():
+    import subprocess
+    import sys
+
+    code = "import jax.numpy as jnp; from yax_widget import Explorer; Explorer(jnp.sin, jnp.ones(3), warm=True)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

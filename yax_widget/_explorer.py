@@ -99,7 +99,8 @@ class Explorer(anywidget.AnyWidget):
         ``jax.random.key(0)``, folded with each step).
       warm: compile the original model's comparison program in a
         background thread right away, so the first substitution only
-        compiles the modified model (default True).
+        compiles the modified model (default: when running in a Jupyter
+        kernel, where the widget is shown).
 
     Example:
       >>> import jax, jax.numpy as jnp, flax.linen as nn
@@ -130,7 +131,7 @@ class Explorer(anywidget.AnyWidget):
     _status = traitlets.Dict({"busy": False, "message": ""}).tag(sync=True)  #: busy flag and message
     _notice = traitlets.Dict().tag(sync=True)          #: a refused replacement's reason, at its row
 
-    def __init__(self, target: Any, *args: Any, key: Any = None, warm: bool = True, **kwargs: Any):
+    def __init__(self, target: Any, *args: Any, key: Any = None, warm: bool | None = None, **kwargs: Any):
         super().__init__()
         if isinstance(target, Mox):
             if target.kind != "root":
@@ -159,10 +160,13 @@ class Explorer(anywidget.AnyWidget):
         self._original_tree = _tree(mox, 0)
         self._refresh()
         self.on_msg(self._on_msg)
+        if warm is None:
+            warm = _in_kernel()
         if warm and (args or kwargs):
             # Compile (and run once) the original's comparison program while the user looks at
             # the tree: the first substitution then compiles only the modified model.
-            self._warmer = threading.Thread(target=self._warm, daemon=True, name="yax-warm")
+            # Not a daemon: a script that exits meanwhile waits for XLA rather than aborting in it.
+            self._warmer = threading.Thread(target=self._warm, daemon=False, name="yax-warm")
             self._warmer.start()
 
     def _warm(self) -> None:
@@ -437,6 +441,15 @@ _HANDLERS: dict[str, Callable[[Explorer, dict], dict]] = {
 
 
 # -- helpers ------------------------------------------------------------------------
+
+def _in_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
 
 def _is_nnx(x: Any) -> bool:
     try:
