@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import collections
 import gc
-import json
-import os
 import pathlib
 import re
 import statistics
@@ -26,6 +24,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+from _report import report
 from flax import nnx
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
@@ -129,20 +128,7 @@ def main():
     cols = ["model", "mox_calls", "mox_nodes", "make_jaxpr_s", "make_mox_s", "trace_ratio",
             "jit_model_ms", "jit_eval_ms", "jit_ratio", "same_hlo_ops"]
 
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:.3f}"
-        return "-" if v is None else str(v)
-
-    table = [cols] + [[fmt(r.get(c)) for c in cols] for r in rows]
-    widths = [max(len(t[i]) for t in table) for i in range(len(cols))]
-    for t in table:
-        print("  ".join(c.rjust(w) for c, w in zip(t, widths)))
-    meta = {"jax": jax.__version__, "devices": str(jax.devices()), "cpus": os.cpu_count(), "runs": runs}
-    out = pathlib.Path(opts.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
-    print(f"wrote {out}")
+    report(rows, cols, opts.out, runs)
 
 
 if __name__ == "__main__":

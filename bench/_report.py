@@ -1,0 +1,29 @@
+"""The table and JSON every bench script ends with."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import jax
+
+
+def report(rows: list[dict], cols: list[str], out: str, runs: int) -> None:
+    """Print ``rows`` as a right-aligned table of ``cols`` and write them, with
+    the machine, to the JSON file ``out``."""
+
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.3f}"
+        return "-" if v is None else str(v)
+
+    table = [cols] + [[fmt(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(t[i]) for t in table) for i in range(len(cols))]
+    for t in table:
+        print("  ".join(c.rjust(w) for c, w in zip(t, widths)))
+    meta = {"jax": jax.__version__, "devices": str(jax.devices()), "cpus": os.cpu_count(), "runs": runs}
+    path = pathlib.Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    print(f"wrote {path}")
