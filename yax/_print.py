@@ -40,12 +40,27 @@ class Names:
         return n
 
 
+_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
+          "int32": "i32", "int64": "i64", "int8": "i8", "int16": "i16", "uint8": "u8",
+          "uint32": "u32", "uint64": "u64", "bool": "bool", "complex64": "c64"}
+
+
 def dtype_str(dtype: Any) -> str:
+    try:
+        return _dtype_str(dtype)
+    except TypeError:  # an unhashable dtype-like
+        return _dtype_name(dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _dtype_str(dtype: Any) -> str:
+    # NumPy computes `dtype.name` afresh on every access; the XML view asks thousands of times.
+    return _dtype_name(dtype)
+
+
+def _dtype_name(dtype: Any) -> str:
     name = getattr(dtype, "name", str(dtype))
-    short = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
-             "int32": "i32", "int64": "i64", "int8": "i8", "int16": "i16", "uint8": "u8",
-             "uint32": "u32", "uint64": "u64", "bool": "bool", "complex64": "c64"}
-    return short.get(name, name)
+    return _SHORT.get(name, name)
 
 
 def type_str(s: Symbol) -> str:
