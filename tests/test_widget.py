@@ -63,6 +63,8 @@ def test_tree_rows_are_the_call_nodes_with_their_parents(model):
             assert node.path == "Transformer"
     dense = next(r for r in rows if r[4] == "Dense")
     assert "features=" in dense[5] and dense[6].startswith("f32[") and dense[9] > 0
+    # the row shows what differs from the defaults; the tooltip text has every field
+    assert "use_bias" not in dense[5] and "use_bias=True" in dense[10] and "features=" in dense[10]
 
 
 def test_query_highlights_exactly_what_yax_query_returns(model):
@@ -155,14 +157,19 @@ def test_a_replacement_that_does_not_fit_is_refused_at_its_row(model):
     assert snapshot(ex) == before and ex.history == []
 
 
-def test_the_original_is_compiled_in_the_background(model):
+def test_the_original_is_measured_once_in_the_background(model):
     from yax._compare import _programs
 
     ex = explorer(model, warm=True)
-    ex._warmer.join(120)
-    assert not ex._warmer.is_alive() and _programs.get(ex.original)
+    ex._warmer.result(timeout=120)
+    ref = ex._reference  # the original's outputs and boundary values on the example inputs
+    assert ex._warmer.done() and _programs.get(ex.original) and ref is not None and len(ref.taps) > 20
     ex.substitute("//activation[@name='gelu']", "ReLU")
+    ex.substitute("//module_call[@type='Dropout']", "identity")
+    assert ex._reference is ref  # a change runs only the modified model
     assert ex.comparison.first_divergence == "Transformer/Block_0/gelu"
+    # the same verdicts and numbers as comparing from scratch
+    assert ex.comparison.to_dict() == yax.compare(ex.original, ex.mox, ex.params, IDS).to_dict()
 
 
 def test_undo_redo_and_history(model):
@@ -199,6 +206,10 @@ def test_copy_as_code_reproduces_the_current_model(model):
     exec(code, ns)
     np.testing.assert_array_equal(yax.eval_mox(ns["mox"], ns["params"], IDS), yax.eval_mox(ex.mox, ex.params, IDS))
     assert str(ns["mox"]) == str(ex.mox)
+    # functions create no variables: no key in their code
+    fn_only = explorer(model)
+    fn_only.substitute("//activation[@name='gelu']", "SiLU")
+    assert "KEY" not in fn_only.code() and "jax.nn.silu, mox, params=params)" in fn_only.code()
 
 
 def test_graph_and_expand(model):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -128,9 +129,9 @@ def _numeric(vals: Any) -> bool:
 _programs: weakref.WeakKeyDictionary[Mox, dict[tuple, Any]] = weakref.WeakKeyDictionary()
 
 
-def _tap_index(mox: Mox) -> dict[str, int]:
-    """Boundary key -> position among the values `_program` returns."""
-    return {k: j for j, k in enumerate(k for k, n in _keys(mox).items() if _numeric(n.outputs))}
+def _tapped(mox: Mox) -> dict[str, Mox]:
+    """The numeric call boundaries, by key, in the order `_program` returns their values."""
+    return {k: n for k, n in _keys(mox).items() if _numeric(n.outputs)}
 
 
 def _program(mox: Mox, out_idx: tuple[int, ...], taps: bool) -> Any:
@@ -142,7 +143,7 @@ def _program(mox: Mox, out_idx: tuple[int, ...], taps: bool) -> Any:
     key = (out_idx, taps)
     f = cache.get(key)
     if f is None:
-        tapped = {id(n): j for j, n in enumerate(n for n in _keys(mox).values() if _numeric(n.outputs))} if taps else {}
+        tapped = {id(n): j for j, n in enumerate(_tapped(mox).values())} if taps else {}
 
         ref = weakref.ref(mox)  # the cache must not keep its own key alive
 
@@ -158,6 +159,75 @@ def _program(mox: Mox, out_idx: tuple[int, ...], taps: bool) -> Any:
 
         f = cache[key] = jax.jit(program)
     return f
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """One model's values on one set of inputs, on the host as flat float32:
+    the outputs `compare` looks at and, when measured with boundaries, the
+    values at every numeric call boundary (by `_keys`)."""
+
+    out_idx: tuple[int, ...]
+    outs: list[np.ndarray]
+    taps: dict[str, np.ndarray] | None
+
+
+def paired_outputs(original: Mox, modified: Mox) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The dynamic outputs of each model that `compare` pairs up (numeric,
+    equal shapes); raises `YaxInputError` when they cannot be paired."""
+    for m, what in ((original, "original"), (modified, "modified")):
+        if not isinstance(m, Mox) or m.kind != "root":
+            raise YaxInputError(f"`compare` expected a root MoX as `{what}`, but got {type(m).__name__}.")
+    sel_a, sel_b = _compared(original), _compared(modified)
+    if len(sel_a) != len(sel_b):
+        raise YaxInputError(
+            f"The models return {len(sel_a)} and {len(sel_b)} arrays; they cannot be compared."
+        )
+    for i, (x, y) in enumerate(zip((original.outvars[j] for j in sel_a), (modified.outvars[j] for j in sel_b))):
+        if x.shape != y.shape:
+            raise YaxInputError(f"Output {i} has shape {x.shape} in the original but {y.shape} in the modified model.")
+    pos = [k for k, i in enumerate(sel_a) if _numeric([original.outvars[i]])]
+    return tuple(sel_a[k] for k in pos), tuple(sel_b[k] for k in pos)
+
+
+def measure(mox: Mox, args: tuple, kwargs: dict, out_idx: tuple[int, ...], boundaries: bool = True,
+            lowered: threading.Event | None = None) -> Measured:
+    """Run ``mox`` (jitted, compiled once per MoX) and bring its outputs
+    ``out_idx`` and, with ``boundaries``, its call boundaries to the host.
+    ``lowered`` is set once the program is traced and lowered (Python work,
+    holding the GIL): XLA compiles it without holding the GIL, so another
+    thread can work meanwhile."""
+    flat = flatten_inputs(mox, args, kwargs)
+    program = _program(mox, out_idx, boundaries)
+    if lowered is not None:
+        low = program.lower(flat)
+        lowered.set()
+        low.compile()  # the jitted program's caches keep it: the call below runs it
+    outs, taps = program(flat)
+    outs, taps = jax.device_get((outs, taps))
+    return Measured(out_idx, outs, dict(zip(_tapped(mox), taps)) if boundaries else None)
+
+
+def compare_measured(original: Mox, modified: Mox, a: Measured, b: Measured, *, rtol: float = 1e-5,
+                     atol: float = 1e-6) -> Comparison:
+    """The `Comparison` of two measurements (`measure`) of ``original`` and
+    ``modified``; boundaries are compared when both were measured with them."""
+    keys = []
+    if a.taps is not None and b.taps is not None:
+        # The boundaries both models have, with equal output types, in the original's evaluation order.
+        ka, kb = _keys(original), _keys(modified)
+        keys = [k for k, n in ka.items() if k in kb and k in a.taps and k in b.taps
+                and [type_str(x) for x in n.outputs] == [type_str(x) for x in kb[k].outputs]]
+    stats = _stats(list(zip(a.outs + [a.taps[k] for k in keys], b.outs + [b.taps[k] for k in keys])), rtol, atol)
+    names = [_output_names(original).get(i, f"out[{i}]") for i in a.out_idx]
+    shapes = [original.outvars[i].shape for i in a.out_idx]
+    return Comparison(
+        outputs=dict(zip(names, stats)),
+        boundaries=dict(zip(keys, stats[len(a.out_idx):])),
+        rtol=rtol,
+        atol=atol,
+        arrays={k: (x.reshape(s), y.reshape(s)) for k, x, y, s in zip(names, a.outs, b.outs, shapes)},
+    )
 
 
 def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rtol: float = 1e-5,
@@ -188,42 +258,14 @@ def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rt
       >>> c.first_divergence
       'Sequential/relu'
     """
-    for m, what in ((original, "original"), (modified, "modified")):
-        if not isinstance(m, Mox) or m.kind != "root":
-            raise YaxInputError(f"`compare` expected a root MoX as `{what}`, but got {type(m).__name__}.")
-    args_b = args if new_params is None else (new_params, *args[1:])
+    idx_a, idx_b = paired_outputs(original, modified)
     if new_params is not None and not args:
         raise YaxInputError("`new_params` replaces the first positional argument, but no arguments were given.")
-    flat_a = flatten_inputs(original, args, kwargs)
-    flat_b = flatten_inputs(modified, args_b, kwargs)
-    sel_a, sel_b = _compared(original), _compared(modified)
-    if len(sel_a) != len(sel_b):
-        raise YaxInputError(
-            f"The models return {len(sel_a)} and {len(sel_b)} arrays; they cannot be compared."
-        )
-    for i, (x, y) in enumerate(zip((original.outvars[j] for j in sel_a), (modified.outvars[j] for j in sel_b))):
-        if x.shape != y.shape:
-            raise YaxInputError(f"Output {i} has shape {x.shape} in the original but {y.shape} in the modified model.")
-    # The boundaries both models have, with equal output types, in the original's evaluation order.
-    ka, kb = _keys(original), _keys(modified)
-    keys = [k for k, n in ka.items() if boundaries and k in kb and _numeric(n.outputs)
-            and [type_str(a) for a in n.outputs] == [type_str(a) for a in kb[k].outputs]]
-    pos = [k for k, i in enumerate(sel_a) if _numeric([original.outvars[i]])]
-    out_idx = [sel_a[k] for k in pos]
-    oa, ta = _program(original, tuple(out_idx), boundaries)(flat_a)
-    ob, tb = _program(modified, tuple(sel_b[k] for k in pos), boundaries)(flat_b)
-    ia, ib = _tap_index(original), _tap_index(modified)
-    oa, ob, ta, tb = jax.device_get((oa, ob, [ta[ia[k]] for k in keys], [tb[ib[k]] for k in keys]))
-    stats = _stats(list(zip(oa + ta, ob + tb)), rtol, atol)
-    names = [_output_names(original).get(i, f"out[{i}]") for i in out_idx]
-    shapes = [original.outvars[i].shape for i in out_idx]
-    return Comparison(
-        outputs=dict(zip(names, stats)),
-        boundaries=dict(zip(keys, stats[len(out_idx):])),
-        rtol=rtol,
-        atol=atol,
-        arrays={k: (x.reshape(s), y.reshape(s)) for k, x, y, s in zip(names, oa, ob, shapes)},
-    )
+    args_b = args if new_params is None else (new_params, *args[1:])
+    flatten_inputs(modified, args_b, kwargs)  # both inputs are checked before either model runs
+    a = measure(original, args, kwargs, idx_a, boundaries)
+    b = measure(modified, args_b, kwargs, idx_b, boundaries)
+    return compare_measured(original, modified, a, b, rtol=rtol, atol=atol)
 
 
 def _compared(mox: Mox) -> list[int]:

@@ -16,6 +16,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import anywidget
@@ -24,10 +25,10 @@ import numpy as np
 import traitlets
 
 import yax
-from yax._compare import _keys
+from yax._compare import Measured, _keys, compare_measured, measure, paired_outputs
 from yax._diff import keyed
 from yax._ir import CALL_KINDS, Equation, Mox
-from yax._print import shown_params, type_str, value_str
+from yax._print import key_attrs, shown_params, type_str, value_str
 from yax._sub import misfit
 from yax._xpath import view
 
@@ -97,10 +98,12 @@ class Explorer(anywidget.AnyWidget):
         parameters `yax.sub` reconciles.
       key: PRNG key for the parameters of inserted modules (default
         ``jax.random.key(0)``, folded with each step).
-      warm: compile the original model's comparison program in a
-        background thread right away, so the first substitution only
-        compiles the modified model (default: when running in a Jupyter
-        kernel, where the widget is shown).
+      warm: compile and run the original model on the example inputs in
+        a background thread right away, keeping its outputs and module
+        boundary values (host memory: the size of all its call outputs,
+        as float32) so that each substitution compiles and runs only the
+        modified model (default: when running in a Jupyter kernel, where
+        the widget is shown; otherwise the first comparison does it).
 
     Example:
       >>> import jax, jax.numpy as jnp, flax.linen as nn
@@ -155,6 +158,11 @@ class Explorer(anywidget.AnyWidget):
         self._selection: list[Any] = []
         self._fit_cache: dict = {}
         self.comparison: yax.Comparison | None = None
+        self._reference: Measured | None = None  # the original's values on the example inputs
+        # One worker runs the models (in order: the original's measurement, then each change's).
+        # XLA compiles without holding the GIL, so the tree is rebuilt meanwhile on this thread.
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="yax-explorer")
+        self._warmer: Future | None = None
         for name, repl in _default_palette():
             self.add_replacement(name, repl)
         self._original_tree = _tree(mox, 0)
@@ -163,17 +171,25 @@ class Explorer(anywidget.AnyWidget):
         if warm is None:
             warm = _in_kernel()
         if warm and (args or kwargs):
-            # Compile (and run once) the original's comparison program while the user looks at
-            # the tree: the first substitution then compiles only the modified model.
-            # Not a daemon: a script that exits meanwhile waits for XLA rather than aborting in it.
-            self._warmer = threading.Thread(target=self._warm, daemon=False, name="yax-warm")
-            self._warmer.start()
+            # Measure the original (compile, run, fetch its outputs and module boundaries) while
+            # the user looks at the tree: each substitution then runs only the modified model.
+            # The worker is no daemon: a script that exits meanwhile waits for XLA rather than
+            # aborting in it.
+            self._warmer = self._worker.submit(self._warm)
 
     def _warm(self) -> None:
         try:
-            yax.compare(self.original, self.original, *self._args, **self._kwargs)
+            self._original_values()
         except Exception:  # the first real compare reports any problem, with context
             pass
+
+    def _original_values(self) -> Measured:
+        """The original's outputs and boundary values on the example inputs,
+        measured once: they never change while the explorer lives."""
+        if self._reference is None:
+            idx, _ = paired_outputs(self.original, self.original)
+            self._reference = measure(self.original, self._args, self._kwargs, idx)
+        return self._reference
 
     # -- the Python API ----------------------------------------------------------
 
@@ -248,8 +264,11 @@ class Explorer(anywidget.AnyWidget):
             pattern = xpath_for(target, self.mox)
             what = f"{target.path or target.name}"
         step = len(self.history) + 1
-        key = jax.random.fold_in(self._key, step)
-        if self.params is not None:
+        if self.params is not None and item.kind in ("function", "equation"):  # creates no variables
+            new, new_params = yax.sub(pattern, item.repl, self.mox, params=self.params)
+            code = f"mox, params = yax.sub({pattern!r}, {item.expr}, mox, params=params)"
+        elif self.params is not None:
+            key = jax.random.fold_in(self._key, step)  # not made for the others: its first use compiles
             new, new_params = yax.sub(pattern, item.repl, self.mox, params=self.params, key=key)
             code = (f"mox, params = yax.sub({pattern!r}, {item.expr}, mox, params=params, "
                     f"key=jax.random.fold_in(KEY, {step}))")
@@ -284,13 +303,14 @@ class Explorer(anywidget.AnyWidget):
         if not lines:
             return "# no changes: the model is the original"
         head = ["import jax", "import yax", ""]
-        if self.params is not None:
+        if any("KEY" in line for line in lines):
             head.insert(2, f"KEY = {_key_code(self._key)}")
         return "\n".join(head + lines)
 
     # -- state sent to the front-end ---------------------------------------------
 
     def _refresh(self) -> None:
+        compared = self._start_compare()  # first: the tree below is rebuilt while XLA compiles
         mox = self.mox
         self._tree = {**self._original_tree, "version": self._index} if mox is self.original else _tree(mox, self._index)
         self._history = {"items": [c.description for c in self._states[1:]], "index": self._index}
@@ -300,7 +320,7 @@ class Explorer(anywidget.AnyWidget):
                 self._run_query(self._query)
             except yax.YaxQueryError:
                 self._matches, self._selection = [], []
-        self._compare()
+        self._finish_compare(compared)
 
     def _run_query(self, xpath: str) -> list[Any]:
         try:
@@ -319,16 +339,36 @@ class Explorer(anywidget.AnyWidget):
             self._selection, self._matches = [], []
         return res
 
-    def _compare(self) -> None:
+    def _start_compare(self) -> tuple[Future, float] | None:
+        """Start comparing the current model with the original on the worker."""
         if self._index == 0 or not (self._args or self._kwargs):
+            return None
+        self._status = {"busy": True, "message": "compiling and comparing…"}
+        t = time.perf_counter()
+        args = (self.params, *self._args[1:]) if self._has_params else self._args
+        lowered = threading.Event()
+        future = self._worker.submit(self._measure, self.mox, args, lowered)
+        future.add_done_callback(lambda _: lowered.set())  # also when it fails
+        if self._reference is not None:
+            # Tracing and lowering hold the GIL like the tree rebuild does; XLA's compile, next, does
+            # not: the tree is rebuilt during the compile. (Before the original is measured, the
+            # tree goes first: that measurement takes longer than the tree.)
+            lowered.wait()
+        return future, t
+
+    def _measure(self, mox: Mox, args: tuple, lowered: threading.Event) -> yax.Comparison:
+        _, idx = paired_outputs(self.original, mox)
+        ref = self._original_values()
+        return compare_measured(self.original, mox, ref, measure(mox, args, self._kwargs, idx, lowered=lowered))
+
+    def _finish_compare(self, compared: tuple[Future, float] | None) -> None:
+        if compared is None:
             self.comparison = None
             self._comparison = {} if self._args or self._kwargs else {"message": "no example inputs to compare on"}
             return
-        self._status = {"busy": True, "message": "compiling and comparing…"}
-        t = time.perf_counter()
+        future, t = compared
         try:
-            c = yax.compare(self.original, self.mox, *self._args,
-                            new_params=self.params if self._has_params else None, **self._kwargs)
+            c = future.result()
         except yax.YaxError as e:
             self.comparison = None
             self._comparison = {"message": str(e)}
@@ -493,13 +533,9 @@ def _plain(v: Any) -> Any:
     return v if isinstance(v, (str, bool, int)) else float(v) if isinstance(v, float) and math.isfinite(v) else str(v)
 
 
-def _attrs(node: Mox) -> str:
-    parts = []
-    for k, v in node.attrs.items():
-        if v is None or k.startswith("_"):
-            continue
-        parts.append(f"{k}={value_str(v)}")
-    return _short(" ".join(parts), 100)
+def _attrs(attrs: Mapping[str, Any], n: int) -> str:
+    return _short(" ".join(f"{k}={value_str(v)}" for k, v in attrs.items()
+                           if v is not None and not k.startswith("_")), n)
 
 
 def _tree(mox: Mox, version: int) -> dict:
@@ -514,9 +550,11 @@ def _tree(mox: Mox, version: int) -> dict:
                     walk(sub, parent)
             elif c.kind in CALL_KINDS:
                 i = ids[id(c)]
-                rows.append([i, parent, c.kind, c.name, c.type, _attrs(c),
+                # the row shows the fields that differ from their defaults; its tooltip, all of them
+                rows.append([i, parent, c.kind, c.name, c.type, _attrs(key_attrs(c), 100),
                              " ".join(map(type_str, c.inputs)), " ".join(map(type_str, c.outputs)),
-                             c.num_params, sum(isinstance(e, Equation) for e in c.children)])
+                             c.num_params, sum(isinstance(e, Equation) for e in c.children),
+                             _attrs(c.attrs, 400)])
                 walk(c, i)
             else:
                 walk(c, parent)
