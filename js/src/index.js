@@ -124,7 +124,8 @@ function render({ model, el }) {
     const toggle = expandable(node)
       ? h("span", { class: "yax-toggle", role: "button", "aria-label": "expand" }, expanded.has(node.id) ? "▾" : "▸")
       : h("span", { class: "yax-toggle yax-leaf" }, "");
-    const title = b ? `relative error ${num(b.rel)}, max |Δ| ${num(b.max_abs)}` : undefined;
+    const title = [node.type && node.fields ? `${node.type}(${node.fields})` : node.fields,
+      b && `relative error ${num(b.rel)}, max |Δ| ${num(b.max_abs)}`].filter(Boolean).join("\n") || undefined;
     return h("div", {
       class: cls, dataset: { id: String(node.id) }, role: "treeitem", title,
       style: { top: `${i * ROW_H}px`, paddingLeft: `${6 + node.depth * 14}px`,
@@ -204,6 +205,7 @@ function render({ model, el }) {
   async function select(id, openMenu) {
     selected = id;
     fits = null;
+    if (notice && notice.id !== id) notice = null; // a refusal's reason goes once the user moves on
     schedule();
     if (!openMenu) return;
     const reply = await request({ type: "fits", id });
@@ -445,7 +447,7 @@ function render({ model, el }) {
           class: `yax-diff-row ${m[String(n.id)] ? `yax-${m[String(n.id)]}` : ""}`, dataset: { id: String(n.id) },
           style: { paddingLeft: `${4 + n.depth * 12}px` },
         }, `${m[String(n.id)] === "added" ? "+ " : m[String(n.id)] === "removed" ? "− " : m[String(n.id)] === "changed" ? "~ " : "  "}${n.name}`,
-        h("span", { class: "yax-type" }, n.type)))
+        n.type && n.type !== n.name ? h("span", { class: "yax-type" }, n.type) : null))
           : h("div", { class: "yax-hint" }, "no differences"));
     };
     const original = buildTree((model.get("_original_tree") || {}).rows || []);
@@ -454,7 +456,9 @@ function render({ model, el }) {
   }
 
   function heatCanvas(values, rows, cols, lo, hi, label) {
-    const canvas = h("canvas", { class: "yax-heat", width: cols, height: rows, title: label });
+    // wide, flat outputs (a few rows of many columns) are stretched to at least 1:4 to stay visible
+    const canvas = h("canvas", { class: "yax-heat", width: cols, height: rows, title: label,
+      style: { aspectRatio: `${cols} / ${Math.max(rows, cols / 4)}` } });
     const ctx = canvas.getContext("2d");
     const img = ctx.createImageData(cols, rows);
     for (let i = 0; i < rows * cols; i++) {

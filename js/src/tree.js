@@ -1,7 +1,7 @@
 // The module tree: rows from Python (see docs/widget.md) -> nodes, and the
 // flat list of visible rows for the virtualised view. No DOM here.
 
-export const ROW = { id: 0, parent: 1, kind: 2, name: 3, type: 4, attrs: 5, ins: 6, outs: 7, params: 8, neq: 9 };
+export const ROW = { id: 0, parent: 1, kind: 2, name: 3, type: 4, attrs: 5, ins: 6, outs: 7, params: 8, neq: 9, fields: 10 };
 
 /** Build the tree: `byId` (id -> node), `roots`, each node with `children` and `depth`. */
 export function buildTree(rows) {
@@ -10,7 +10,7 @@ export function buildTree(rows) {
   for (const r of rows) {
     const node = {
       id: r[0], parent: r[1], kind: r[2], name: r[3], type: r[4], attrs: r[5],
-      ins: r[6], outs: r[7], params: r[8], neq: r[9], children: [], depth: 0, eq: false,
+      ins: r[6], outs: r[7], params: r[8], neq: r[9], fields: r[10] || "", children: [], depth: 0, eq: false,
     };
     byId.set(node.id, node);
     const p = byId.get(node.parent);
@@ -28,7 +28,7 @@ export function buildTree(rows) {
 export function equationNodes(parent, eqRows) {
   return eqRows.map((r) => ({
     id: r[0], parent: parent.id, kind: "equation", name: r[1], type: "", attrs: r[4],
-    ins: r[2], outs: r[3], params: 0, neq: 0, children: [], depth: parent.depth + 1, eq: true,
+    ins: r[2], outs: r[3], params: 0, neq: 0, fields: r[4], children: [], depth: parent.depth + 1, eq: true,
   }));
 }
 
@@ -50,7 +50,7 @@ export function ancestorsOf(ids, parentOf) {
   return out;
 }
 
-/** Nodes kept by a name filter: those whose name, type or attrs contain the
+/** Nodes kept by a name filter: those whose name or type contain the
  * text (case-insensitive), and their ancestors. `null` when no filter. */
 export function filterKeep(tree, text) {
   const t = (text || "").trim().toLowerCase();

@@ -4,11 +4,11 @@ import {
   ancestorsOf, buildTree, equationNodes, expandable, filterKeep, initialExpanded, visibleRows,
 } from "../src/tree.js";
 
-// [id, parent, kind, name, type, attrs, in, out, params, neq]
+// [id, parent, kind, name, type, attrs, in, out, params, neq, fields]
 const ROWS = [
   [1, -1, "module_call", "Model", "Model", "", "f32[2]", "f32[2]", 30, 1],
   [2, 1, "module_call", "Block_0", "Block", "", "f32[2]", "f32[2]", 20, 0],
-  [3, 2, "module_call", "Dense_0", "Dense", "features=2", "f32[2]", "f32[2]", 6, 2],
+  [3, 2, "module_call", "Dense_0", "Dense", "features=2", "f32[2]", "f32[2]", 6, 2, "features=2 use_bias=True"],
   [6, 2, "activation", "gelu", "gelu", "", "f32[2]", "f32[2]", 0, 3],
   [7, 1, "module_call", "Block_1", "Block", "", "f32[2]", "f32[2]", 10, 0],
   [8, 7, "module_call", "Dense_0", "Dense", "features=2", "f32[2]", "f32[2]", 6, 2],
@@ -20,6 +20,8 @@ test("buildTree links children in document order with depths", () => {
   assert.deepEqual(t.byId.get(2).children.map((n) => n.id), [3, 6]);
   assert.deepEqual([...t.byId.values()].map((n) => n.depth), [0, 1, 2, 2, 1, 2]);
   assert.equal(t.byId.get(3).attrs, "features=2");
+  assert.equal(t.byId.get(3).fields, "features=2 use_bias=True");
+  assert.equal(t.byId.get(2).fields, "");
 });
 
 test("visibleRows follows the expanded set; equations come after the calls", () => {

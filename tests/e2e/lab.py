@@ -60,7 +60,8 @@ def jupyterlab(root: pathlib.Path) -> Iterator[str]:
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
            "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
            f"--ServerApp.root_dir={root}", "--LabApp.news_url=None", f"--LabApp.workspaces_dir={root / '.lab-workspaces'}",
-           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--allow-root"]
+           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--allow-root",
+           "--LabApp.expose_app_in_browser=True"]  # window.jupyterapp: the tests switch themes with it
     log = open(root / "jupyterlab.log", "w")
     proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

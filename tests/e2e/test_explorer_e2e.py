@@ -142,6 +142,7 @@ def _steps(nb: Notebook) -> None:
     root.locator(f'.yax-row[data-id="{drop}"]').click()
     menu = root.locator(".yax-fits")
     menu.wait_for(state="visible")
+    assert root.locator(".yax-notice").count() == 0  # the refusal's reason went once another row was chosen
     assert menu.locator('.yax-fit[data-name="identity"]').count() == 1
     shot(nb, "06-fits")
     menu.locator('.yax-fit[data-name="identity"]').click()
@@ -168,6 +169,57 @@ def _steps(nb: Notebook) -> None:
     assert " 0 True False" in out, out
     shot(nb, "09-undone")
 
+    # keyboard: arrows move the selection, right/left expand and collapse, enter offers what fits
+    tree = root.locator(".yax-tree")
+    tree.focus()
+    selected = root.locator(".yax-row.yax-selected .yax-name")
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("ArrowDown")
+    page.wait_for_function("() => document.querySelector('.yax-row.yax-selected .yax-name')?.textContent === 'embed'")
+    page.keyboard.press("ArrowRight")  # embed's equations load on demand
+    root.locator(".yax-row.yax-eq").first.wait_for()
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function("() => !document.querySelector('.yax-explorer .yax-row.yax-eq')")
+    page.keyboard.press("Enter")
+    root.locator(".yax-fits").wait_for(state="visible")
+    page.keyboard.press("Escape")
+    root.locator(".yax-fits").wait_for(state="detached")
+    assert selected.inner_text() == "embed"
+
+    # the filter box keeps the rows whose name or type matches, and their ancestors
+    root.locator(".yax-search input").fill("dropout")
+    page.wait_for_function("() => document.querySelectorAll('.yax-explorer .yax-row').length === 7")
+    names = root.locator(".yax-row .yax-name").all_inner_texts()
+    assert names == ["Transformer", "Block_0", "Dropout_0", "Dropout_1", "Block_1", "Dropout_0", "Dropout_1"], names
+    root.locator(".yax-search input").fill("")
+
+    # a query selecting equations highlights them in their expanded call
+    (eq,) = type_query(root, "//module_call[@path='Transformer/Block_0/Dense_0']/dot_general")
+    row = root.locator(f'.yax-row[data-id="{eq}"]')
+    assert row.get_attribute("class").split() >= ["yax-row", "yax-eq", "yax-match"], row.get_attribute("class")
+    assert row.locator(".yax-name").inner_text() == "dot_general"
+    shot(nb, "10-equation-match")
+
+    # dropping a palette item on the query box replaces every match; the diff marks them; undo and redo
+    type_query(root, "//activation[@name='gelu']")
+    drag(page, root.locator('.yax-palette-item[data-name="SiLU"]'), root.locator(".yax-query input"))
+    page.wait_for_selector(".yax-compare .yax-hist", timeout=120_000)
+    out = nb.run(2)
+    assert out.count("'silu'") == 2 and " 1 False True" in out, out
+    root.locator('.yax-tab[data-tab="Diff"]').click()
+    assert root.locator(".yax-diff .yax-diff-row.yax-added").count() == 2
+    assert root.locator(".yax-diff .yax-diff-row.yax-added").all_inner_texts() == ["+ silu"] * 2
+    assert root.locator(".yax-diff .yax-diff-row.yax-removed").count() == 2
+    shot(nb, "11-query-drop-diff")
+    root.locator(".yax-undo").click()
+    page.wait_for_function("() => document.querySelector('.yax-undo').disabled")
+    root.locator(".yax-redo").click()
+    page.wait_for_function("() => document.querySelector('.yax-redo').disabled")
+    assert nb.run(2).count("'silu'") == 2
+    root.locator(".yax-undo").click()
+    page.wait_for_function("() => document.querySelector('.yax-undo').disabled")
+    assert " 0 True False" in nb.run(2)
+
     # %yax opens a second explorer with the query applied
     nb.run(3)
     page.wait_for_function("() => document.querySelectorAll('.yax-explorer[data-ready=\"1\"]').length === 2")
@@ -176,7 +228,7 @@ def _steps(nb: Notebook) -> None:
     page.wait_for_function(
         "(ids) => document.querySelectorAll('.yax-explorer')[1].dataset.matchIds === ids", arg=",".join(want))
     assert second.locator(".yax-query input").input_value() == "//activation[@name='gelu']"
-    second.screenshot(path=str(ARTIFACTS / "10-magic.png"))
+    second.screenshot(path=str(ARTIFACTS / "12-magic.png"))
 
     # an nnx model: its tree and the query's highlight
     nb.run(5)
@@ -187,6 +239,31 @@ def _steps(nb: Notebook) -> None:
     assert third.locator(".yax-row").evaluate_all("els => els.map(e => e.querySelector('.yax-name').textContent)") == [
         "Net", "fc1", "gelu", "fc2"]
     assert third.locator(".yax-row.yax-match").count() == 2
-    third.screenshot(path=str(ARTIFACTS / "11-nnx.png"))
+    third.screenshot(path=str(ARTIFACTS / "13-nnx.png"))
+
+    # the explorer follows JupyterLab's theme: switched to dark, its colours are the theme's
+    page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
+    page.wait_for_function(f"() => ({LUMINANCE})(getComputedStyle(document.querySelector('.yax-explorer'))"
+                           ".backgroundColor) < 0.3", timeout=60_000)
+    bg, theme_bg, fg, row_fg = page.evaluate("""() => {
+      const probe = document.createElement('div');
+      probe.style.background = 'var(--jp-layout-color1)';
+      document.body.append(probe);
+      const want = getComputedStyle(probe).backgroundColor;
+      probe.remove();
+      const el = document.querySelector('.yax-explorer');
+      return [getComputedStyle(el).backgroundColor, want, getComputedStyle(el).color,
+              getComputedStyle(el.querySelector('.yax-row .yax-name')).color];
+    }""")
+    lum = lambda c: page.evaluate(f"(c) => ({LUMINANCE})(c)", c)  # noqa: E731
+    assert bg == theme_bg, (bg, theme_bg)
+    assert lum(fg) > 0.5 and lum(row_fg) > 0.5, (fg, row_fg)  # light text on the dark background
+    page.wait_for_selector("#jupyterlab-splash", state="detached")  # Lab's splash while it switches
+    root.screenshot(path=str(ARTIFACTS / "14-dark.png"))
 
     assert nb.errors == [], nb.errors
+
+
+# relative luminance (0 black .. 1 white) of a CSS `rgb(...)`/`rgba(...)` colour
+LUMINANCE = """(c) => { const [r, g, b] = c.match(/[\\d.]+/g).slice(0, 3).map((v) => +v / 255);
+  return 0.2126 * r + 0.7152 * g + 0.0722 * b; }"""
