@@ -314,6 +314,29 @@ def test_plain_function_explorer():
     assert not ex.comparison.allclose
 
 
+def test_a_comparison_failing_at_run_time_is_reported_and_the_change_stands():
+    def boom(x):
+        raise RuntimeError("the host callback broke")
+
+    def fragile(x):  # fits (abstractly), fails only when XLA runs it
+        return jax.pure_callback(boom, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+    x = jnp.arange(6.0).reshape(2, 3)
+    ex = Explorer(lambda x: jax.nn.relu(x).sum(-1), x)
+    ex.sent = []
+    ex.send = lambda content, buffers=None: ex.sent.append(content)
+    ex.add_replacement("fragile", fragile)
+    ex.query("//activation")
+    reply = ask(ex, rid=1, type="substitute", target="query", name="fragile")
+    assert reply["type"] == "ok" and len(ex.history) == 1 and ex.comparison is None
+    msg = ex._comparison["message"]
+    assert msg.startswith("The comparison failed with") and msg.endswith("RuntimeError: the host callback broke")
+    assert len(msg) < 500  # the first and last lines of the error, not a whole traceback
+    assert ex._status == {"busy": False, "message": "comparison failed"}
+    ex.undo()  # and the explorer goes on working
+    assert ex.mox is ex.original and ex._comparison == {}
+
+
 # -- the %yax magic ---------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -369,9 +369,10 @@ class Explorer(anywidget.AnyWidget):
         future, t = compared
         try:
             c = future.result()
-        except yax.YaxError as e:
+        except Exception as e:  # the change stands; its comparison says why it could not be made
             self.comparison = None
-            self._comparison = {"message": str(e)}
+            self._comparison = {"message": str(e) if isinstance(e, yax.YaxError) else
+                                f"The comparison failed with {type(e).__name__}: {_gist(str(e))}"}
             self._status = {"busy": False, "message": "comparison failed"}
             return
         self.comparison = c
@@ -395,6 +396,11 @@ class Explorer(anywidget.AnyWidget):
         except (RequestError, yax.YaxError) as e:
             self.send({"type": "error", "rid": rid, "message": str(e)})
             return
+        except Exception as e:  # a bug or a failure below yax (XLA): the front-end still gets its reply
+            self._status = {"busy": False, "message": "failed"}
+            self.send({"type": "error", "rid": rid, "message": f"The request failed with {type(e).__name__}: {e} "
+                                                               "(the kernel's log has the traceback)."})
+            raise
         self.send({"type": "ok", "rid": rid, **reply})
 
     def _node(self, content: dict, field: str = "id", kinds: tuple = (*CALL_KINDS, "equation")) -> Any:
@@ -523,6 +529,12 @@ def _key_code(key: Any) -> str:
 
 def _ids(mox: Mox) -> dict[int, int]:
     return view(mox).ids
+
+
+def _gist(message: str) -> str:
+    """The first and last lines of a long error (XLA's carry whole tracebacks)."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    return message if len(lines) < 3 else f"{_short(lines[0], 200)} … {_short(lines[-1], 200)}"
 
 
 def _short(s: str, n: int) -> str:
