@@ -73,7 +73,7 @@ def diff(a: Any, b: Any) -> Diff:
       >>> yax.diff(trace(nn.Sequential([nn.Dense(3), nn.relu])), trace(nn.Sequential([nn.Dense(4), nn.gelu])))
       + Sequential/gelu (activation.gelu)
       - Sequential/relu (activation.relu)
-      ~ Sequential: out_shape: f32[1,3] -> f32[1,4], shape: 1,3 -> 1,4, params: 9 -> 12
+      ~ Sequential: out_shape: f32[1,3] -> f32[1,4], shape: 1,3 -> 1,4, params: 9 -> 12, layers: (Dense, relu) -> (Dense, gelu)
       ~ Sequential/layers_0: out_shape: f32[1,3] -> f32[1,4], shape: 1,3 -> 1,4, params: 9 -> 12, features: 3 -> 4
     """
     ca, cb = _calls(a), _calls(b)

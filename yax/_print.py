@@ -77,6 +77,9 @@ def value_str(v: Any) -> str:
         return v.dtype.name
     if isinstance(v, np.ndarray) and v.size > 8:
         return f"array<{v.dtype.name}{list(v.shape)}>"
+    if type(v) in (tuple, list):  # element by element: a layer list shows `(Dense, relu, Dense)`
+        inner = ", ".join(map(value_str, v))
+        return f"({inner},)" if type(v) is tuple and len(v) == 1 else f"({inner})" if type(v) is tuple else f"[{inner}]"
     return " ".join(_ADDR.sub("", repr(v)).split())
 
 

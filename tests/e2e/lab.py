@@ -47,21 +47,25 @@ def write_notebook(path: pathlib.Path, cells: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def jupyterlab(root: pathlib.Path) -> Iterator[str]:
-    """Start JupyterLab serving ``root``; yields its base URL."""
+def jupyterlab(root: pathlib.Path, app: str = "jupyterlab") -> Iterator[str]:
+    """Start JupyterLab (or, with ``app="notebook"``, Jupyter Notebook 7)
+    serving ``root``; yields its base URL."""
     settings = root / ".lab-settings"
-    for name, value in SETTINGS.items():
+    # Notebook 7 lacks some of these plugins and fails on settings for a plugin it has no schema of
+    for name, value in SETTINGS.items() if app == "jupyterlab" else ():
         f = settings / name
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(json.dumps(value))
     port = _free_port()
     env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(settings), "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+    cmd = [sys.executable, "-m", app, "--no-browser", "--ip=127.0.0.1", f"--port={port}",
            "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
-           f"--ServerApp.root_dir={root}", "--LabApp.news_url=None", f"--LabApp.workspaces_dir={root / '.lab-workspaces'}",
-           "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--allow-root",
-           "--LabApp.expose_app_in_browser=True"]  # window.jupyterapp: the tests switch themes with it
+           f"--ServerApp.root_dir={root}", "--allow-root"]
+    if app == "jupyterlab":
+        cmd += ["--LabApp.news_url=None", f"--LabApp.workspaces_dir={root / '.lab-workspaces'}",
+                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                "--LabApp.expose_app_in_browser=True"]  # window.jupyterapp: the tests switch themes with it
     log = open(root / "jupyterlab.log", "w")
     proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -73,7 +77,7 @@ def jupyterlab(root: pathlib.Path) -> Iterator[str]:
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"JupyterLab did not start:\n{(root / 'jupyterlab.log').read_text()[-3000:]}") from None
+                    raise RuntimeError(f"{app} did not start:\n{(root / 'jupyterlab.log').read_text()[-3000:]}") from None
                 time.sleep(0.3)
         yield url
     finally:
@@ -100,15 +104,24 @@ def browser() -> Iterator[Any]:
 class Notebook:
     """An open notebook page; collects console errors."""
 
-    def __init__(self, page: Any, url: str, name: str):
+    def __init__(self, page: Any, url: str, name: str, path: str = "lab/tree"):
         self.page = page
         self.errors: list[str] = []
         page.on("console", lambda m: self.errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
-        page.on("pageerror", lambda e: self.errors.append(f"page error: {e}"))
+        page.on("pageerror", lambda e: self.errors.append(f"page error: {e}\n{e.stack or ''}"))
         page.on("response", lambda r: self.errors.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
-        page.goto(f"{url}/lab/tree/{name}")
+        page.goto(f"{url}/{path}/{name}")
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+        self.settle()
         self.idle()
+
+    def settle(self) -> None:
+        """Accept the "Select Kernel" dialog (with the notebook's own kernel) if it shows: on a busy
+        machine JupyterLab can ask though the notebook names its kernel and the kernel is up."""
+        dialog = self.page.locator(".jp-Dialog", has_text="Select Kernel")
+        if dialog.count():
+            dialog.locator(".jp-mod-accept").click()
+            dialog.wait_for(state="detached")
 
     def idle(self, timeout: float = 180) -> None:
         self.page.wait_for_selector('.jp-Notebook-ExecutionIndicator[data-status="idle"]', timeout=timeout * 1000)
@@ -119,7 +132,11 @@ class Notebook:
         prompt = cell.locator(".jp-InputPrompt")
         before = prompt.inner_text()
         for _ in range(5):  # a key press can be lost while the editor is still mounting
-            cell.locator(".jp-InputArea-editor").click()
+            self.settle()
+            try:
+                cell.locator(".jp-InputArea-editor").click(timeout=10_000)
+            except Exception:  # covered by a dialog that came up meanwhile: settle, then again
+                continue
             self.page.keyboard.press("Control+Enter")
             try:
                 self.page.wait_for_function(
