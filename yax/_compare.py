@@ -197,6 +197,12 @@ def measure(mox: Mox, args: tuple, kwargs: dict, out_idx: tuple[int, ...], bound
     ``lowered`` is set once the program is traced and lowered (Python work,
     holding the GIL): XLA compiles it without holding the GIL, so another
     thread can work meanwhile."""
+    return _to_host(_dispatch(mox, args, kwargs, out_idx, boundaries, lowered))
+
+
+def _dispatch(mox: Mox, args: tuple, kwargs: dict, out_idx: tuple[int, ...], boundaries: bool,
+              lowered: threading.Event | None = None) -> Measured:
+    """`measure` without waiting: the values are device arrays still being computed."""
     flat = flatten_inputs(mox, args, kwargs)
     program = _program(mox, out_idx, boundaries)
     if lowered is not None:
@@ -204,8 +210,12 @@ def measure(mox: Mox, args: tuple, kwargs: dict, out_idx: tuple[int, ...], bound
         lowered.set()
         low.compile()  # the jitted program's caches keep it: the call below runs it
     outs, taps = program(flat)
-    outs, taps = jax.device_get((outs, taps))
     return Measured(out_idx, outs, dict(zip(_tapped(mox), taps)) if boundaries else None)
+
+
+def _to_host(m: Measured) -> Measured:
+    outs, taps = jax.device_get((m.outs, m.taps))
+    return Measured(m.out_idx, outs, taps)
 
 
 def compare_measured(original: Mox, modified: Mox, a: Measured, b: Measured, *, rtol: float = 1e-5,
@@ -263,9 +273,10 @@ def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rt
         raise YaxInputError("`new_params` replaces the first positional argument, but no arguments were given.")
     args_b = args if new_params is None else (new_params, *args[1:])
     flatten_inputs(modified, args_b, kwargs)  # both inputs are checked before either model runs
-    a = measure(original, args, kwargs, idx_a, boundaries)
-    b = measure(modified, args_b, kwargs, idx_b, boundaries)
-    return compare_measured(original, modified, a, b, rtol=rtol, atol=atol)
+    # Dispatch both before fetching either: the original runs while the modified one compiles.
+    a = _dispatch(original, args, kwargs, idx_a, boundaries)
+    b = _dispatch(modified, args_b, kwargs, idx_b, boundaries)
+    return compare_measured(original, modified, _to_host(a), _to_host(b), rtol=rtol, atol=atol)
 
 
 def _compared(mox: Mox) -> list[int]:
