@@ -58,12 +58,12 @@ print("COMPILE", t1 - t0, "FIRSTRUN", t2 - t1, "KERNEL", ex._comparison["seconds
 DROP_TIMER = """(idx) => {
   const root = document.querySelectorAll('.yax-explorer')[idx];
   window.__yaxDrop = {};
-  root.querySelector('.yax-tree').addEventListener('drop', () => { window.__yaxDrop.drop = performance.now(); window.__yaxDrop.dropEpoch = Date.now(); },
+  root.querySelector('.yax-tree').addEventListener('drop', () => { window.__yaxDrop.drop = performance.now(); },
                                                    {capture: true, once: true});
   const obs = new MutationObserver(() => {
     if (root.querySelector('.yax-compare .yax-hist')) {
       obs.disconnect();
-      window.__yaxDrop.domEpoch = Date.now(); requestAnimationFrame(() => { window.__yaxDrop.shown = performance.now(); window.__yaxDrop.shownEpoch = Date.now(); });
+      requestAnimationFrame(() => { window.__yaxDrop.shown = performance.now(); });
     }
   });
   obs.observe(root, {childList: true, subtree: true});
@@ -158,7 +158,7 @@ def main() -> None:
             rows.append((f"scroll, {sc['frames']} frames over {sc['height']} px: median frame", sc["median"] / 1000,
                          "responsive (< 50 ms)"))
             rows.append(("scroll: worst frame", sc["max"] / 1000, ""))
-            rows.append((f"  ({n_rows} rows in the DOM after the first paint)", 0.0, "virtualised"))
+            rows.append(("  rows in the DOM after the first paint", f"{n_rows}", "virtualised"))
 
             print(f"scroll {sc}", flush=True)
             # substitution on the small model: drop -> comparison shown, vs compile time
@@ -175,7 +175,6 @@ def main() -> None:
             second.locator(".yax-compare .yax-hist").wait_for(timeout=600_000)
             page.wait_for_function("() => window.__yaxDrop.shown !== undefined")
             shown = page.evaluate("() => (window.__yaxDrop.shown - window.__yaxDrop.drop) / 1000")
-            print("EPOCHS", page.evaluate("() => window.__yaxDrop"))
             words = nb.run(5).split()
             k = {w: float(words[i + 1]) for i, w in enumerate(words[:-1]) if w.isupper() and w.isalpha()}
             result.update(substitution_shown_s=shown, compile_modified_s=k["COMPILE"], first_run_s=k["FIRSTRUN"],
@@ -185,10 +184,10 @@ def main() -> None:
             rows.append((f"  ({a.small} layers: XLA compile of the modified model, in the kernel)", k["COMPILE"], ""))
             rows.append((f"  ({a.small} layers: its first run, in the kernel)", k["FIRSTRUN"], ""))
             rows.append((f"  ({a.small} layers: the explorer's compare, in the kernel)", k["KERNEL"], ""))
-            rows.append((f"  ({a.small} layers: the original's values kept, MiB)", k["REFMB"], ""))
+            rows.append((f"  ({a.small} layers: the original's values kept by the explorer)", f"{k['REFMB']:.0f} MiB", ""))
             result["console_errors"] = nb.errors
-    for name, v, target in rows:
-        print(f"{v:10.3f} s  {name}  {target}")
+    for name, v, target in rows:  # seconds, unless the value says its unit
+        print(f"{v if isinstance(v, str) else f'{v:.3f} s':>12}  {name}  {target}")
     pathlib.Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(a.out).write_text(json.dumps(result, indent=2))
     print("wrote", a.out)
