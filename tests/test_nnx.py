@@ -84,6 +84,25 @@ def test_grad_matches_model(name, traced):
     assert any(float(jnp.abs(g).sum()) > 0 for g in got)
 
 
+def test_vmap_of_eval():
+    model = MLP(rngs=rngs())
+    graphdef, state = nnx.split(model)
+    mox = yax.make_mox(model)(jnp.ones((2, 4)))
+    xs = jax.random.normal(jax.random.key(1), (5, 2, 4))
+
+    def model_fn(s, x):
+        m = nnx.merge(graphdef, s)
+        return m(x), nnx.state(m)
+
+    want = jax.vmap(model_fn, in_axes=(None, 0))(state, xs)
+    got = jax.vmap(lambda s, x: yax.eval_mox(mox, s, x), in_axes=(None, 0))(state, xs)
+    assert close(got, want) and got[0].shape == (5, 2, 8)
+    # per-example states too: the state's leaves mapped along with the inputs
+    states = jax.tree.map(lambda a: jnp.stack([a, 2 * a, -a, a, a]), state)
+    want = jax.vmap(model_fn)(states, xs)
+    assert close(jax.vmap(lambda s, x: yax.eval_mox(mox, s, x))(states, xs), want)
+
+
 def test_batchnorm_train_updates_statistics_like_the_model(traced):
     model, args, _, mox = traced("cnn_train")
     _, state = nnx.split(model)
