@@ -131,13 +131,16 @@ class Notebook:
         cell = self.page.locator(".jp-Notebook .jp-CodeCell").nth(index)
         prompt = cell.locator(".jp-InputPrompt")
         before = prompt.inner_text()
-        for _ in range(5):  # a key press can be lost while the editor is still mounting
+        run = self.page.locator('jp-button[data-command="notebook:run-cell-and-select-next"]').first
+        for _ in range(5):
+            # Select the cell, then the toolbar's Run button: a Ctrl+Enter needs the editor's focus
+            # and the shortcuts registered, and on a busy machine five in a row went unheard.
             self.settle()
             try:
                 cell.locator(".jp-InputArea-editor").click(timeout=10_000)
+                run.click(timeout=10_000)
             except Exception:  # covered by a dialog that came up meanwhile: settle, then again
                 continue
-            self.page.keyboard.press("Control+Enter")
             try:
                 self.page.wait_for_function(
                     "([el, before]) => el.textContent !== before", arg=[prompt.element_handle(), before],
