@@ -197,13 +197,12 @@ def measure(mox: Mox, args: tuple, kwargs: dict, out_idx: tuple[int, ...], bound
     ``lowered`` is set once the program is traced and lowered (Python work,
     holding the GIL): XLA compiles it without holding the GIL, so another
     thread can work meanwhile."""
-    return _to_host(_dispatch(mox, args, kwargs, out_idx, boundaries, lowered))
+    return _to_host(_dispatch(mox, flatten_inputs(mox, args, kwargs), out_idx, boundaries, lowered))
 
 
-def _dispatch(mox: Mox, args: tuple, kwargs: dict, out_idx: tuple[int, ...], boundaries: bool,
+def _dispatch(mox: Mox, flat: list[Any], out_idx: tuple[int, ...], boundaries: bool,
               lowered: threading.Event | None = None) -> Measured:
-    """`measure` without waiting: the values are device arrays still being computed."""
-    flat = flatten_inputs(mox, args, kwargs)
+    """`measure` of flattened inputs, without waiting: the values are device arrays still being computed."""
     program = _program(mox, out_idx, boundaries)
     if lowered is not None:
         low = program.lower(flat)
@@ -272,10 +271,11 @@ def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rt
     if new_params is not None and not args:
         raise YaxInputError("`new_params` replaces the first positional argument, but no arguments were given.")
     args_b = args if new_params is None else (new_params, *args[1:])
-    flatten_inputs(modified, args_b, kwargs)  # both inputs are checked before either model runs
+    flat_a = flatten_inputs(original, args, kwargs)  # both inputs are checked before either model runs
+    flat_b = flatten_inputs(modified, args_b, kwargs)
     # Dispatch both before fetching either: the original runs while the modified one compiles.
-    a = _dispatch(original, args, kwargs, idx_a, boundaries)
-    b = _dispatch(modified, args_b, kwargs, idx_b, boundaries)
+    a = _dispatch(original, flat_a, idx_a, boundaries)
+    b = _dispatch(modified, flat_b, idx_b, boundaries)
     return compare_measured(original, modified, _to_host(a), _to_host(b), rtol=rtol, atol=atol)
 
 

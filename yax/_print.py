@@ -79,7 +79,9 @@ def value_str(v: Any) -> str:
         return f"array<{v.dtype.name}{list(v.shape)}>"
     if type(v) in (tuple, list):  # element by element: a layer list shows `(Dense, relu, Dense)`
         inner = ", ".join(map(value_str, v))
-        return f"({inner},)" if type(v) is tuple and len(v) == 1 else f"({inner})" if type(v) is tuple else f"[{inner}]"
+        if type(v) is list:
+            return f"[{inner}]"
+        return f"({inner},)" if len(v) == 1 else f"({inner})"
     return " ".join(_ADDR.sub("", repr(v)).split())
 
 

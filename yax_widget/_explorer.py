@@ -376,8 +376,9 @@ class Explorer(anywidget.AnyWidget):
             self._status = {"busy": False, "message": "comparison failed"}
             return
         self.comparison = c
-        self._comparison = _comparison_state(c, self.mox, time.perf_counter() - t)
-        self._status = {"busy": False, "message": f"compared in {time.perf_counter() - t:.2f} s"}
+        seconds = time.perf_counter() - t
+        self._comparison = _comparison_state(c, self.mox, seconds)
+        self._status = {"busy": False, "message": f"compared in {seconds:.2f} s"}
 
     # -- requests from the front-end -----------------------------------------------
 
