@@ -24,13 +24,13 @@ def mlp():
 
 def test_wrong_shape_names_the_argument(mlp):
     m, v, x, mox = mlp
-    with pytest.raises(yax.YaxInputError, match=r"`\[0\]\[1\]` was traced as float32\[2, 4\] but is float32\[3, 4\]"):
+    with pytest.raises(yax.YaxInputError, match=r"`args\[1\]` was traced as f32\[2,4\] but is f32\[3,4\]"):
         yax.eval_mox(mox, v, jnp.ones((3, 4)))
 
 
 def test_wrong_dtype_names_the_argument(mlp):
     m, v, x, mox = mlp
-    with pytest.raises(yax.YaxInputError, match=r"\['params'\]\['Dense_0'\]\['bias'\]` was traced as float32\[16\] but is int32\[16\]"):
+    with pytest.raises(yax.YaxInputError, match=r"`args\[0\]\['params'\]\['Dense_0'\]\['bias'\]` was traced as f32\[16\] but is i32\[16\]"):
         bad = jax.tree.map(lambda a: a, v)
         bad["params"]["Dense_0"]["bias"] = jnp.zeros(16, jnp.int32)
         yax.eval_mox(mox, bad, x)

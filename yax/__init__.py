@@ -3,6 +3,7 @@
 The public API is re-exported here; everything else is private.
 """
 
+from ._activations import ACTIVATIONS as ACTIVATIONS
 from ._compare import Comparison as Comparison
 from ._compare import Stats as Stats
 from ._compare import compare as compare
@@ -23,11 +24,7 @@ from ._lora import merge_lora as merge_lora
 from ._map import map_mox as map_mox
 from ._print import pprint as pprint
 from ._serial import dump_yson as dump_yson
-from ._sub import module_of as module_of
-from ._sub import sub as sub
-from ._sub_nnx import replace_modules as replace_modules
 from ._summary import summary as summary
-from ._trace import ACTIVATIONS as ACTIVATIONS
 from ._trace import make_mox as make_mox
 from ._xml import Document as Document
 from ._xml import dump_xml as dump_xml
@@ -44,5 +41,8 @@ from .errors import YaxRenderError as YaxRenderError
 from .errors import YaxRewriteError as YaxRewriteError
 from .errors import YaxTraceError as YaxTraceError
 from .errors import YaxXMLError as YaxXMLError
+from .frontends.linen import module_of as module_of
+from .frontends.nnx import replace_modules as replace_modules
+from .rewrite import sub as sub
 
 __version__ = "0.1.0"

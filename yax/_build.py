@@ -6,8 +6,8 @@ from typing import Any
 
 import jax.extend.core as jcore
 
-from ._ir import Equation, Literal, Mox, Symbol, Var
-from ._trace import MARKER_RE, CallInfo, Recorder
+from ._ir import Equation, Kind, Literal, ModuleInfo, Mox, Packing, Signature, Symbol, Var
+from ._record import MARKER_RE, CallInfo, Recorder
 from .errors import YaxTraceError
 
 
@@ -59,7 +59,7 @@ class _Converter:
             if info is None:
                 raise YaxTraceError(f"Internal error: marker {cid} has no recorded call. Please report this.")
             if kind == "in":
-                n = len(info.dyn_in)
+                n = len(info.sig.ins.dyn)
                 inputs = tuple(self.atom(a) for a in eqn.invars[:n])
                 formals = tuple(self.var(v) for v in eqn.outvars[:n])
                 frames.append([cid, info, [], (inputs, formals), info.path])
@@ -69,7 +69,7 @@ class _Converter:
                     raise YaxTraceError(
                         f"Internal error: the call of `{info.path}` ended inside another call. Please report this."
                     )
-                n = len(info.dyn_out)
+                n = len(info.sig.outs.dyn)
                 frames[-1][2].append(
                     Mox(
                         kind=info.kind,
@@ -80,18 +80,8 @@ class _Converter:
                         outputs=tuple(self.var(v) for v in eqn.outvars[:n]),
                         path=info.path,
                         name=info.name,
-                        module_type=info.module_type,
-                        method=info.method,
-                        attrs=info.attrs,
-                        num_params=info.num_params,
-                        var_tree=info.var_tree,
-                        in_tree=info.in_tree,
-                        out_tree=info.out_tree,
-                        in_static=info.in_static,
-                        out_static=info.out_static,
-                        dyn_in=info.dyn_in,
-                        dyn_out=info.dyn_out,
-                        scope=info.scope,
+                        info=info.info,
+                        sig=info.sig,
                     )
                 )
         if len(frames) != 1:
@@ -108,7 +98,7 @@ class _Converter:
             jaxpr, consts = value, ()
         constvars, invars, children, outvars, marked = self.jaxpr(jaxpr, consts, path)
         mox = Mox(
-            kind="jaxpr",
+            kind=Kind.JAXPR,
             children=tuple(children),
             inputs=invars,
             invars=invars,
@@ -117,7 +107,7 @@ class _Converter:
             constvars=constvars,
             consts=consts,
             path=path,
-            attrs={"closed": isinstance(value, jcore.ClosedJaxpr)},
+            info=ModuleInfo(attrs={"closed": isinstance(value, jcore.ClosedJaxpr)}),
         )
         return mox, marked
 
@@ -146,12 +136,13 @@ class _Converter:
         )
 
 
-def build(closed: Any, rec: Recorder, *, name: str, **root_fields: Any) -> Mox:
+def build(closed: Any, rec: Recorder, ins: Packing, outs: Packing, *, name: str, frontend: str,
+          origin: Any = None) -> Mox:
     """The root MoX of a traced function."""
     conv = _Converter(rec)
     constvars, invars, children, outvars, _ = conv.jaxpr(closed.jaxpr, tuple(closed.consts), "")
     return Mox(
-        kind="root",
+        kind=Kind.ROOT,
         children=tuple(children),
         inputs=invars,
         invars=invars,
@@ -161,5 +152,7 @@ def build(closed: Any, rec: Recorder, *, name: str, **root_fields: Any) -> Mox:
         consts=tuple(closed.consts),
         path="",
         name=name,
-        **root_fields,
+        sig=Signature(ins, outs),
+        frontend=frontend,
+        origin=origin,
     )

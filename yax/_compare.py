@@ -14,8 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import frontends
 from ._eval import flatten_inputs, run
-from ._ir import Mox
+from ._ir import FN_KINDS, Kind, Mox
 from ._print import type_str
 from .errors import YaxInputError
 
@@ -88,12 +89,12 @@ def _calls(node: Mox) -> Iterator[Mox]:
             yield c
 
 
-def _keys(mox: Mox) -> dict[str, Mox]:
+def call_keys(mox: Mox) -> dict[str, Mox]:
     """``path`` (``path.method`` for other methods; ``#k`` for the k-th call) -> call node."""
     seen: collections.Counter = collections.Counter()
     out = {}
     for node in _calls(mox):
-        base = node.path if node.method in (None, "__call__") or node.kind in ("activation", "function") \
+        base = node.path if node.method in (None, "__call__") or node.kind in FN_KINDS \
             else f"{node.path}.{node.method}"
         seen[base] += 1
         out[base if seen[base] == 1 else f"{base}#{seen[base]}"] = node
@@ -131,7 +132,7 @@ _programs: weakref.WeakKeyDictionary[Mox, dict[tuple, Any]] = weakref.WeakKeyDic
 
 def _tapped(mox: Mox) -> dict[str, Mox]:
     """The numeric call boundaries, by key, in the order `_program` returns their values."""
-    return {k: n for k, n in _keys(mox).items() if _numeric(n.outputs)}
+    return {k: n for k, n in call_keys(mox).items() if _numeric(n.outputs)}
 
 
 def _program(mox: Mox, out_idx: tuple[int, ...], taps: bool) -> Any:
@@ -165,7 +166,7 @@ def _program(mox: Mox, out_idx: tuple[int, ...], taps: bool) -> Any:
 class Measured:
     """One model's values on one set of inputs, on the host as flat float32:
     the outputs `compare` looks at and, when measured with boundaries, the
-    values at every numeric call boundary (by `_keys`)."""
+    values at every numeric call boundary (by `call_keys`)."""
 
     out_idx: tuple[int, ...]
     outs: list[np.ndarray]
@@ -176,9 +177,9 @@ def paired_outputs(original: Mox, modified: Mox) -> tuple[tuple[int, ...], tuple
     """The dynamic outputs of each model that `compare` pairs up (numeric,
     equal shapes); raises `YaxInputError` when they cannot be paired."""
     for m, what in ((original, "original"), (modified, "modified")):
-        if not isinstance(m, Mox) or m.kind != "root":
+        if not isinstance(m, Mox) or m.kind != Kind.ROOT:
             raise YaxInputError(f"`compare` expected a root MoX as `{what}`, but got {type(m).__name__}.")
-    sel_a, sel_b = _compared(original), _compared(modified)
+    sel_a, sel_b = (frontends.of_root(m).compared(m) for m in (original, modified))
     if len(sel_a) != len(sel_b):
         raise YaxInputError(
             f"The models return {len(sel_a)} and {len(sel_b)} arrays; they cannot be compared."
@@ -224,7 +225,7 @@ def compare_measured(original: Mox, modified: Mox, a: Measured, b: Measured, *, 
     keys = []
     if a.taps is not None and b.taps is not None:
         # The boundaries both models have, with equal output types, in the original's evaluation order.
-        ka, kb = _keys(original), _keys(modified)
+        ka, kb = call_keys(original), call_keys(modified)
         keys = [k for k, n in ka.items() if k in kb and k in a.taps and k in b.taps
                 and [type_str(x) for x in n.outputs] == [type_str(x) for x in kb[k].outputs]]
     stats = _stats(list(zip(a.outs + [a.taps[k] for k in keys], b.outs + [b.taps[k] for k in keys])), rtol, atol)
@@ -279,21 +280,12 @@ def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rt
     return compare_measured(original, modified, _to_host(a), _to_host(b), rtol=rtol, atol=atol)
 
 
-def _compared(mox: Mox) -> list[int]:
-    """Which outputs `compare` looks at: all of them, or for a MoX traced from
-    an nnx module (``(out, new_state)``) those of ``out``: the states of a
-    model and its rewrite hold different variables."""
-    if mox.graphdef is None:
-        return list(range(len(mox.outvars)))
-    n = len(mox.dyn_out) + len(mox.out_static)
-    first, _ = jax.tree_util.tree_unflatten(mox.out_tree, list(range(n)))
-    mine = set(jax.tree_util.tree_leaves(first))
-    return [j for j, i in enumerate(mox.dyn_out) if i in mine]
-
-
 def _output_names(mox: Mox) -> dict[int, str]:
     """``out`` / ``out[1]['batch_stats']…`` for each dynamic output."""
-    n = len(mox.dyn_out) + len(mox.out_static)
-    paths = [jax.tree_util.keystr(kp) for kp, _ in
-             jax.tree_util.tree_flatten_with_path(jax.tree_util.tree_unflatten(mox.out_tree, list(range(n))))[0]]
+    paths = mox.sig.outs.leaf_paths()
     return {j: "out" + paths[i] for j, i in enumerate(mox.dyn_out)}
+
+
+def compiled_programs(mox: Mox) -> dict:
+    """The jitted programs `compare` keeps for ``mox`` (empty until it ran)."""
+    return _programs.get(mox, {})

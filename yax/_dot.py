@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from ._ir import CALL_KINDS, FN_KINDS, Equation, Mox, Var
+from ._ir import CALL_KINDS, FN_KINDS, Equation, Kind, Mox, Var
 from ._print import type_str
 from ._xpath import query, view
 from .errors import YaxDependencyError, YaxQueryError, YaxRenderError
@@ -116,7 +116,7 @@ class _Graph:
         if c.kind in FN_KINDS:
             n = self.new(c, f"{c.name}\n{shapes}", indent, shape="box", style="rounded,filled", fillcolor="#fff3c4")
         else:
-            title = c.name if c.kind == "module_call" else f"{c.name}.{c.method}"
+            title = c.name if c.kind == Kind.MODULE_CALL else f"{c.name}.{c.method}"
             params = f"\n{c.num_params:,} params" if c.num_params else ""
             n = self.new(c, f"{title} : {c.type}\n{shapes}{params}", indent,
                          shape="box", style="rounded,filled", fillcolor="#dbe9f6")

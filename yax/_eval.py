@@ -17,8 +17,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._ir import Equation, Literal, Mox, Symbol, holds_mox
-from .errors import YaxEvalError, YaxInputError
+from ._ir import Equation, Kind, Literal, Mox, Symbol, holds_mox
+from ._print import type_str
+from .errors import YaxEvalError, YaxInputError, arg_name
 
 # Equation -> {param name: jaxpr} built from nested MoX nodes.
 _retraced: weakref.WeakKeyDictionary[Equation, dict[str, Any]] = weakref.WeakKeyDictionary()
@@ -112,10 +113,6 @@ def _to_jaxpr(sub: Mox, eqn: Equation) -> Any:
 
 # -- the public entry point ----------------------------------------------------------
 
-def _aval_str(shape: Sequence[int], dtype: Any) -> str:
-    return f"{getattr(dtype, 'name', dtype)}{list(shape)}"
-
-
 def _same_dtype(a: Any, b: Any) -> bool:
     try:
         return bool(a == b)
@@ -136,48 +133,41 @@ def flatten_inputs(mox: Mox, args: tuple, kwargs: dict) -> list[Any]:
         )
     leaves = [x for _, x in flat]
     for i, expected in mox.in_static:
-        found = leaves[i]
-        same = found is expected
-        if not same:
-            try:
-                same = bool(found == expected)
-            except Exception:
-                same = False
-        if not same:
-            raise YaxInputError(
-                f"Argument `{jax.tree_util.keystr(flat[i][0])}` is static (baked in at trace time) "
-                f"and was {expected!r} when traced, but is {found!r} now. "
-                "Trace again with `yax.make_mox` for the new value, or pass an array to make it traced."
-            )
-    out = []
-    for i, v in zip(mox.dyn_in, mox.invars):
-        x = leaves[i]
-        where = jax.tree_util.keystr(flat[i][0])
-        shape = tuple(np.shape(x))
-        dtype = getattr(x, "dtype", None)
-        if dtype is None:
-            raise YaxInputError(
-                f"Argument `{where}` was an array of {_aval_str(v.shape, v.dtype)} when traced, "
-                f"but is a `{type(x).__name__}` now. Pass an array of that shape and dtype."
-            )
-        if shape != v.shape or not _same_dtype(dtype, v.dtype):
-            raise YaxInputError(
-                f"Argument `{where}` was traced as {_aval_str(v.shape, v.dtype)} but is "
-                f"{_aval_str(shape, dtype)} now. Trace again with `yax.make_mox` for new shapes "
-                "or dtypes, or cast the argument."
-            )
-        out.append(x)
-    return out
+        _check_static(arg_name(flat[i][0]), expected, leaves[i])
+    return [_checked_leaf(arg_name(flat[i][0]), v, leaves[i]) for i, v in zip(mox.dyn_in, mox.invars)]
+
+
+def _check_static(where: str, expected: Any, found: Any) -> None:
+    same = found is expected
+    if not same:
+        try:
+            same = bool(found == expected)
+        except Exception:
+            same = False
+    if not same:
+        raise YaxInputError(
+            f"Argument `{where}` is static (baked in at trace time) and was {expected!r} when traced, but is "
+            f"{found!r} now. Trace again with `yax.make_mox` for the new value, or pass an array to make it traced."
+        )
+
+
+def _checked_leaf(where: str, v: Symbol, x: Any) -> Any:
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        raise YaxInputError(
+            f"Argument `{where}` was an array of {type_str(v)} when traced, but is a `{type(x).__name__}` now. "
+            "Pass an array of that shape and dtype."
+        )
+    if tuple(np.shape(x)) != v.shape or not _same_dtype(dtype, v.dtype):
+        raise YaxInputError(
+            f"Argument `{where}` was traced as {type_str(v)} but is {type_str(x)} now. Trace again with "
+            "`yax.make_mox` for new shapes or dtypes, or cast the argument."
+        )
+    return x
 
 
 def unflatten_outputs(mox: Mox, flat_out: Sequence[Any]) -> Any:
-    n = len(mox.dyn_out) + len(mox.out_static)
-    leaves: list[Any] = [None] * n
-    for i, x in zip(mox.dyn_out, flat_out):
-        leaves[i] = x
-    for i, x in mox.out_static:
-        leaves[i] = x
-    return jax.tree_util.tree_unflatten(mox.out_tree, leaves)
+    return mox.sig.results(flat_out)
 
 
 def eval_mox(mox: Mox, *args: Any, **kwargs: Any) -> Any:
@@ -197,7 +187,7 @@ def eval_mox(mox: Mox, *args: Any, **kwargs: Any) -> Any:
       >>> yax.eval_mox(mox, jnp.zeros(3), 2.0)["s"]
       Array([0., 0., 0.], dtype=float32)
     """
-    if not isinstance(mox, Mox) or mox.kind != "root":
+    if not isinstance(mox, Mox) or mox.kind != Kind.ROOT:
         what = f"a `{mox.kind}` node" if isinstance(mox, Mox) else f"a `{type(mox).__name__}`"
         raise YaxInputError(
             f"`eval_mox` expected the root MoX returned by `yax.make_mox(fn)(...)`, but got {what}. "
@@ -219,7 +209,7 @@ def to_function(mox: Mox) -> Any:
       >>> exp.call(jnp.zeros(3))
       Array([0., 0., 0.], dtype=float32)
     """
-    if not isinstance(mox, Mox) or mox.kind != "root":
+    if not isinstance(mox, Mox) or mox.kind != Kind.ROOT:
         raise YaxInputError("`to_function` expected the root MoX returned by `yax.make_mox` or `yax.sub`.")
 
     def f(*args: Any, **kwargs: Any) -> Any:

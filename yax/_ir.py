@@ -30,18 +30,33 @@ Nodes are immutable: rewrites build new nodes (`dataclasses.replace`).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
-__all__ = ["Symbol", "Var", "Literal", "Equation", "Mox", "CALL_KINDS", "FN_KINDS", "holds_mox"]
+__all__ = ["Symbol", "Var", "Literal", "Equation", "Mox", "Kind", "CALL_KINDS", "FN_KINDS", "Packing",
+           "Signature", "ModuleInfo", "holds_mox"]
+
+
+class Kind(enum.StrEnum):
+    """What a `Mox` node stands for (its ``kind``; equal to the plain strings)."""
+
+    ROOT = "root"                  #: the traced function itself
+    JAXPR = "jaxpr"                #: a computation nested in an equation (a scan body)
+    MODULE_CALL = "module_call"    #: one call of a module method
+    METHOD_CALL = "method_call"    #: a helper method called on the enclosing call's module
+    ACTIVATION = "activation"      #: a call of a standard activation function
+    FUNCTION = "function"          #: a call of a plain function put in by a rewrite
+
 
 #: Kinds of Mox node that stand for a call in the user's program.
-CALL_KINDS = ("module_call", "method_call", "activation", "function")
+CALL_KINDS = (Kind.MODULE_CALL, Kind.METHOD_CALL, Kind.ACTIVATION, Kind.FUNCTION)
 #: Call kinds that stand for a plain function rather than a module.
-FN_KINDS = ("activation", "function")
+FN_KINDS = (Kind.ACTIVATION, Kind.FUNCTION)
 
 
 class Symbol:
@@ -94,6 +109,107 @@ def holds_mox(v: Any) -> bool:
     """Whether an equation parameter holds nested computations: a `Mox`, or a
     tuple of them (``cond`` branches)."""
     return isinstance(v, Mox) or (isinstance(v, tuple) and bool(v) and all(isinstance(x, Mox) for x in v))
+
+
+@dataclasses.dataclass(frozen=True)
+class Packing:
+    """How a pytree is rebuilt from the values that were traced: its treedef,
+    the indices of its traced leaves (``dyn``), the other leaves as
+    ``(index, value)`` pairs (``static``: ``train=False``, ``None``), and,
+    for arguments, each traced leaf's key path as the user writes it
+    (``"[0]['params']['Dense_0']['kernel']"``)."""
+
+    tree: Any = None
+    dyn: tuple[int, ...] = ()
+    static: tuple[tuple[int, Any], ...] = ()
+    paths: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, tree: Any, traced: Any, is_leaf: Any = None, with_paths: bool = False) -> tuple[Packing, list]:
+        """The packing of ``tree`` and its traced leaves (those ``traced`` accepts)."""
+        if with_paths:
+            flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
+            keys, leaves = [k for k, _ in flat], [x for _, x in flat]
+        else:
+            (leaves, treedef), keys = jax.tree_util.tree_flatten(tree, is_leaf=is_leaf), None
+        return cls.from_leaves(treedef, leaves, traced, keys)
+
+    @classmethod
+    def from_leaves(cls, treedef: Any, leaves: Sequence[Any], traced: Any,
+                    keys: Sequence[Any] | None = None) -> tuple[Packing, list]:
+        """The packing of flattened leaves, and the traced ones."""
+        dyn = tuple(i for i, x in enumerate(leaves) if traced(x))
+        dset = set(dyn)
+        static = tuple((i, x) for i, x in enumerate(leaves) if i not in dset)
+        paths = tuple(jax.tree_util.keystr(tuple(keys[i])) for i in dyn) if keys is not None else ()
+        return cls(treedef, dyn, static, paths), [leaves[i] for i in dyn]
+
+    @property
+    def size(self) -> int:
+        """The number of leaves, traced and static."""
+        return len(self.dyn) + len(self.static)
+
+    def unflatten(self, values: Sequence[Any]) -> Any:
+        """The pytree with ``values`` at the traced leaves (in order)."""
+        leaves: list[Any] = [None] * self.size
+        for i, x in zip(self.dyn, values):
+            leaves[i] = x
+        for i, x in self.static:
+            leaves[i] = x
+        return jax.tree_util.tree_unflatten(self.tree, leaves)
+
+    def leaf_paths(self) -> list[str]:
+        """The key path of every leaf (``[0]['params']``), traced or not."""
+        marks = jax.tree_util.tree_unflatten(self.tree, list(range(self.size)))
+        return [jax.tree_util.keystr(kp) for kp, _ in jax.tree_util.tree_flatten_with_path(marks)[0]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    """How a call (or the root) is called: the packing of its ``(args,
+    kwargs)`` and of its result. ``args(values)`` and ``results(values)``
+    rebuild them from the traced values."""
+
+    ins: Packing = Packing()
+    outs: Packing = Packing()
+
+    def args(self, values: Sequence[Any]) -> tuple[tuple, dict]:
+        """``(args, kwargs)`` with ``values`` at the traced leaves."""
+        return self.ins.unflatten(values)
+
+    def results(self, values: Sequence[Any]) -> Any:
+        """The result pytree with ``values`` at the traced leaves."""
+        return self.outs.unflatten(values)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleInfo:
+    """What a call node knows of the module (or function) it called.
+
+    Attributes:
+      type: the module class (``None`` for activations and functions).
+      method: the method name (``"__call__"``; the function name for activations).
+      attrs: the module's fields (``features=10``), or an activation's keyword arguments.
+      defaults: the fields' default values (so printers show what differs).
+      num_params: parameters the module owns (the size of its ``params``).
+      var_tree: its variables as a pytree of ``jax.ShapeDtypeStruct``.
+      scope: where its variables live: its path in the linen variables dict,
+        or its attribute path in an nnx model.
+      frontend: the name of the module system (``"linen"``, ``"nnx"``).
+    """
+
+    type: type | None = None
+    method: str | None = None
+    attrs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    num_params: int = 0
+    var_tree: Any = None
+    scope: tuple[str, ...] | None = None
+    frontend: str | None = None
+
+
+_NO_INFO = ModuleInfo()
+_NO_SIG = Signature()
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -171,20 +287,18 @@ class Mox:
       constvars / consts: closed-over constants (root and ``"jaxpr"`` nodes).
       path: ``Model/Block_3/Dense_0``; ``name``: its last component (the
         function name for activations).
-      module_type: the Flax module class (``None`` for other kinds).
-      method: the method name (``"__call__"``).
-      attrs: the module's dataclass fields (``features=10``), or the keyword
-        arguments of an activation call.
-      num_params: parameters owned by the module (size of its ``params``).
-      var_tree: the module's variables as a pytree of ``jax.ShapeDtypeStruct``.
-      in_tree / out_tree: treedefs of ``(args, kwargs)`` and of the result;
-        leaves that were not traced (Python scalars, strings) are kept in
-        ``in_static`` / ``out_static`` as ``(leaf_index, value)`` pairs.
-      dyn_in / dyn_out: indices of the traced leaves in those treedefs.
-      scope: where the module's variables live: its path in the linen
-        variables dict, or its attribute path in an nnx model.
-      graphdef: on a root traced from an ``nnx.Module``, the ``nnx.GraphDef``
-        that ``nnx.merge(graphdef, state)`` rebuilds the model with.
+      info: what the call knows of its module (`ModuleInfo`: type, method,
+        fields, parameter count, variables, scope); read through the short
+        names ``module_type``, ``method``, ``attrs``, ``num_params``,
+        ``var_tree`` and ``scope``.
+      sig: how it is called (`Signature`: the packing of ``(args, kwargs)``
+        and of the result); read through ``in_tree``/``out_tree``,
+        ``in_static``/``out_static`` (untraced leaves as ``(index, value)``),
+        ``dyn_in``/``dyn_out`` (indices of traced leaves) and ``in_paths``.
+      frontend: on a root, the name of the frontend that traced it
+        (``"linen"``, ``"nnx"``, ``"function"``).
+      origin: on a root, what that frontend keeps to rebuild the traced
+        object (for nnx, the ``nnx.GraphDef``, also as ``graphdef``).
     """
 
     kind: str
@@ -197,21 +311,28 @@ class Mox:
     consts: tuple[Any, ...] = ()
     path: str = ""
     name: str = ""
-    module_type: type | None = None
-    method: str | None = None
-    attrs: dict[str, Any] = dataclasses.field(default_factory=dict)
-    num_params: int = 0
-    var_tree: Any = None
-    in_tree: Any = None
-    out_tree: Any = None
-    in_static: tuple[tuple[int, Any], ...] = ()
-    out_static: tuple[tuple[int, Any], ...] = ()
-    dyn_in: tuple[int, ...] = ()
-    dyn_out: tuple[int, ...] = ()
-    in_paths: tuple[str, ...] = ()
-    scope: tuple[str, ...] | None = None
+    info: ModuleInfo = _NO_INFO
+    sig: Signature = _NO_SIG
     ephemeral: bool | None = None
-    graphdef: Any = None
+    frontend: str | None = None
+    origin: Any = None
+
+    # -- module facts and call signature, by their short names ---------------
+    module_type = property(lambda self: self.info.type, doc="The module class (``None`` for other kinds).")
+    method = property(lambda self: self.info.method, doc="The method name (``\"__call__\"``).")
+    attrs = property(lambda self: self.info.attrs, doc="The module's fields, or an activation's keywords.")
+    num_params = property(lambda self: self.info.num_params, doc="Parameters owned by the module.")
+    var_tree = property(lambda self: self.info.var_tree, doc="The module's variables, abstract.")
+    scope = property(lambda self: self.info.scope, doc="Where the module's variables live.")
+    in_tree = property(lambda self: self.sig.ins.tree, doc="The treedef of ``(args, kwargs)``.")
+    out_tree = property(lambda self: self.sig.outs.tree, doc="The treedef of the result.")
+    in_static = property(lambda self: self.sig.ins.static, doc="Untraced argument leaves, ``(index, value)``.")
+    out_static = property(lambda self: self.sig.outs.static, doc="Untraced result leaves, ``(index, value)``.")
+    dyn_in = property(lambda self: self.sig.ins.dyn, doc="Indices of the traced argument leaves.")
+    dyn_out = property(lambda self: self.sig.outs.dyn, doc="Indices of the traced result leaves.")
+    in_paths = property(lambda self: self.sig.ins.paths, doc="Key paths of the traced argument leaves.")
+    graphdef = property(lambda self: self.origin,
+                        doc="On a root traced from an ``nnx.Module``: the ``nnx.GraphDef`` (the frontend's origin).")
 
     # -- identity ---------------------------------------------------------
     @property
@@ -220,7 +341,7 @@ class Mox:
         jaxprs, and nodes created by a rewrite."""
         if self.ephemeral is not None:
             return self.ephemeral
-        return self.kind in ("root", "jaxpr")
+        return self.kind in (Kind.ROOT, Kind.JAXPR)
 
     @property
     def type(self) -> str:
@@ -309,7 +430,7 @@ class Mox:
         return pprint(self)
 
     def __repr__(self) -> str:
-        label = self.path or self.kind
+        label = self.path or str(self.kind)
         return f"Mox({self.kind}, {label!r}, children={len(self.children)})"
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:

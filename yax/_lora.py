@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from ._ir import Mox
-from ._sub import sub
 from .errors import YaxRewriteError
+from .rewrite import sub
 
 
 class LoRA(nn.Module):

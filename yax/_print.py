@@ -7,15 +7,13 @@ deterministic: memory addresses are scrubbed from parameter reprs.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import inspect
 import re
 from typing import Any
 
 import numpy as np
 
-from ._ir import FN_KINDS, Equation, Literal, Mox, Symbol, Var, holds_mox
+from ._ir import FN_KINDS, Equation, Kind, Literal, Mox, Symbol, Var, holds_mox
 
 _ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -112,11 +110,7 @@ def key_attrs(node: Mox) -> dict[str, Any]:
     """The module fields that differ from their defaults: the ones worth showing."""
     if node.module_type is None:
         return dict(node.attrs)
-    if dataclasses.is_dataclass(node.module_type):
-        defaults = {f.name: f.default for f in dataclasses.fields(node.module_type)
-                    if f.default is not dataclasses.MISSING}
-    else:  # an nnx module: the defaults of its constructor's parameters
-        defaults = _init_defaults(node.module_type)
+    defaults = node.info.defaults
     out = {}
     for k, v in node.attrs.items():
         if k in defaults:
@@ -128,15 +122,6 @@ def key_attrs(node: Mox) -> dict[str, Any]:
                 pass
         out[k] = v
     return out
-
-
-@functools.cache
-def _init_defaults(cls: type) -> dict[str, Any]:
-    try:
-        params = inspect.signature(cls.__init__).parameters.values()
-    except (TypeError, ValueError):
-        return {}
-    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
 
 
 def call_header(node: Mox) -> str:
@@ -210,7 +195,7 @@ def pprint(mox: Mox) -> str:
         in (c) }
     """
     p = _Printer()
-    if mox.kind in ("root", "jaxpr"):
+    if mox.kind in (Kind.ROOT, Kind.JAXPR):
         p.block(mox, 0)
     else:
         p.child(mox, 0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ._ir import CALL_KINDS, Equation, Mox
+from ._ir import CALL_KINDS, Equation, Kind, Mox
 from ._print import type_str
 
 
@@ -73,11 +73,11 @@ def summary(mox: Mox) -> str:
                 node.type + (f"·{node.method}" if node.method not in (None, "__call__", node.name) else ""),
                 " ".join(type_str(a) for a in node.inputs),
                 " ".join(type_str(a) for a in node.outputs),
-                f"{node.num_params:,}".replace(",", "_") if node.kind == "module_call" else "",
+                f"{node.num_params:,}".replace(",", "_") if node.kind == Kind.MODULE_CALL else "",
                 (f"{f:,}".replace(",", "_") + (f" ×{mult}" if mult > 1 else "")) if f else "",
             )
         )
-    top = [n for d, n, _ in rows if d == 0 and n.kind == "module_call"]
+    top = [n for d, n, _ in rows if d == 0 and n.kind == Kind.MODULE_CALL]
     table.append(("total", "", "", "", f"{sum(n.num_params for n in top):,}".replace(",", "_"),
                   f"{flops(mox):,}".replace(",", "_")))
     widths = [max(len(r[i]) for r in table) for i in range(6)]

@@ -21,7 +21,7 @@ from typing import Any
 
 from lxml import etree
 
-from ._ir import CALL_KINDS, FN_KINDS, Equation, Mox
+from ._ir import CALL_KINDS, FN_KINDS, Equation, Kind, Mox
 from ._print import dtype_str, pprint, shown_params, type_str, value_str
 from .errors import YaxQueryError
 
@@ -89,7 +89,7 @@ def build_view(mox: Mox) -> View:
                 if t is not None and _NAME_OK.match(k) and k not in el.attrib:
                     el.set(k, t)
             for k, sub in node.subs:
-                add(el, sub, "jaxpr", k, texted)
+                add(el, sub, Kind.JAXPR, k, texted)
             return el
         el.set("primitive", node.kind)
         el.set("name", node.name or node.kind)
@@ -111,7 +111,7 @@ def build_view(mox: Mox) -> View:
             isinstance(n, Mox) and n.kind in CALL_KINDS for n in node.walk() if n is not node
         ):
             # the outermost leaf computation: its jaxpr text shows the dataflow elements leave out
-            text = pprint(node) if node.kind in ("root", "jaxpr") else pprint(node).split("\n", 1)[1]
+            text = pprint(node) if node.kind in (Kind.ROOT, Kind.JAXPR) else pprint(node).split("\n", 1)[1]
             el.append(etree.Comment("\n" + textwrap.dedent(text).replace("--", "- -").rstrip("-") + "\n"))
             texted = True
         for c in node.children:
@@ -121,7 +121,7 @@ def build_view(mox: Mox) -> View:
                 add(el, c, c.kind, texted=texted)
         return el
 
-    root = add(None, mox, "mox" if mox.kind == "root" else mox.kind)
+    root = add(None, mox, "mox" if mox.kind == Kind.ROOT else mox.kind)
     return View(etree.ElementTree(root), nodes)
 
 

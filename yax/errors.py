@@ -44,7 +44,18 @@ class YaxQueryError(YaxError):
 
 
 class YaxRewriteError(YaxError):
-    """A rewrite was refused; the original MoX and parameters are unchanged."""
+    """A rewrite was refused; the original MoX and parameters are unchanged.
+
+    The message says which node, which input or output, what was expected
+    and what was found, and ends with "Nothing was changed." (added here,
+    once, for every refusal).
+    """
+
+    def __init__(self, message: str = "", *args: object):
+        message = message.rstrip()
+        if not message.endswith("Nothing was changed."):
+            message = f"{message} Nothing was changed." if message else "Nothing was changed."
+        super().__init__(message, *args)
 
 
 class YaxXMLError(YaxError):
@@ -62,3 +73,65 @@ class YaxRenderError(YaxError):
 class YaxDependencyError(YaxError, ImportError):
     """An optional dependency is missing: a package from one of yax's extras,
     or a program such as Graphviz's ``dot``. The message says how to get it."""
+
+
+# -- constructors of recurring messages ----------------------------------------------
+
+def arg_name(keypath: tuple) -> str:
+    """An argument as the user writes it: ``args[1]['params']``, ``kwargs['train']``
+    (from a key path into ``(args, kwargs)``)."""
+    import jax
+
+    if not keypath:
+        return "the arguments"
+    head = getattr(keypath[0], "idx", None)
+    rest = jax.tree_util.keystr(tuple(keypath[2:]))
+    if head == 1 and len(keypath) > 1:
+        return f"kwargs[{getattr(keypath[1], 'key', keypath[1])!r}]{rest}"
+    if len(keypath) > 1:
+        return f"args[{getattr(keypath[1], 'idx', keypath[1])}]{rest}"
+    return "args" if head == 0 else "kwargs"
+
+
+def where(node: object) -> str:
+    """``the module_call `Dense_0` at `Model/Dense_0```: a node, for messages."""
+    kind = getattr(node, "kind", None) or "equation"
+    return f"the {kind} `{getattr(node, 'name', '?')}` at `{getattr(node, 'path', '') or 'the root'}`"
+
+
+def not_traceable(what: str, node: object, inputs: str, e: BaseException, how: str) -> YaxRewriteError:
+    return YaxRewriteError(
+        f"The replacement `{what}` for {where(node)} could not be traced on the node's inputs ({inputs}): "
+        f"{type(e).__name__}: {e}\n{how}"
+    )
+
+
+def does_not_fit(what: str, node: object, i: int, found: str, expected: str, hint: str = "") -> YaxRewriteError:
+    return YaxRewriteError(
+        f"The replacement `{what}` for {where(node)} does not fit: its output {i} is {found} but the "
+        f"node's is {expected}. {hint}".rstrip()
+    )
+
+
+def wrong_count(what: str, node: object, verb: str, n: int, m: int, types: str) -> YaxRewriteError:
+    """``verb`` is ``"takes … array inputs"`` or ``"returns … arrays"``."""
+    noun = "array inputs" if verb == "takes" else "arrays"
+    has = "has" if verb == "takes" else "returns"
+    return YaxRewriteError(
+        f"The replacement `{what}` for {where(node)} {verb} {n} {noun}, but the node {has} {m} ({types})."
+    )
+
+
+def shared_variables(scope: str) -> YaxRewriteError:
+    return YaxRewriteError(
+        f"Two calls of the module at `{scope}` were given replacements with different variables; calls of "
+        "one module share its variables, so give them the same one."
+    )
+
+
+def dangling(where_: str) -> YaxRewriteError:
+    return YaxRewriteError(
+        f"After the rewrite, {where_} would read a value that no longer exists: most likely a variable of a "
+        "replaced module that this call shares (another method of the module, or another call of it). "
+        "Replace all calls of that module together, or keep variables with the same names and shapes."
+    )

@@ -1,0 +1,137 @@
+"""Call markers and the recorder: how module boundaries get into a jaxpr.
+
+`jax.make_jaxpr` records equations in the order Python binds them, so the
+equations a module method ran are exactly those bound between its start and
+its end. While tracing, a frontend's hook (a Flax interceptor, wrapped nnx
+methods, a wrapped activation) runs each call through `marked_call`, which
+passes every traced array going in and coming out through
+``jax.lax.optimization_barrier`` inside ``jax.named_scope("yax_in_17")`` /
+``("yax_out_17")``. These *markers* are ordinary public primitives: they have
+batching, differentiation and checkpointing rules, so they survive lifted
+transforms (``nn.scan``, ``nnx.vmap``, remat, jit), landing inside the nested
+jaxprs where the calls really happened. `_build` turns each marker pair into
+a call node and drops the markers, so the evaluated computation is the
+original one, op for op.
+
+Metadata a jaxpr cannot hold (module type, path, fields, parameter counts) is
+recorded in a table keyed by the marker id. Bodies traced more than once
+(``nn.scan`` traces for shapes first) leave calls whose markers never reach
+the final jaxpr: they are simply never looked up.
+
+This module knows no module system: frontends (`yax.frontends`) call
+`marked_call` with what they know, and `recording` installs their hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from ._ir import Kind, ModuleInfo, Packing, Signature
+from .errors import YaxTraceError
+
+MARKER_RE = re.compile(r"yax_(in|out)_(\d+)")
+
+
+@dataclasses.dataclass
+class CallInfo:
+    """What a hook learned about one call; completed when the call returns."""
+
+    kind: Kind
+    path: str
+    name: str
+    info: ModuleInfo = ModuleInfo()
+    sig: Signature = Signature()
+    module: Any = dataclasses.field(default=None, repr=False)  # the module object, while it runs
+
+
+class Recorder:
+    """Collects `CallInfo` for the markers placed during one trace."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, CallInfo] = {}
+        self._ids = itertools.count()
+        self.stack: list[tuple[int, Any]] = []  # (call id, module or None)
+        self.root_name: str | None = None
+        #: per-frontend state for this trace, by frontend name (nnx's stamps)
+        self.scratch: dict[str, Any] = {}
+
+    def parent_path(self) -> str:
+        """The path of the innermost running call (the root's name outside any)."""
+        return self.calls[self.stack[-1][0]].path if self.stack else (self.root_name or "")
+
+
+_local = threading.local()
+
+
+def recorder() -> Recorder | None:
+    """The recorder of the trace running in this thread, if any."""
+    return getattr(_local, "recorder", None)
+
+
+def is_traced(x: Any) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _mark(tag: str, leaves: list[Any], idx: tuple[int, ...]) -> None:
+    """Pass ``leaves[i]`` for ``i in idx`` through a named barrier, in place.
+
+    A call with no traced values still gets a (dummy) barrier so that its start
+    and end can be found in the jaxpr.
+    """
+    vals = [leaves[i] for i in idx] or [np.int8(0)]
+    with jax.named_scope(tag):
+        out = jax.lax.optimization_barrier(vals)
+    for i, v in zip(idx, out):
+        leaves[i] = v
+
+
+def marked_call(call: CallInfo, fn: Callable, args: tuple, kwargs: dict,
+                is_leaf: Callable | None = None) -> Any:
+    """Run ``fn(*args, **kwargs)`` between markers, recording ``call``.
+    ``is_leaf`` keeps objects whole (nnx modules and variables)."""
+    rec = recorder()
+    cid = next(rec._ids)
+    leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_leaf)
+    ins, _ = Packing.from_leaves(treedef, leaves, is_traced)
+    _mark(f"yax_in_{cid}", leaves, ins.dyn)
+    args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+    rec.calls[cid] = call
+    rec.stack.append((cid, call.module))
+    try:
+        out = fn(*args, **kwargs)
+    finally:
+        rec.stack.pop()
+    leaves, treedef = jax.tree_util.tree_flatten(out, is_leaf=is_leaf)
+    outs, _ = Packing.from_leaves(treedef, leaves, is_traced)
+    call.sig = Signature(ins, outs)
+    _mark(f"yax_out_{cid}", leaves, outs.dyn)
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+@contextlib.contextmanager
+def recording(hooks: list[Callable[[Recorder], Any]]):
+    """Install a fresh recorder and each frontend's trace hooks (context
+    manager factories taking the recorder) for one trace."""
+    if recorder() is not None:
+        raise YaxTraceError(
+            "`make_mox` was called while another `make_mox` trace was running in this thread. "
+            "Nested tracing is not supported; trace the inner function separately."
+        )
+    rec = Recorder()
+    _local.recorder = rec
+    try:
+        with contextlib.ExitStack() as stack:
+            for hook in hooks:
+                stack.enter_context(hook(rec))
+            yield rec
+    finally:
+        _local.recorder = None

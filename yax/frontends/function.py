@@ -1,0 +1,36 @@
+"""The plain-function frontend: any JAX function (``lambda x: jnp.sin(x)``,
+a Hugging Face wrapper's ``__call__``) traced as it is.
+
+Written through the recipe in docs/architecture.md ("how to add a
+frontend"): it has no modules, so it only says what it accepts (any
+callable, last of all frontends), traces a bare activation as an
+``activation`` node, and installs the one hook plain JAX code needs: the
+public activation names (``jax.nn.gelu``) pointed at their marking wrappers.
+Variables of the modules such a function calls are placed by their own
+frontend (`yax.frontends.variables`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .. import _activations
+from . import Frontend
+
+
+class FunctionFrontend(Frontend):
+    name = "function"
+    order = 100  # accepts every callable: asked last
+
+    def hooks(self, rec: Any) -> Any:
+        return _activations.patched_names(rec)
+
+    def accepts(self, fn: Any) -> bool:
+        return callable(fn)
+
+    def prepare(self, fn: Any, args: tuple, kwargs: dict) -> tuple[Callable, tuple, dict, Any]:
+        return _activations.marking(fn), args, kwargs, None  # a bare activation is a node too
+
+
+frontend = FunctionFrontend()

@@ -1,0 +1,82 @@
+"""The flax.nnx frontend: tracing in `._trace`, the state layout of rewrites
+and `replace_modules` in `._state`.
+
+``make_mox(model)`` traces the pure function
+``(state, *args, **kwargs) -> (out, new_state)`` with
+``graphdef, state = nnx.split(model)``; the root keeps the graphdef as its
+origin (``mox.graphdef``). Variables live in that state, at the module's
+attribute path.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..._ir import Mox
+from .. import Frontend
+from ._base import NAME, flax_nnx, is_module
+from ._state import StateVariables, replace_modules
+from ._trace import init_defaults, module_target, patched_methods
+
+__all__ = ["frontend", "replace_modules"]
+
+
+def _shape_of(x: Any) -> Any:
+    """Trace the model's state abstractly, whatever its leaves are."""
+    return jax.ShapeDtypeStruct(np.shape(x), x.dtype) if hasattr(x, "dtype") else x
+
+
+def _module_and_method(fn: Any) -> tuple[Any, str]:
+    return (fn.__self__, fn.__name__) if inspect.ismethod(fn) else (fn, "__call__")
+
+
+class NnxFrontend(Frontend):
+    name = NAME
+    order = 10
+
+    def hooks(self, rec: Any) -> Any:
+        return patched_methods(rec)
+
+    def accepts(self, fn: Any) -> bool:
+        return is_module(fn) or (inspect.ismethod(fn) and is_module(fn.__self__))
+
+    def prepare(self, fn: Any, args: tuple, kwargs: dict) -> tuple[Callable, tuple, dict, Any]:
+        pure, graphdef, state = module_target(*_module_and_method(fn))
+        return pure, (jax.tree_util.tree_map(_shape_of, state), *args), kwargs, graphdef
+
+    def arguments(self, fn: Any, args: tuple) -> tuple:
+        return (flax_nnx().state(_module_and_method(fn)[0]), *args)
+
+    def defaults(self, cls: type) -> dict[str, Any]:
+        return init_defaults(cls)
+
+    def owns(self, x: Any) -> bool:
+        return is_module(x)
+
+    def trace_replacement(self, module: Any, avals: list) -> tuple[Mox, Any, int]:
+        from ..._trace import make_mox
+
+        _, r_state = flax_nnx().split(module)
+        return make_mox(module)(*avals), r_state, len(jax.tree_util.tree_leaves(r_state))
+
+    def variables(self, mox: Mox, params: Any) -> Any:
+        return StateVariables(mox, params) if mox.frontend == self.name else None
+
+    def params_argument(self, mox: Mox, args: tuple) -> Any:
+        return args[0] if mox.frontend == self.name and args else None
+
+    def compared(self, mox: Mox) -> list[int]:
+        """Those of ``out`` in ``(out, new_state)``: the states of a model and
+        its rewrite hold different variables."""
+        outs = mox.sig.outs
+        first, _ = jax.tree_util.tree_unflatten(outs.tree, list(range(outs.size)))
+        mine = set(jax.tree_util.tree_leaves(first))
+        return [j for j, i in enumerate(outs.dyn) if i in mine]
+
+
+frontend = NnxFrontend()

@@ -1,0 +1,384 @@
+"""Rewriting flax.nnx models: the state layout `sub` places variables in,
+and `replace_modules`, query-driven surgery on the live module object.
+
+An nnx MoX (from ``yax.make_mox(model)``) computes
+``(state, *args) -> (out, new_state)``. A replacement nnx module is traced
+on the node's input avals with ``make_mox(replacement)`` (by the engine,
+through `NnxFrontend.trace_replacement`); its variables take the replaced
+module's place in the state, at the module's attribute path. Leaves with the
+same name, variable type, shape and dtype as the old module's keep their
+values (``nnx.LoRALinear`` keeps ``kernel`` and ``bias``); new leaves take
+the replacement's own values (nnx modules are initialised when built, so no
+key is needed). The new graphdef is the old model with the replacement set at
+every attribute that held the old module, so
+``nnx.merge(new_mox.graphdef, new_state)`` is the rewritten model.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from ... import errors
+from ..._ir import Kind, Mox, Packing, Var
+from ..._print import type_str
+from ...errors import YaxRewriteError, where
+from ._base import NAME, flax_nnx, is_module, is_module_type
+
+
+def _key(k: Any) -> str:
+    return str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+
+
+def flat_state(state: Any) -> list[tuple[tuple[str, ...], type, Any]]:
+    """``(path, variable type, leaf)`` for every leaf of an nnx state, in
+    flattening order; ``path`` is the attribute path plus the variable name."""
+    nnx = flax_nnx()
+    leaves = jax.tree_util.tree_leaves(state)
+    holders = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda x: isinstance(x, nnx.Variable))[0]
+    if len(holders) != len(leaves):
+        raise YaxRewriteError("An nnx state whose variables hold several arrays each is not supported.")
+    return [(tuple(_key(k) for k in kp), type(v), x) for (kp, v), x in zip(holders, leaves)]
+
+
+def _get(module: Any, scope: Sequence[str]) -> Any:
+    for k in scope:
+        module = getattr(module, k)
+    return module
+
+
+def _references(root: Any) -> dict[int, list[tuple[Any, str]]]:
+    """``id(object) -> [(holder, attribute)]`` for every nnx object in ``root``'s
+    graph: a module shared by two attributes is replaced at both."""
+    nnx = flax_nnx()
+    refs: dict[int, list[tuple[Any, str]]] = {}
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        for k, v in vars(node).items():
+            if isinstance(v, nnx.Pytree):
+                refs.setdefault(id(v), []).append((node, k))
+                todo.append(v)
+    return refs
+
+
+def _swap_in(root: Any, old: Any, new: Any, refs: dict) -> None:
+    if old is root:
+        raise YaxRewriteError("The pattern matched the model itself; replace the model instead.")
+    for holder, k in refs.get(id(old), []):
+        setattr(holder, k, new)
+
+
+def _what(x: Any) -> str:
+    return type(x).__name__
+
+
+# -- replace_modules ----------------------------------------------------------------------
+
+def _check_fits(new: Any, node: Mox) -> None:
+    """``new`` called like ``node`` was (same method, arguments) returns arrays
+    of the node's output shapes and dtypes: checked with ``nnx.eval_shape``."""
+    nnx = flax_nnx()
+    method = node.method or "__call__"
+    if not callable(getattr(new, method, None)):
+        raise YaxRewriteError(
+            f"The replacement `{_what(new)}` for {where(node)} has no method `{method}`, which the model "
+            "calls. Give a module with that method, or replace only the calls of `__call__`."
+        )
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in node.inputs]
+
+    def call(m: Any, *dyn: Any) -> Any:
+        a, k = node.sig.args(dyn)
+        return getattr(m, method)(*a, **k)
+
+    try:
+        out = nnx.eval_shape(call, nnx.clone(new), *avals)
+    except Exception as e:
+        raise YaxRewriteError(
+            f"The replacement `{_what(new)}` for {where(node)} could not be called the way the model calls "
+            f"it (inputs {' '.join(map(type_str, node.inputs))}): {type(e).__name__}: {e}"
+        ) from None
+    got = [x for x in jax.tree_util.tree_leaves(out, is_leaf=lambda x: isinstance(x, nnx.Pytree))
+           if isinstance(x, jax.ShapeDtypeStruct)]
+    want = node.outputs
+    if len(got) != len(want):
+        raise YaxRewriteError(
+            f"The replacement `{_what(new)}` for {where(node)} returns {len(got)} arrays, but the node returns "
+            f"{len(want)} ({' '.join(map(type_str, want))})."
+        )
+    for i, (a, b) in enumerate(zip(got, want)):
+        if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
+            raise YaxRewriteError(
+                f"The replacement `{_what(new)}` for {where(node)} does not fit: its output {i} is "
+                f"{type_str(a)} but the node's is {type_str(b)}."
+            )
+
+
+def _stacked(node: Mox, module: Any) -> bool:
+    """Whether the live module holds more than the call saw: layers stacked by
+    ``nnx.vmap`` and run by ``nnx.scan`` (one slice per step)."""
+    live = [np.shape(x) for x in jax.tree_util.tree_leaves(flax_nnx().state(module))]
+    seen = [tuple(a.shape) for a in jax.tree_util.tree_leaves(node.var_tree)]
+    return live != seen
+
+
+def _module_calls(targets: list[Any]) -> None:
+    for n in targets:
+        if not isinstance(n, Mox) or n.kind != Kind.MODULE_CALL or not is_module_type(n.module_type):
+            raise YaxRewriteError(
+                f"`replace_modules` replaces nnx modules, but the pattern matched {where(n)}. Narrow the "
+                "pattern to `//module_call[...]`, or rewrite activations and equations of the MoX with `yax.sub`."
+            )
+
+
+def replace_modules(model: Any, pattern: Any, repl: Any, *args: Any, **kwargs: Any) -> Any:
+    """A copy of the nnx ``model`` with the modules ``pattern`` selects replaced:
+    query-driven surgery on the live object, never in place.
+
+    The model is traced on ``*args, **kwargs`` (abstractly, like
+    `make_mox`), the XPath ``pattern`` selects module calls, and each module
+    they call is replaced in a clone of ``model`` (``nnx.clone``) by setting
+    every attribute that holds it, the way hand-written nnx surgery does.
+
+    Args:
+      model: an ``nnx.Module``; it is not changed.
+      pattern: an XPath string selecting ``module_call`` nodes (or a list of them).
+      repl: an ``nnx.Module`` (each match gets its own ``nnx.clone``), or a
+        factory ``f(path, module)`` called once per matched module with its
+        path (``"Model/blocks/0/fc1"``) and the module in the copy; it returns
+        the new module, or ``module`` itself to keep it.
+      *args, **kwargs: example inputs, as for ``model(*args, **kwargs)``.
+
+    Returns:
+      The modified copy of ``model``.
+
+    Raises:
+      YaxRewriteError: a replacement does not fit a call of the module it
+        replaces (checked with ``nnx.eval_shape`` before anything changes),
+        the pattern selects something other than module calls, or a module
+        lives in layers stacked by ``nnx.vmap``/``nnx.scan``.
+
+    Example:
+      >>> import jax.numpy as jnp, yax
+      >>> from flax import nnx
+      >>> model = nnx.Sequential(nnx.Linear(3, 4, rngs=nnx.Rngs(0)), nnx.relu)
+      >>> lora = yax.replace_modules(model, '//module_call[@type="Linear"]',
+      ...     lambda path, m: nnx.LoRALinear(3, 4, lora_rank=2, rngs=nnx.Rngs(1)), jnp.ones((1, 3)))
+      >>> type(lora.layers[0]).__name__, type(model.layers[0]).__name__
+      ('LoRALinear', 'Linear')
+    """
+    from ..._trace import make_mox
+    from ...rewrite.select import locate, matches
+
+    nnx = flax_nnx()
+    if not is_module(model):
+        raise YaxRewriteError(
+            f"`replace_modules` works on an `nnx.Module`, but got a `{_what(model)}`. "
+            "For linen models and functions, rewrite the MoX with `yax.sub`."
+        )
+    if not (is_module(repl) or callable(repl)):
+        raise YaxRewriteError(
+            f"A replacement must be an `nnx.Module` or a factory `f(path, module)`, but got a `{_what(repl)}`."
+        )
+    mox = make_mox(model)(*args, **kwargs)
+    targets, _ = locate(mox, matches(pattern, mox))
+    _module_calls(targets)
+    copy = nnx.clone(model)
+    plan = _surgery_plan(mox, targets, copy, repl)
+    refs = _references(copy)
+    for old, new in plan:
+        _swap_in(copy, old, new, refs)
+    return copy
+
+
+def _surgery_plan(mox: Mox, targets: list[Mox], copy: Any, repl: Any) -> list[tuple[Any, Any]]:
+    """``(old module, new module)`` in ``copy`` for each matched module, checked against all its calls."""
+    nnx = flax_nnx()
+    calls: dict[tuple[str, ...], list[Mox]] = {}
+    for n in mox.modules():
+        if n.kind == Kind.MODULE_CALL and n.scope is not None:
+            calls.setdefault(n.scope, []).append(n)
+    plan: list[tuple[Any, Any]] = []
+    done: set[tuple[str, ...]] = set()
+    for n in targets:
+        if n.scope in done:
+            continue
+        done.add(n.scope)
+        old = _get(copy, n.scope)
+        if _stacked(n, old):
+            raise YaxRewriteError(
+                f"{where(n).capitalize()} runs inside a transform over stacked layers (`nnx.scan` or "
+                "`nnx.vmap`): the module there holds every layer's variables at once. Replace it by "
+                "rebuilding the stack (e.g. with `nnx.vmap` of a factory), not per layer."
+            )
+        new = nnx.clone(repl) if is_module(repl) else repl(n.path, old)
+        if new is old:
+            continue
+        if not is_module(new):
+            raise YaxRewriteError(
+                f"The factory returned a `{_what(new)}` for {where(n)}; it must return an `nnx.Module` "
+                "(or the module it was given, to keep it)."
+            )
+        for call in calls.get(n.scope, [n]):  # every call of the module, matched or not
+            _check_fits(new, call)
+        plan.append((old, new))
+    return plan
+
+
+# -- sub: the state layout -------------------------------------------------------------
+
+def _var(x: Any) -> bool:
+    return isinstance(x, Var)
+
+
+class StateVariables:
+    """The state of an nnx root during a `sub`: where replaced modules'
+    variables go, and the new state and graphdef."""
+
+    def __init__(self, root: Mox, params: Any):
+        self.root = root
+        self.params = params
+        self.canon: dict[tuple[str, ...], dict[tuple[str, ...], Var]] = {}
+        self.kept: dict[tuple[str, ...], Any] = {}
+        self.final: dict[tuple[str, ...], Any] = {}
+        self.modules: dict[tuple[str, ...], Any] = {}
+
+    def place(self, sites: list[Any], key: Any) -> dict[int, dict[Var, Var]]:
+        """One set of variables per replaced module (calls of one module share it)."""
+        ours = [s for s in sites if s.traced.frontend == NAME]
+        for s in sites:
+            if s.traced.module is not None and s.traced.frontend != NAME:
+                raise YaxRewriteError(
+                    f"The replacement `{_what(s.traced.module)}` for {where(s.node)} is a `{s.traced.frontend}` "
+                    "module; its variables cannot live in an nnx state. Replace with an nnx module or a function."
+                )
+        if not ours:
+            return {id(s.node): {} for s in sites}
+        self._check(sites)
+        (state_vars, *_), _ = self.root.sig.args(self.root.invars)
+        old_in = {p: (t, v) for p, t, v in flat_state(state_vars)}
+        values = {p: x for p, _, x in flat_state(self.params)}
+        if set(values) != set(old_in):
+            raise YaxRewriteError(
+                "`params` is not the state the MoX was traced with: its variables are at other paths. "
+                "Pass `state` from `graphdef, state = nnx.split(model)`."
+            )
+        return {id(s.node): self._assign(s, old_in, values) for s in sites}
+
+    def _check(self, sites: list[Any]) -> None:
+        if self.params is None:
+            raise YaxRewriteError(
+                "The replacement has variables; pass `params=state` (with `graphdef, state = nnx.split(model)`) "
+                "so yax can return the new state."
+            )
+        for s in sites:
+            if s.traced.module is None:
+                raise YaxRewriteError(
+                    f"This `sub` mixes nnx module replacements with other kinds (a `{_what(s.repl)}` for "
+                    f"{where(s.node)}); do them in two `sub` calls."
+                )
+            if not isinstance(s.node, Mox) or s.node.kind != Kind.MODULE_CALL or s.node.scope is None:
+                raise YaxRewriteError(
+                    f"An nnx module can replace module calls, but the pattern matched {where(s.node)}. "
+                    "Replace activations and equations with functions."
+                )
+        # A module is one object: all its calls change together, so all must be matched.
+        matched = collections.Counter(s.node.scope for s in sites)
+        calls = collections.Counter(n.scope for n in self.root.modules()
+                                    if n.kind == Kind.MODULE_CALL and n.scope in matched)
+        for s in sites:
+            if calls[s.node.scope] != matched[s.node.scope]:
+                raise YaxRewriteError(
+                    f"The module at `{s.node.path}` is called {calls[s.node.scope]} times, but the pattern "
+                    f"matched {matched[s.node.scope]} of its calls. An nnx module is one object, so replacing "
+                    f"it changes every call; match them all (e.g. `//module_call[@path=\"{s.node.path}\"]`)."
+                )
+
+    def _assign(self, s: Any, old_in: dict, values: dict) -> dict[Var, Var]:
+        scope, t = s.node.scope, s.traced
+        paths = [p for p, _, _ in flat_state(t.var_avals)]
+        c = self.canon.get(scope)
+        if c is None:
+            c = self.canon[scope] = {}
+            self.modules[scope] = t.module
+            for (rel, typ, x), tv in zip(flat_state(t.var_avals), t.root.invars):
+                old = old_in.get(scope + rel)
+                if old is not None and old[0] is typ and old[1].shape == tv.shape and old[1].dtype == tv.dtype:
+                    c[rel], self.kept[scope + rel] = old[1], values[scope + rel]
+                else:
+                    c[rel], self.kept[scope + rel] = tv, x
+        elif list(c) != paths:
+            raise errors.shared_variables(s.node.path)
+        vm = {tv: c[rel] for rel, tv in zip(paths, t.root.invars) if c[rel] is not tv}
+        for rel, v in zip(paths, t.state_out):  # the last call's updates win
+            self.final[scope + rel] = vm.get(v, v) if isinstance(v, Var) else v
+        return vm
+
+    def finish(self, new: Mox, sites: list[Any]) -> Any:
+        if not self.canon:
+            new = keep_untouched_state(new, [s.node for s in sites])
+            return new if self.params is None else (new, self.params)
+        return self._rebuilt(new)
+
+    def _rebuilt(self, new: Mox) -> tuple[Mox, Any]:
+        """The new model: the old one with each replaced module swapped at
+        every attribute holding it; its state and the root's signature."""
+        nnx = flax_nnx()
+        model = nnx.merge(self.root.graphdef, self.params)
+        refs = _references(model)
+        for scope, r in self.modules.items():
+            _swap_in(model, _get(model, scope), nnx.clone(r), refs)
+        graphdef, shape = nnx.split(model)
+        (state_vars, *rest), kwargs = self.root.sig.args(self.root.invars)
+        out, state_out = self.root.sig.results(self.root.outvars)
+        old_in = {p: v for p, _, v in flat_state(state_vars)}
+        old_out = {p: v for p, _, v in flat_state(state_out)}
+        values = {p: x for p, _, x in flat_state(self.params)}
+        new_vals, new_in, new_out = [], [], []
+        for p, _, _ in flat_state(shape):
+            sc = next((sc for sc in self.canon if p[: len(sc)] == sc), None)
+            new_vals.append(values[p] if sc is None else self.kept[p])
+            new_in.append(old_in[p] if sc is None else self.canon[sc][p[len(sc):]])
+            new_out.append(old_out[p] if sc is None else self.final[p])
+        td = jax.tree_util.tree_structure(shape)
+        new_state = jax.tree_util.tree_unflatten(td, new_vals)
+        args = ((jax.tree_util.tree_unflatten(td, new_in), *rest), kwargs)
+        ins, invars = Packing.of(args, _var, with_paths=True)
+        outs, outvars = Packing.of((out, jax.tree_util.tree_unflatten(td, new_out)), _var)
+        new = dataclasses.replace(
+            new, invars=tuple(invars), inputs=tuple(invars), outvars=tuple(outvars), outputs=tuple(outvars),
+            sig=dataclasses.replace(new.sig, ins=ins, outs=outs), origin=graphdef,
+        )
+        return new, new_state
+
+
+def keep_untouched_state(new: Mox, replaced: Sequence[Any]) -> Mox:
+    """After functions replaced module calls of an nnx MoX: state updates the
+    old calls made (a Dropout's RNG counter, batch statistics) no longer
+    happen, so those state outputs become the state inputs, unchanged."""
+    inner: set[Var] = set()
+    for n in replaced:
+        if not isinstance(n, Mox):
+            continue
+        inner.update(a for a in n.outvars if isinstance(a, Var))
+        inner.update(v for c in n.walk() for v in c.outputs)
+    (state_in, *_), _ = new.sig.args(new.invars)
+    out, state_out = new.sig.results(new.outvars)
+    start = {p: v for p, _, v in flat_state(state_in)}
+    flat = flat_state(state_out)
+    if not any(isinstance(v, Var) and v in inner for _, _, v in flat):
+        return new
+    fixed = [start[p] if isinstance(v, Var) and v in inner else v for p, _, v in flat]
+    td = jax.tree_util.tree_structure(state_out)
+    outs, outvars = Packing.of((out, jax.tree_util.tree_unflatten(td, fixed)), _var)
+    return dataclasses.replace(new, outvars=tuple(outvars), outputs=tuple(outvars),
+                               sig=dataclasses.replace(new.sig, outs=outs))

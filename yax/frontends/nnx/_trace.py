@@ -1,0 +1,293 @@
+"""Tracing flax.nnx modules.
+
+nnx modules are plain Python objects: no interceptor sees their method calls and they leave JAX's name stack empty. While a trace runs, the
+methods of every ``nnx.Module`` subclass (``__call__`` and public methods
+defined in the class, as ``nnx.tabulate`` does) are wrapped to run through
+`yax._record.marked_call`; the classes get their own functions back in a
+``finally`` block, also when the trace fails half-way; a wrapped method
+called outside a yax trace (another thread) just calls through.
+
+Paths come from attribute names (``Transformer/blocks/0/attn/query``).
+Before the first call, each module object of the traced graph is *stamped*
+with a static attribute holding ``(trace number, path)``. nnx transforms
+(``nnx.scan``, ``vmap``, ``remat``, ``jit``) split modules into a graphdef
+and a state and merge new objects inside; static attributes travel in the
+graphdef, so the objects merged inside a scanned body still know their path.
+The trace number keeps ``nnx.jit``'s cache from handing a later trace a body
+traced (and marked) by an earlier one. Stamps put on objects the caller owns
+are removed when the trace ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import inspect
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from ... import _activations
+from ..._ir import Kind, ModuleInfo
+from ..._record import CallInfo, Recorder, marked_call, recorder
+from ._base import NAME, flax_nnx, is_graph_leaf, is_graph_type, is_variable_type, nnx_loaded
+
+_STAMP = "_yax_call"
+_tokens = itertools.count(1)
+
+
+@dataclasses.dataclass
+class _Trace:
+    """What the nnx frontend keeps for one trace (in ``Recorder.scratch``)."""
+
+    token: int
+    stamped: list[Any] = dataclasses.field(default_factory=list)   # modules given a path
+    memo: dict[int, tuple] = dataclasses.field(default_factory=dict)  # id(module) -> its variables
+    sizes: dict[int, int] = dataclasses.field(default_factory=dict)   # id(Param) -> its size
+
+
+def _state(rec: Recorder | None) -> _Trace | None:
+    return None if rec is None else rec.scratch.get("nnx")
+
+
+# -- paths --------------------------------------------------------------------------
+
+def _key(k: Any) -> str:
+    return str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+
+
+def stamp(root: Any, path: str, tr: _Trace) -> None:
+    """Give every module of ``root``'s graph not stamped in this trace its path:
+    the first path to it in nnx's graph order (attributes sorted by name,
+    depth first), as in ``nnx.iter_graph`` and ``nnx.split``'s state."""
+    nnx = flax_nnx()
+    seen: set[int] = set()
+
+    def visit(node: Any, p: str) -> None:
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        if isinstance(node, nnx.Module):
+            old = vars(node).get(_STAMP)
+            if old is None or old[0] != tr.token:
+                object.__setattr__(node, _STAMP, (tr.token, p))
+                tr.stamped.append(node)
+        for k, v in sorted(vars(node).items(), key=lambda kv: _order(kv[0])):
+            if is_graph_type(type(v)):
+                visit(v, f"{p}/{k}")
+
+    visit(root, path)
+
+
+def _order(k: str) -> tuple:
+    """nnx sorts the items of an ``nnx.List`` (attributes ``"0"``, ``"1"``, …) as numbers."""
+    return (0, int(k), "") if k.isdigit() else (1, 0, k)
+
+
+def _unstamp(tr: _Trace) -> None:
+    for node in tr.stamped:
+        if vars(node).get(_STAMP, (None,))[0] == tr.token:
+            vars(node).pop(_STAMP, None)
+    tr.stamped.clear()
+
+
+def _path(module: Any, rec: Recorder, tr: _Trace) -> str:
+    st = vars(module).get(_STAMP)
+    if st is not None and st[0] == tr.token:
+        return st[1]
+    # Not stamped: the outermost module of functional code (``merge(g, s)(x)``),
+    # or one made during the trace. Find it under its caller if it is there.
+    name = type(module).__name__
+    path = name
+    if rec.stack:
+        cid, parent = rec.stack[-1]
+        ppath = rec.calls[cid].path
+        path = f"{ppath}/{name}"
+        if parent is not None:
+            for keys, node in flax_nnx().graph.iter_graph(parent):
+                if node is module and keys:
+                    path = "/".join([ppath, *map(_key, keys)])
+                    break
+    elif rec.root_name is None:
+        rec.root_name = name
+    stamp(module, path, tr)
+    return path
+
+
+# -- what a call node records -----------------------------------------------------------
+
+_PRINTABLE = (bool, int, float, str, type(None), np.dtype, type)
+
+
+def _printable(v: Any) -> bool:
+    if isinstance(v, _PRINTABLE):
+        return True
+    if isinstance(v, tuple):
+        return all(_printable(x) for x in v)
+    return callable(v) and not is_graph_leaf(v) and not isinstance(v, jax.Array)
+
+
+def module_attrs(module: Any) -> dict[str, Any]:
+    """The configuration of an nnx module: its public attributes that are not
+    variables, arrays or other modules (``in_features``, ``rate``, ``kernel_init``)."""
+    return {k: v for k, v in sorted(vars(module).items()) if not k.startswith("_") and _printable(v)}
+
+
+def _collect(module: Any, memo: dict, sizes: dict) -> tuple[set[int], int, dict]:
+    """The ids of the variables below ``module``, its parameter count and its
+    variables (abstract, as nested dicts by attribute). Memoised per object
+    for the trace (shapes do not change while it runs): a parent reuses its
+    children's, so a trace does this once per module. A variable reached
+    twice (a shared submodule) is counted once."""
+    hit = memo.get(id(module))
+    if hit is not None:
+        return hit
+    ids: set[int] = set()
+    n = 0
+    tree: dict[str, Any] = {}
+    for k, v in sorted(vars(module).items()):
+        if is_variable_type(type(v)):
+            x = v.get_value()
+            tree[k] = jax.ShapeDtypeStruct(np.shape(x), x.dtype) if hasattr(x, "dtype") else x
+            if id(v) not in ids:
+                ids.add(id(v))
+                size = int(np.prod(np.shape(x))) if issubclass(type(v), flax_nnx().Param) else 0
+                sizes[id(v)] = size
+                n += size
+        elif is_graph_type(type(v)):
+            c_ids, c_n, c_tree = _collect(v, memo, sizes)
+            if c_tree:
+                tree[k] = c_tree
+            n += c_n if ids.isdisjoint(c_ids) else sum(sizes[i] for i in c_ids - ids)
+            ids |= c_ids
+    memo[id(module)] = out = (ids, n, tree)
+    return out
+
+
+# -- method wrappers ----------------------------------------------------------------
+
+def _activation_holders(module: Any) -> list[tuple[dict, str]]:
+    """Attributes that may hold an activation bound before the trace
+    (``self.act = nnx.gelu``, the items of ``nnx.Sequential``'s list)."""
+    nnx = flax_nnx()
+    d = vars(module)
+    out = [(d, k) for k in d]
+    out += [(vars(v), k2) for v in d.values() if type(v) is nnx.List for k2 in vars(v)]
+    return out
+
+
+def _dict_get(d: dict, k: str) -> Any:
+    return d[k]
+
+
+def _dict_put(d: dict, k: str, v: Any) -> None:
+    d[k] = v
+
+
+def _wrap(name: str, fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rec = recorder()
+        tr = _state(rec)
+        if tr is None:
+            return fn(self, *args, **kwargs)
+        same = bool(rec.stack) and rec.stack[-1][1] is self
+        if same and rec.calls[rec.stack[-1][0]].info.method == name:
+            return fn(self, *args, **kwargs)  # `super().__call__(x)`: part of the same call
+        path = _path(self, rec, tr)
+        call = CallInfo(kind=Kind.METHOD_CALL if same else Kind.MODULE_CALL, path=path,
+                        name=path.rsplit("/", 1)[-1], module=self,
+                        info=ModuleInfo(type=type(self), method=name))  # read by nested calls
+        undo = _activations.swapped(_activation_holders(self), _dict_get, _dict_put)
+        try:
+            out = marked_call(call, lambda *a, **k: fn(self, *a, **k), args, kwargs, is_leaf=is_graph_leaf)
+        finally:
+            _activations.restore(undo, _dict_put)
+        _, n, tree = _collect(self, tr.memo, tr.sizes)
+        call.info = ModuleInfo(type=type(self), method=name, attrs=module_attrs(self),
+                               defaults=init_defaults(type(self)), num_params=n, var_tree=tree,
+                               scope=tuple(path.split("/")[1:]), frontend=NAME)
+        return out
+
+    method.__yax_method__ = fn  # type: ignore[attr-defined]
+    return method
+
+
+def _classes() -> list[type]:
+    nnx = flax_nnx()
+    skip = {nnx.List, nnx.Dict}
+    out, todo = [], [nnx.Module]
+    seen = set()
+    while todo:
+        for c in todo.pop().__subclasses__():
+            if c not in seen:
+                seen.add(c)
+                todo.append(c)
+                if c not in skip:
+                    out.append(c)
+    return out
+
+
+@contextlib.contextmanager
+def patched_methods(rec: Recorder):
+    """Wrap the methods of every ``nnx.Module`` subclass for one trace."""
+    if not nnx_loaded():
+        yield
+        return
+    tr = rec.scratch["nnx"] = _Trace(next(_tokens))
+    undo = []
+    try:
+        for cls in _classes():
+            for name, fn in list(vars(cls).items()):
+                if (name == "__call__" or not name.startswith("_")) and inspect.isfunction(fn) \
+                        and not hasattr(fn, "__yax_method__"):
+                    undo.append((cls, name, fn))
+                    setattr(cls, name, _wrap(name, fn))
+        yield
+    finally:
+        for cls, name, fn in reversed(undo):
+            setattr(cls, name, fn)
+        _unstamp(tr)
+
+
+@functools.cache
+def init_defaults(cls: type) -> dict[str, Any]:
+    try:
+        params = inspect.signature(cls.__init__).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
+# -- make_mox(model) ------------------------------------------------------------------
+
+def module_target(module: Any, method: str = "__call__") -> tuple[Callable, Any, Any]:
+    """The pure function traced for ``make_mox(model)``:
+    ``f(state, *args, **kwargs) -> (out, new_state)``, the graphdef and the state."""
+    nnx = flax_nnx()
+    graphdef, state = nnx.split(module)
+    root = type(module).__name__
+
+    def pure(state: Any, *args: Any, **kwargs: Any) -> Any:
+        m = nnx.merge(graphdef, state)
+        rec = recorder()
+        tr = _state(rec)
+        if tr is not None:
+            rec.root_name = root
+            stamp(m, root, tr)
+        out = getattr(m, method)(*args, **kwargs)
+        return out, nnx.state(m)
+
+    pure.__name__ = pure.__qualname__ = root
+    return pure, graphdef, state
+
+
+def _shape_of(x: Any) -> Any:
+    """Trace the model's state abstractly, whatever its leaves are."""
+    return jax.ShapeDtypeStruct(np.shape(x), x.dtype) if hasattr(x, "dtype") else x
+
+

@@ -1,0 +1,61 @@
+"""The semi-public layer of yax: what ``yax_widget``, the tests and the
+benches use beyond the public API (like ``jax.extend`` or
+``equinox.internal``). Nothing outside ``yax`` imports a private module;
+these names are stable between the two, but not promised to users.
+
+Contents:
+  node lookup      `view` (the XML view: ``.nodes``, ``.ids``), `node_ids`
+  node kinds       `Kind`, `CALL_KINDS`, `FN_KINDS`
+  formatting       `type_str`, `value_str`, `shown_params`, `key_attrs`
+  fit checks       `misfit`, `is_decider`, `is_module`
+  measuring        `Measured`, `measure`, `compare_measured`, `paired_outputs`,
+                   `compiled_programs`
+  call keys        `call_keys` (compare's boundary names), `keyed` (diff's)
+  tracing          `trace_target` (a MoX and the arguments it is evaluated with),
+                   `params_argument` (which of them `yax.sub`'s ``params=`` takes)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._compare import Measured as Measured
+from ._compare import call_keys as call_keys
+from ._compare import compare_measured as compare_measured
+from ._compare import compiled_programs as compiled_programs
+from ._compare import measure as measure
+from ._compare import paired_outputs as paired_outputs
+from ._diff import keyed as keyed
+from ._ir import CALL_KINDS as CALL_KINDS
+from ._ir import FN_KINDS as FN_KINDS
+from ._ir import Kind as Kind
+from ._print import key_attrs as key_attrs
+from ._print import shown_params as shown_params
+from ._print import type_str as type_str
+from ._print import value_str as value_str
+from ._trace import trace_target as trace_target
+from ._xpath import view as view
+from .rewrite import is_decider as is_decider
+from .rewrite import is_module as is_module
+from .rewrite import misfit as misfit
+
+
+def node_ids(mox: Any) -> dict[int, int]:
+    """``id(node)`` -> the node's element id in the XML view of ``mox``."""
+    return view(mox).ids
+
+
+def params_argument(mox: Any, args: tuple) -> Any:
+    """The argument of ``args`` that `yax.sub`'s ``params=`` takes for
+    ``mox`` (the variables or state), or ``None`` when there is none: the
+    root's frontend's answer, else the first frontend that recognises one (a
+    plain function taking a linen variables dict), as `frontends.variables`
+    places them."""
+    from .frontends import of_root, registry
+
+    first = of_root(mox)
+    for f in [first, *(f for f in registry() if f is not first)]:
+        found = f.params_argument(mox, args)
+        if found is not None:
+            return found
+    return None

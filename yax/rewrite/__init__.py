@@ -1,0 +1,116 @@
+"""The rewrite engine: `sub` and `misfit` (see README.md beside this file).
+
+Selecting (`select`), tracing and checking a replacement (`replacement`),
+splicing it in (`splice`), and placing variables (the root's frontend's
+layout, `yax.frontends.variables`) are separate steps; `sub` and `misfit`
+run the same checks, so they never disagree about what fits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import errors, frontends
+from .._ir import Kind, Mox
+from .._map import map_mox
+from ..errors import YaxRewriteError
+from .replacement import Site, checked, is_decider, is_module
+from .select import locate, matches
+from .splice import splice, unbound
+
+__all__ = ["sub", "misfit", "is_decider", "is_module"]
+
+
+def _plan(pattern: Any, repl: Any, mox: Mox) -> tuple[list[tuple[Any, Any]], set[int]]:
+    """``(node, replacement)`` for each match, outermost first, and the ids of
+    matches inside nested computations. A decider's "keep" (the node itself) drops the match."""
+    targets, nested = locate(mox, matches(pattern, mox))
+    decide = is_decider(repl)
+    plan = []
+    for node in targets:
+        r = repl(node.path, node) if decide else repl
+        if r is not node:
+            plan.append((node, r))
+    return plan, nested
+
+
+def misfit(repl: Any, node: Any, mox: Mox, *, cast: bool = False, cache: dict | None = None) -> str | None:
+    """Why ``repl`` cannot replace ``node`` of ``mox``, or ``None`` when it
+    fits: the checks `sub` runs before it changes anything (the explorer
+    offers only the replacements that fit a row). ``cache`` may be shared
+    between calls to trace each replacement once per input shapes."""
+    _, nested = locate(mox, [node])
+    try:
+        r = repl(node.path, node) if is_decider(repl) else repl
+        if r is not node:
+            checked(node, r, cast, id(node) in nested, {} if cache is None else cache)
+    except YaxRewriteError as e:
+        return str(e)
+    return None
+
+
+def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = None,
+        cast: bool = False) -> Any:
+    """Replace the nodes ``pattern`` selects by ``repl``; never in place.
+
+    Args:
+      pattern: an XPath string, a node, or a list of nodes (module calls,
+        method calls, activations or equations). A match inside another
+        match is left to the outer one's replacement.
+      repl: what to put there, called on the node's array inputs:
+        a function (``jax.nn.gelu``, ``lambda x: x``), a Flax linen module
+        instance (its fields left ``None`` are taken from the module it
+        replaces, so ``yax.LoRA(rank=4)`` fits every ``Dense``), an nnx module
+        (on a MoX of an nnx model), a root MoX, an Equation, or a function
+        whose first two parameters are named ``path`` and ``node`` that
+        returns the replacement for each match (or the node itself, to keep it).
+      mox: the root MoX to rewrite.
+      params: the variables the MoX was traced with (the first argument of
+        ``model.apply``; for an nnx model, its state). Needed when a
+        replacement has variables, and to drop the variables of replaced modules.
+      key: a PRNG key for new variables (folded with each module's index).
+      cast: allow outputs of another dtype (same shape) and cast them back
+        to the node's dtypes at its boundary (mixed precision).
+
+    Returns:
+      The new MoX; ``(new_mox, new_params)`` when ``params`` is given.
+      Evaluate it with ``yax.eval_mox(new_mox, new_params, *rest)``.
+
+    Raises:
+      YaxRewriteError: a replacement does not fit (which node, which
+        input/output, expected vs found); the inputs are untouched.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, flax.linen as nn, yax
+      >>> m = nn.Sequential([nn.Dense(4), nn.relu]); x = jnp.ones((1, 3))
+      >>> p = m.init(jax.random.key(0), x)
+      >>> mox = yax.make_mox(m.apply)(p, x)
+      >>> new = yax.sub('//*[@name="relu"]', jax.nn.gelu, mox)
+      >>> [n.name for n in new.modules()], [n.name for n in mox.modules()]
+      (['Sequential', 'layers_0', 'gelu'], ['Sequential', 'layers_0', 'relu'])
+      >>> bool(jnp.allclose(yax.eval_mox(new, p, x), jax.nn.gelu(nn.Dense(4).apply(
+      ...     {"params": p["params"]["layers_0"]}, x))))
+      True
+    """
+    if not isinstance(mox, Mox) or mox.kind != Kind.ROOT:
+        raise YaxRewriteError(
+            f"`sub` rewrites the root MoX from `yax.make_mox`, but got {getattr(mox, 'kind', type(mox).__name__)!r}."
+        )
+    plan, nested = _plan(pattern, repl, mox)
+    # Trace and check every replacement before building anything.
+    cache: dict = {}
+    sites: list[Site] = [checked(node, r, cast, id(node) in nested, cache) for node, r in plan]
+    layout = frontends.variables(mox, params)
+    if layout is None:
+        raise YaxRewriteError(
+            f"`params` is a `{type(params).__name__}`, which no module system of this MoX holds its variables "
+            "in. Pass the variables the MoX was traced with (the first argument of `model.apply`, or an nnx state)."
+        )
+    var_maps = layout.place(sites, key)
+    built = {id(s.node): splice(s.traced, s.node, s.casts, var_maps[id(s.node)]) for s in sites}
+    new = map_mox(lambda n: built.get(id(n), n), mox) if built else mox
+    result = layout.finish(new, sites)
+    bad = unbound(result[0] if isinstance(result, tuple) else result)
+    if bad is not None:
+        raise errors.dangling(errors.where(bad[0]))
+    return result

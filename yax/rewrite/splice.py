@@ -1,0 +1,119 @@
+"""Splicing a traced replacement into the tree: the new node takes the
+replaced node's inputs and outputs, so the rest of the tree is shared, not
+copied; and the check that nothing reads a value the splice removed."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .._ir import FN_KINDS, Equation, Kind, Mox, Symbol, Var
+from .._map import map_mox
+
+Node = Equation | Mox
+
+
+def subst(node: Node, m: dict[Var, Symbol]) -> Node:
+    """``node`` with references to the vars in ``m`` replaced (a new tree)."""
+    if not m:
+        return node
+
+    def one(n: Node) -> Node:
+        ins = tuple(m.get(a, a) if isinstance(a, Var) else a for a in n.inputs)
+        if isinstance(n, Equation):
+            return n if ins == n.inputs else dataclasses.replace(n, inputs=ins)
+        outs = tuple(m.get(a, a) if isinstance(a, Var) else a for a in n.outvars)
+        if ins == n.inputs and outs == n.outvars:
+            return n
+        return dataclasses.replace(n, inputs=ins, outvars=outs)
+
+    return map_mox(one, node) if isinstance(node, Mox) else one(node)
+
+
+def repath(node: Node, old: str, new: str, scope: tuple[str, ...] | None = None) -> Node:
+    """``node`` moved from path ``old`` to ``new`` (and module scopes under ``scope``)."""
+    def p(path: str) -> str:
+        if path == old or not old:
+            return new + path[len(old):] if old else (f"{new}/{path}" if path else new)
+        if path.startswith(old + "/"):
+            return new + path[len(old):]
+        return f"{new}/{path}" if path else new
+
+    def one(n: Node) -> Node:
+        if isinstance(n, Mox) and n.scope is not None and scope is not None:
+            return dataclasses.replace(n, path=p(n.path), info=dataclasses.replace(n.info, scope=scope + n.scope))
+        return dataclasses.replace(n, path=p(n.path))
+
+    return map_mox(one, node) if isinstance(node, Mox) else one(node)
+
+
+def splice(t: Any, node: Node, casts: tuple[tuple[Equation, ...], dict[int, Var]],
+           var_map: dict[Var, Var]) -> Mox:
+    """The node that takes ``node``'s place: the replacement's single call
+    (a module's ``__call__``, an activation) if it is one, else a
+    ``function`` node around the traced body."""
+    root, outs = t.root, t.outvars
+    ins = tuple(root.invars[t.n_vars:])
+    body, cast_out = casts
+    scope = getattr(node, "scope", None)
+    calls = [c for c in root.children if isinstance(c, Mox)]
+    only = calls[0] if len(root.children) == 1 and calls else None
+    if only is not None and tuple(only.inputs) == ins and tuple(only.outputs) == tuple(outs):
+        new = repath(only, only.path, node.path, scope)
+        inner = dict(zip(only.outputs, only.outvars))  # casts read the call's own results
+        new = dataclasses.replace(
+            new,
+            inputs=tuple(node.inputs),
+            outputs=tuple(node.outputs),
+            name=only.name if only.kind in FN_KINDS else getattr(node, "name", only.name),
+            children=new.children + tuple(subst(e, inner) for e in body),
+            outvars=tuple(cast_out.get(i, v) for i, v in enumerate(new.outvars)),
+            constvars=root.constvars + new.constvars,
+            consts=root.consts + new.consts,
+        )
+    else:
+        name = root.name or "function"
+        new = Mox(
+            kind=Kind.FUNCTION,
+            children=tuple(repath(c, "", node.path, scope) for c in root.children) + body,
+            inputs=tuple(node.inputs),
+            invars=ins,
+            outvars=tuple(cast_out.get(i, v) for i, v in enumerate(outs)),
+            outputs=tuple(node.outputs),
+            constvars=root.constvars,
+            consts=root.consts,
+            path=node.path,
+            name=name,
+            info=dataclasses.replace(root.info, method=name),
+            ephemeral=True,
+        )
+    return subst(new, var_map)
+
+
+def unbound(root: Mox) -> tuple[Node, Var] | None:
+    """The first node reading a var that nothing bound before it, in
+    evaluation order. Scoping is that of `eval_mox`: one environment for a
+    root and the calls in it (a BatchNorm's updated statistics leave its call
+    as root outputs), a fresh one for each nested computation."""
+
+    def block(node: Mox, bound: set) -> tuple[Node, Var] | None:
+        bound.update(node.constvars)
+        bound.update(node.invars)
+        for c in node.children:
+            for a in c.inputs:
+                if isinstance(a, Var) and a not in bound:
+                    return c, a
+            found = None
+            if isinstance(c, Equation):
+                found = next((f for _, sub in c.subs if (f := block(sub, set()))), None)
+            else:
+                found = block(c, bound)
+            if found:
+                return found
+            bound.update(c.outputs)
+        for a in node.outvars:
+            if isinstance(a, Var) and a not in bound:
+                return node, a
+        return None
+
+    return block(root, set())
