@@ -15,6 +15,7 @@ from lxml import etree
 from test_print import check_golden, mox_of
 
 import yax
+import yax.internal
 
 pytestmark = pytest.mark.core
 
@@ -70,7 +71,7 @@ def test_dot_dataflow_follows_the_model(tf):
     assert ("in 0", "LayerNorm_0 : LayerNorm") in e and ("in 0", "add") in e
     # ids map back to the XML view's nodes
     ids = [int(i) for i in re.findall(r'id="yax-(\d+)"', dot)]
-    nodes = yax._xpath.view(tf).nodes
+    nodes = yax.internal.view(tf).nodes
     assert {nodes[i].path for i in ids if isinstance(nodes[i], yax.Mox)} >= {
         "Transformer/Block_0/Dense_0", "Transformer/Block_0/SelfAttention_0"}
 

@@ -17,7 +17,7 @@ from ipywidgets.widgets.widget import _remove_buffers
 from models import Transformer
 
 import yax
-from yax._xpath import view
+from yax.internal import compiled_programs, view
 from yax_widget import Explorer
 
 IDS = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % 64
@@ -158,12 +158,10 @@ def test_a_replacement_that_does_not_fit_is_refused_at_its_row(model):
 
 
 def test_the_original_is_measured_once_in_the_background(model):
-    from yax._compare import _programs
-
     ex = explorer(model, warm=True)
     ex._warmer.result(timeout=120)
     ref = ex._reference  # the original's outputs and boundary values on the example inputs
-    assert ex._warmer.done() and _programs.get(ex.original) and ref is not None and len(ref.taps) > 20
+    assert ex._warmer.done() and compiled_programs(ex.original) and ref is not None and len(ref.taps) > 20
     ex.substitute("//activation[@name='gelu']", "ReLU")
     ex.substitute("//module_call[@type='Dropout']", "identity")
     assert ex._reference is ref  # a change runs only the modified model

@@ -110,7 +110,7 @@ def test_invalid_xpath_raises_with_hint(tf, q, hint):
 
 
 def test_view_is_cached_and_per_mox(tf):
-    from yax._xpath import view
+    from yax.internal import view
 
     assert view(tf) is view(tf)
     other = yax.map_mox(lambda n: n, tf)

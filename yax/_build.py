@@ -97,18 +97,8 @@ class _Converter:
         else:
             jaxpr, consts = value, ()
         constvars, invars, children, outvars, marked = self.jaxpr(jaxpr, consts, path)
-        mox = Mox(
-            kind=Kind.JAXPR,
-            children=tuple(children),
-            inputs=invars,
-            invars=invars,
-            outvars=outvars,
-            outputs=tuple(a for a in outvars if isinstance(a, Var)),
-            constvars=constvars,
-            consts=consts,
-            path=path,
-            info=ModuleInfo(attrs={"closed": isinstance(value, jcore.ClosedJaxpr)}),
-        )
+        mox = _block(Kind.JAXPR, constvars, invars, children, outvars, consts, path=path,
+                     info=ModuleInfo(attrs={"closed": isinstance(value, jcore.ClosedJaxpr)}))
         return mox, marked
 
     def equation(self, eqn: Any, path: str) -> Equation:
@@ -141,18 +131,13 @@ def build(closed: Any, rec: Recorder, ins: Packing, outs: Packing, *, name: str,
     """The root MoX of a traced function."""
     conv = _Converter(rec)
     constvars, invars, children, outvars, _ = conv.jaxpr(closed.jaxpr, tuple(closed.consts), "")
-    return Mox(
-        kind=Kind.ROOT,
-        children=tuple(children),
-        inputs=invars,
-        invars=invars,
-        outvars=outvars,
-        outputs=tuple(a for a in outvars if isinstance(a, Var)),
-        constvars=constvars,
-        consts=tuple(closed.consts),
-        path="",
-        name=name,
-        sig=Signature(ins, outs),
-        frontend=frontend,
-        origin=origin,
-    )
+    return _block(Kind.ROOT, constvars, invars, children, outvars, tuple(closed.consts), name=name,
+                  sig=Signature(ins, outs), frontend=frontend, origin=origin)
+
+
+def _block(kind: Kind, constvars: tuple, invars: tuple, children: list, outvars: tuple, consts: tuple,
+           **fields: Any) -> Mox:
+    """A root or nested computation: its own inputs are its formal parameters."""
+    return Mox(kind=kind, children=tuple(children), inputs=invars, invars=invars, outvars=outvars,
+               outputs=tuple(a for a in outvars if isinstance(a, Var)), constvars=constvars, consts=consts,
+               **fields)

@@ -212,8 +212,32 @@ _NO_INFO = ModuleInfo()
 _NO_SIG = Signature()
 
 
+class _Typed:
+    """Shapes and dtypes of a node's ``inputs`` and ``outputs``."""
+
+    __slots__ = ()
+    inputs: tuple[Symbol, ...]
+    outputs: tuple[Symbol, ...]
+
+    @property
+    def in_shapes(self) -> list[tuple[int, ...]]:
+        return [a.shape for a in self.inputs]
+
+    @property
+    def out_shapes(self) -> list[tuple[int, ...]]:
+        return [a.shape for a in self.outputs]
+
+    @property
+    def in_dtypes(self) -> list[Any]:
+        return [a.dtype for a in self.inputs]
+
+    @property
+    def out_dtypes(self) -> list[Any]:
+        return [a.dtype for a in self.outputs]
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
-class Equation:
+class Equation(_Typed):
     """One primitive application: ``outputs = primitive[params](*inputs)``.
 
     Attributes:
@@ -254,28 +278,12 @@ class Equation:
                 out.extend((f"{k}[{i}]", x) for i, x in enumerate(v))
         return out
 
-    @property
-    def in_shapes(self) -> list[tuple[int, ...]]:
-        return [a.shape for a in self.inputs]
-
-    @property
-    def out_shapes(self) -> list[tuple[int, ...]]:
-        return [a.shape for a in self.outputs]
-
-    @property
-    def in_dtypes(self) -> list[Any]:
-        return [a.dtype for a in self.inputs]
-
-    @property
-    def out_dtypes(self) -> list[Any]:
-        return [a.dtype for a in self.outputs]
-
     def __repr__(self) -> str:
         return f"Equation({self.name}, path={self.path!r})"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Mox:
+class Mox(_Typed):
     """A module expression node: the root, a nested jaxpr, or a call.
 
     Attributes:
@@ -355,23 +363,6 @@ class Mox:
     def qualtype(self) -> str:
         t = self.module_type
         return f"{t.__module__}.{t.__qualname__}" if t is not None else self.type
-
-    # -- shapes -----------------------------------------------------------
-    @property
-    def in_shapes(self) -> list[tuple[int, ...]]:
-        return [a.shape for a in self.inputs]
-
-    @property
-    def out_shapes(self) -> list[tuple[int, ...]]:
-        return [a.shape for a in self.outputs]
-
-    @property
-    def in_dtypes(self) -> list[Any]:
-        return [a.dtype for a in self.inputs]
-
-    @property
-    def out_dtypes(self) -> list[Any]:
-        return [a.dtype for a in self.outputs]
 
     # -- traversal --------------------------------------------------------
     @property

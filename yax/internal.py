@@ -51,11 +51,6 @@ def params_argument(mox: Any, args: tuple) -> Any:
     root's frontend's answer, else the first frontend that recognises one (a
     plain function taking a linen variables dict), as `frontends.variables`
     places them."""
-    from .frontends import of_root, registry
+    from .frontends import first_answer
 
-    first = of_root(mox)
-    for f in [first, *(f for f in registry() if f is not first)]:
-        found = f.params_argument(mox, args)
-        if found is not None:
-            return found
-    return None
+    return first_answer(mox, "params_argument", args)

@@ -8,7 +8,7 @@ import importlib
 from typing import Any
 
 import yax
-from yax._ir import Equation, Mox
+from yax import Equation, Mox
 
 # Where users import things from, most familiar first.
 _HOMES = ("yax", "jax.nn", "jax.numpy", "flax.linen", "flax.nnx", "yax_widget")

@@ -1,43 +1,44 @@
 """The explorer: an anywidget over a MoX that queries, rewrites and compares.
 
-The protocol with the front-end (traits and request/reply messages) is
-described in ``docs/widget.md``. Every request is validated here; the
-front-end can only name nodes of the current MoX and replacements that
-Python registered.
+This module holds the widget's state (its traits, the history, the
+registered replacements) and its Python API. The requests the front-end
+sends are answered in ``_protocol``; what is sent to it (tree rows, diff
+marks, the comparison) is built in ``_payloads``. Both formats are described
+in ``docs/widget.md``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import pathlib
 import re
 import threading
 import time
-import weakref
-from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import anywidget
 import jax
-import numpy as np
 import traitlets
 
 import yax
-from yax._compare import Measured, _keys, compare_measured, measure, paired_outputs
-from yax._diff import keyed
-from yax._ir import CALL_KINDS, Equation, Mox
-from yax._print import key_attrs, shown_params, type_str, value_str
-from yax._sub import misfit
-from yax._xpath import view
+from yax import Equation, Mox
+from yax.internal import (
+    Measured,
+    compare_measured,
+    is_decider,
+    is_module,
+    measure,
+    node_ids,
+    paired_outputs,
+    params_argument,
+    trace_target,
+)
 
+from . import _payloads, _protocol
 from ._code import replacement_code, xpath_for
 
 STATIC = pathlib.Path(__file__).parent / "static"
-HEAT_MAX = 128
-HIST_BINS = 40
-MAX_QUERY = 4000
 
 if not (STATIC / "widget.js").exists():
     raise ImportError(
@@ -80,10 +81,6 @@ def _default_palette() -> list[tuple[str, Any]]:
     ]
 
 
-class RequestError(Exception):
-    """A malformed or refused request from the front-end: replied to, nothing changes."""
-
-
 class Explorer(anywidget.AnyWidget):
     """Explore a model's module tree, query it, swap layers and compare.
 
@@ -121,13 +118,14 @@ class Explorer(anywidget.AnyWidget):
     _esm = STATIC / "widget.js"
     _css = STATIC / "widget.css"
 
-    _tree = traitlets.Dict().tag(sync=True)            #: rows of the current MoX
-    _original_tree = traitlets.Dict().tag(sync=True)   #: rows of the original MoX
+    # The state the front-end renders from (docs/widget.md, "Traits"); built by `_payloads`.
+    _tree = traitlets.Dict().tag(sync=True)            #: version and call rows of the current MoX
+    _original_tree = traitlets.Dict().tag(sync=True)   #: version and call rows of the original MoX
     _query = traitlets.Unicode("").tag(sync=True)      #: the current query text
     _query_error = traitlets.Unicode("").tag(sync=True)  #: the last query's error, or ""
     _matches = traitlets.List().tag(sync=True)         #: ids the last good query selected
     _match_owners = traitlets.Dict().tag(sync=True)    #: matched equation id -> the call row it runs in
-    _palette = traitlets.List().tag(sync=True)         #: registered replacements
+    _palette = traitlets.List().tag(sync=True)         #: registered replacements: name, kind, doc
     _history = traitlets.Dict().tag(sync=True)         #: change descriptions and the current index
     _diff = traitlets.Dict().tag(sync=True)            #: diff marks by row id, original and current
     _comparison = traitlets.Dict().tag(sync=True)      #: the last comparison, with binary heatmaps
@@ -143,16 +141,13 @@ class Explorer(anywidget.AnyWidget):
                     "Try `Explorer(model, variables, batch)`."
                 )
             mox = target
-        else:
-            mox = yax.make_mox(target)(*args, **kwargs)
-            if _is_nnx(target):  # the MoX runs (state, *args) -> (out, new_state): docs/nnx.md
-                from flax import nnx
-
-                args = (nnx.state(target), *args)
+        else:  # an nnx module's MoX runs (state, *args) -> (out, new_state): docs/nnx.md
+            mox, args = trace_target(target, *args, **kwargs)
         self._args, self._kwargs = args, kwargs
-        self._has_params = bool(args) and (isinstance(args[0], Mapping) or mox.graphdef is not None)
+        params = params_argument(mox, args)  # the variables or state `yax.sub` reconciles, or None
+        self._has_params = params is not None
         self._key = jax.random.key(0) if key is None else key
-        self._states: list[Change] = [Change("original", "", mox, args[0] if self._has_params else None)]
+        self._states: list[Change] = [Change("original", "", mox, params)]
         self._index = 0
         self._items: dict[str, _Item] = {}
         self._selection: list[Any] = []
@@ -165,7 +160,7 @@ class Explorer(anywidget.AnyWidget):
         self._warmer: Future | None = None
         for name, repl in _default_palette():
             self.add_replacement(name, repl)
-        self._original_tree = _tree(mox, 0)
+        self._original_tree = _payloads.tree(mox, 0)
         self._refresh()
         self.on_msg(self._on_msg)
         if warm is None:
@@ -225,7 +220,7 @@ class Explorer(anywidget.AnyWidget):
             raise yax.YaxInputError(f"A replacement name must be a non-empty string of at most 80 characters, "
                                     f"not {name!r}.")
         kind = ("mox" if isinstance(repl, Mox) else "equation" if isinstance(repl, Equation)
-                else "module" if _is_module(repl) else "decider" if _is_decider(repl) else "function")
+                else "module" if is_module(repl) else "decider" if is_decider(repl) else "function")
         if kind == "function" and not callable(repl):
             raise yax.YaxInputError(
                 f"`{name}` must be a function, a Flax module, a MoX or an Equation (anything `yax.sub` "
@@ -312,9 +307,10 @@ class Explorer(anywidget.AnyWidget):
     def _refresh(self) -> None:
         compared = self._start_compare()  # first: the tree below is rebuilt while XLA compiles
         mox = self.mox
-        self._tree = {**self._original_tree, "version": self._index} if mox is self.original else _tree(mox, self._index)
+        original = mox is self.original
+        self._tree = {**self._original_tree, "version": self._index} if original else _payloads.tree(mox, self._index)
         self._history = {"items": [c.description for c in self._states[1:]], "index": self._index}
-        self._diff = {"original": {}, "current": {}} if mox is self.original else _diff_marks(self.original, mox)
+        self._diff = {"original": {}, "current": {}} if original else _payloads.diff_marks(self.original, mox)
         if self._query:
             try:
                 self._run_query(self._query)
@@ -330,9 +326,9 @@ class Explorer(anywidget.AnyWidget):
             raise
         self._query_error = ""
         if isinstance(res, list):
-            ids = _ids(self.mox)
+            ids = node_ids(self.mox)
             self._selection = [n for n in res if id(n) in ids]
-            owners = _owners(self.mox)
+            owners = _payloads.owners(self.mox)
             self._match_owners = {str(i): owners[i] for i in (ids[id(n)] for n in self._selection) if i in owners}
             self._matches = [ids[id(n)] for n in self._selection]
         else:
@@ -371,123 +367,19 @@ class Explorer(anywidget.AnyWidget):
             c = future.result()
         except Exception as e:  # the change stands; its comparison says why it could not be made
             self.comparison = None
-            self._comparison = {"message": str(e) if isinstance(e, yax.YaxError) else
-                                f"The comparison failed with {type(e).__name__}: {_gist(str(e))}"}
+            self._comparison = _payloads.comparison_failure(e)
             self._status = {"busy": False, "message": "comparison failed"}
             return
         self.comparison = c
         seconds = time.perf_counter() - t
-        self._comparison = _comparison_state(c, self.mox, seconds)
+        self._comparison = _payloads.comparison_state(c, self.mox, seconds)
         self._status = {"busy": False, "message": f"compared in {seconds:.2f} s"}
 
-    # -- requests from the front-end -----------------------------------------------
+    # -- requests from the front-end: answered in _protocol -------------------------------
 
     def _on_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
-        rid = content.get("rid") if isinstance(content, dict) else None
-        if not isinstance(rid, int) or isinstance(rid, bool):
-            rid = None
-        try:
-            if rid is None:
-                raise RequestError("A request must be an object with an integer `rid`.")
-            kind = content.get("type")
-            handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
-            if handler is None:
-                raise RequestError(f"Unknown request type {str(content.get('type'))[:40]!r}.")
-            reply = handler(self, content)
-        except (RequestError, yax.YaxError) as e:
-            self.send({"type": "error", "rid": rid, "message": str(e)})
-            return
-        except Exception as e:  # a bug or a failure below yax (XLA): the front-end still gets its reply
-            self._status = {"busy": False, "message": "failed"}
-            self.send({"type": "error", "rid": rid, "message": f"The request failed with {type(e).__name__}: {e} "
-                                                               "(the kernel's log has the traceback)."})
-            raise
-        self.send({"type": "ok", "rid": rid, **reply})
+        _protocol.handle(self, content)
 
-    def _node(self, content: dict, field: str = "id", kinds: tuple = (*CALL_KINDS, "equation")) -> Any:
-        i = content.get(field)
-        nodes = view(self.mox).nodes
-        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(nodes):
-            raise RequestError(f"`{field}` must be the id of a node of the current model, not {str(i)[:40]!r}.")
-        node = nodes[i]
-        kind = "equation" if isinstance(node, Equation) else node.kind
-        if kind not in kinds:
-            raise RequestError(f"Node {i} is a `{kind}` node, which cannot be used here.")
-        return node
-
-    def _req_query(self, content: dict) -> dict:
-        xpath = content.get("xpath")
-        if not isinstance(xpath, str) or len(xpath) > MAX_QUERY:
-            raise RequestError(f"`xpath` must be a string of at most {MAX_QUERY} characters.")
-        self._query = xpath
-        if not xpath.strip():
-            self._query_error, self._matches, self._selection = "", [], []
-            return {"count": 0}
-        res = self._run_query(xpath)
-        return {"count": len(self._matches) if isinstance(res, list) else _plain(res)}
-
-    def _req_expand(self, content: dict) -> dict:
-        node = self._node(content, kinds=CALL_KINDS)
-        ids = _ids(self.mox)
-        return {"id": ids[id(node)], "rows": [
-            [ids[id(e)], e.name, " ".join(map(type_str, e.inputs)), " ".join(map(type_str, e.outputs)),
-             _short(" ".join(f"{k}={value_str(v)}" for k, v in shown_params(e)), 120)]
-            for e in node.children if isinstance(e, Equation)
-        ]}
-
-    def _req_fits(self, content: dict) -> dict:
-        node = self._node(content)
-        fits, refused = [], {}
-        for item in self._items.values():
-            why = misfit(item.repl, node, self.mox, cache=self._fit_cache)
-            if why is None:
-                fits.append(item.name)
-            else:
-                refused[item.name] = why
-        return {"id": content["id"], "fits": fits, "refused": refused}
-
-    def _req_substitute(self, content: dict) -> dict:
-        name = content.get("name")
-        if not isinstance(name, str) or name not in self._items:
-            raise RequestError(f"`name` must be a registered replacement ({', '.join(self._items)}), "
-                               f"not {str(name)[:40]!r}.")
-        target = content.get("target")
-        node = "query" if target == "query" else self._node(content, "target")
-        try:
-            desc = self.substitute(node, name)
-        except yax.YaxError as e:
-            self._notice = {"id": target if isinstance(target, int) else None, "message": str(e),
-                            "n": self._notice.get("n", 0) + 1}
-            raise
-        return {"description": desc}
-
-    def _req_undo(self, content: dict) -> dict:
-        self.undo()
-        return {}
-
-    def _req_redo(self, content: dict) -> dict:
-        self.redo()
-        return {}
-
-    def _req_code(self, content: dict) -> dict:
-        return {"code": self.code()}
-
-    def _req_graph(self, content: dict) -> dict:
-        depth = content.get("depth", 1)
-        if not isinstance(depth, int) or isinstance(depth, bool) or not 0 <= depth <= 8:
-            raise RequestError("`depth` must be an integer from 0 to 8.")
-        root = None if content.get("id") is None else self._node(content, kinds=CALL_KINDS)
-        return {"id": content.get("id"), "dot": yax.to_dot(self.mox, depth=depth, root=root)}
-
-
-_HANDLERS: dict[str, Callable[[Explorer, dict], dict]] = {
-    "query": Explorer._req_query, "expand": Explorer._req_expand, "fits": Explorer._req_fits,
-    "substitute": Explorer._req_substitute, "undo": Explorer._req_undo, "redo": Explorer._req_redo,
-    "code": Explorer._req_code, "graph": Explorer._req_graph,
-}
-
-
-# -- helpers ------------------------------------------------------------------------
 
 def _in_kernel() -> bool:
     try:
@@ -498,26 +390,6 @@ def _in_kernel() -> bool:
     return shell is not None and getattr(shell, "kernel", None) is not None
 
 
-def _is_nnx(x: Any) -> bool:
-    try:
-        from flax import nnx
-    except ImportError:
-        return False
-    return isinstance(x, nnx.Module)
-
-
-def _is_module(x: Any) -> bool:
-    from yax._sub import _is_module
-
-    return _is_module(x)
-
-
-def _is_decider(x: Any) -> bool:
-    from yax._sub import _is_decider
-
-    return _is_decider(x)
-
-
 def _key_code(key: Any) -> str:
     try:
         data = jax.random.key_data(key)
@@ -526,125 +398,3 @@ def _key_code(key: Any) -> str:
     except Exception:
         pass
     return "...  # the key passed to Explorer(key=...)"
-
-
-def _ids(mox: Mox) -> dict[int, int]:
-    return view(mox).ids
-
-
-def _gist(message: str) -> str:
-    """The first and last lines of a long error (XLA's carry whole tracebacks)."""
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    return message if len(lines) < 3 else f"{_short(lines[0], 200)} … {_short(lines[-1], 200)}"
-
-
-def _short(s: str, n: int) -> str:
-    return s if len(s) <= n else s[: n - 1] + "…"
-
-
-def _plain(v: Any) -> Any:
-    return v if isinstance(v, (str, bool, int)) else float(v) if isinstance(v, float) and math.isfinite(v) else str(v)
-
-
-def _attrs(attrs: Mapping[str, Any], n: int) -> str:
-    return _short(" ".join(f"{k}={value_str(v)}" for k, v in attrs.items()
-                           if v is not None and not k.startswith("_")), n)
-
-
-def _tree(mox: Mox, version: int) -> dict:
-    """The call rows of ``mox`` in document order (see docs/widget.md)."""
-    ids = _ids(mox)
-    rows: list[list] = []
-
-    def walk(node: Mox, parent: int) -> None:
-        for c in node.children:
-            if isinstance(c, Equation):
-                for _, sub in c.subs:
-                    walk(sub, parent)
-            elif c.kind in CALL_KINDS:
-                i = ids[id(c)]
-                # the row shows the fields that differ from their defaults; its tooltip, all of them
-                rows.append([i, parent, c.kind, c.name, c.type, _attrs(key_attrs(c), 100),
-                             " ".join(map(type_str, c.inputs)), " ".join(map(type_str, c.outputs)),
-                             c.num_params, sum(isinstance(e, Equation) for e in c.children),
-                             _attrs(c.attrs, 400)])
-                walk(c, i)
-            else:
-                walk(c, parent)
-
-    walk(mox, -1)
-    return {"version": version, "rows": rows}
-
-
-_owner_maps: weakref.WeakKeyDictionary[Mox, dict[int, int]] = weakref.WeakKeyDictionary()
-
-
-def _owners(mox: Mox) -> dict[int, int]:
-    """Equation id -> id of the call it runs in directly (what `expand` lists)."""
-    m = _owner_maps.get(mox)
-    if m is None:
-        ids = _ids(mox)
-        m = _owner_maps[mox] = {ids[id(e)]: ids[id(c)] for c in mox.modules() for e in c.children
-                                if isinstance(e, Equation)}
-    return m
-
-
-def _diff_marks(a: Mox, b: Mox) -> dict:
-    d = yax.diff(a, b)
-    ka, kb = keyed(a), keyed(b)
-    orig = {ka[k].get("id"): "removed" for k in d.removed}
-    cur = {kb[k].get("id"): "added" for k in d.added}
-    for k in d.changed:
-        orig[ka[k].get("id")] = cur[kb[k].get("id")] = "changed"
-    return {"original": orig, "current": cur}
-
-
-def _heat(x: np.ndarray, y: np.ndarray, name: str) -> dict | None:
-    if x.ndim == 0 or x.size == 0:
-        return None
-    lead = x.ndim - 2
-    if lead > 0:
-        x, y = x[(0,) * lead], y[(0,) * lead]
-        name = f"{name}[{', '.join(['0'] * lead)}]"
-    if x.ndim == 1:
-        x, y = x[None], y[None]
-    sr, sc = (max(1, math.ceil(n / HEAT_MAX)) for n in x.shape)
-    x, y = x[::sr, ::sc], y[::sr, ::sc]
-
-    def buf(a: np.ndarray) -> bytes:
-        return np.ascontiguousarray(a, dtype="<f4").tobytes()
-
-    return {"label": name, "rows": int(x.shape[0]), "cols": int(x.shape[1]),
-            "original": buf(x), "modified": buf(y), "diff": buf(np.abs(y - x))}
-
-
-def _finite(v: float) -> float | None:
-    return v if math.isfinite(v) else None
-
-
-def _comparison_state(c: yax.Comparison, mox: Mox, seconds: float) -> dict:
-    ids = _ids(mox)
-    keys = _keys(mox)
-    outputs = []
-    for name, s in c.outputs.items():
-        x, y = c.arrays[name]
-        d = (y - x).ravel()
-        d = d[np.isfinite(d)]
-        lo, hi = (float(d.min()), float(d.max())) if d.size else (0.0, 0.0)
-        if lo == hi:
-            lo, hi = lo - 0.5, hi + 0.5
-        counts, _ = np.histogram(d, bins=HIST_BINS, range=(lo, hi))
-        outputs.append({
-            "name": name, "shape": list(x.shape), **{k: _finite(v) if isinstance(v, float) else v
-                                                     for k, v in s.to_dict().items()},
-            "hist": {"counts": counts.tolist(), "lo": lo, "hi": hi},
-            "heat": _heat(x, y, name),
-        })
-    bounds = {str(ids[id(keys[k])]): {"rel": _finite(s.rel), "max_abs": _finite(s.max_abs), "allclose": s.allclose}
-              for k, s in c.boundaries.items() if k in keys}
-    first = c.first_divergence
-    return {
-        "allclose": c.allclose, "first_divergence": first,
-        "first_divergence_id": ids[id(keys[first])] if first in keys else None,
-        "seconds": round(seconds, 3), "outputs": outputs, "boundaries": bounds,
-    }

@@ -46,8 +46,8 @@ export function floats(buf) {
   return new Float32Array(0);
 }
 
-/** [min, max] of finite values ([0, 1] when there are none; widened when equal). */
-export function extent(values) {
+/** [min, max] of the finite values, or null when there are none. */
+export function bounds(values) {
   let lo = Infinity;
   let hi = -Infinity;
   for (const v of values) {
@@ -56,9 +56,16 @@ export function extent(values) {
       if (v > hi) hi = v;
     }
   }
-  if (lo === Infinity) return [0, 1];
-  if (lo === hi) return [lo - 0.5, hi + 0.5];
-  return [lo, hi];
+  return lo === Infinity ? null : [lo, hi];
+}
+
+/** A range to draw finite values in: their [min, max], [0, 1] when there are none, widened
+ * when all are equal. For drawing only: label a range with `bounds`, which is not widened. */
+export function extent(values) {
+  const b = bounds(values);
+  if (!b) return [0, 1];
+  const [lo, hi] = b;
+  return lo === hi ? [lo - 0.5, hi + 0.5] : [lo, hi];
 }
 
 /** Bars of a histogram in a `width` x `height` box: [{x, y, w, h}]. */

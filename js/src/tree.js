@@ -1,17 +1,14 @@
-// The module tree: rows from Python (see docs/widget.md) -> nodes, and the
+// The module tree: rows from Python (read by rows.js) -> nodes, and the
 // flat list of visible rows for the virtualised view. No DOM here.
+import { callRecord, equationRecord } from "./rows.js";
 
-export const ROW = { id: 0, parent: 1, kind: 2, name: 3, type: 4, attrs: 5, ins: 6, outs: 7, params: 8, neq: 9, fields: 10 };
-
-/** Build the tree: `byId` (id -> node), `roots`, each node with `children` and `depth`. */
+/** Build the tree from call rows: `byId` (id -> node), `roots`, each node a row's record
+ * (rows.js) with `children` and `depth`. */
 export function buildTree(rows) {
   const byId = new Map();
   const roots = [];
   for (const r of rows) {
-    const node = {
-      id: r[0], parent: r[1], kind: r[2], name: r[3], type: r[4], attrs: r[5],
-      ins: r[6], outs: r[7], params: r[8], neq: r[9], fields: r[10] || "", children: [], depth: 0, eq: false,
-    };
+    const node = Object.assign(callRecord(r), { children: [], depth: 0 });
     byId.set(node.id, node);
     const p = byId.get(node.parent);
     if (p) {
@@ -26,10 +23,7 @@ export function buildTree(rows) {
 
 /** Equation rows `[id, primitive, in, out, params]` as leaf nodes under `parent`. */
 export function equationNodes(parent, eqRows) {
-  return eqRows.map((r) => ({
-    id: r[0], parent: parent.id, kind: "equation", name: r[1], type: "", attrs: r[4],
-    ins: r[2], outs: r[3], params: 0, neq: 0, fields: r[4], children: [], depth: parent.depth + 1, eq: true,
-  }));
+  return eqRows.map((r) => Object.assign(equationRecord(r, parent.id), { children: [], depth: parent.depth + 1 }));
 }
 
 /** Can the node be expanded (calls with children or equations)? */
@@ -87,7 +81,24 @@ export function initialExpanded(tree, levels = 2) {
   return out;
 }
 
-/** The call node an id belongs to: itself for calls, the owner for equations. */
-export function ownerOf(id, tree, eqOwner) {
-  return tree.byId.has(id) ? id : eqOwner.get(id);
+/** The call an id belongs to: itself for calls, for equations the owner in `owners`
+ * (`_match_owners`: {equation id as a string: call id}); undefined when unknown. */
+export function ownerOf(id, tree, owners) {
+  return tree.byId.has(id) ? id : owners[String(id)];
+}
+
+/** The path of names from the root to `id` ("Model/Block_0/Dense_0"). */
+export function pathOf(tree, id) {
+  const out = [];
+  for (let n = tree.byId.get(id); n; n = tree.byId.get(n.parent)) out.push(n.name);
+  return out.reverse().join("/");
+}
+
+/** The ids of `next` to expand so that what was open in `prev` stays open: ids change with a
+ * rewrite, so they are matched by path. Falls back to `initialExpanded` when none survives. */
+export function expandedByPath(prev, expanded, next) {
+  const open = new Set([...expanded].map((id) => pathOf(prev, id)));
+  const out = new Set();
+  for (const n of next.byId.values()) if (open.has(pathOf(next, n.id))) out.add(n.id);
+  return out.size ? out : initialExpanded(next);
 }

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import {
-  compact, divergenceColor, divergenceLevel, extent, floats, histogramBars, num, ramp,
+  bounds, compact, divergenceColor, divergenceLevel, extent, floats, histogramBars, num, ramp,
 } from "../src/format.js";
 
 test("compact parameter counts", () => {
@@ -35,6 +35,12 @@ test("floats reads little-endian float32 from DataView, ArrayBuffer and typed ar
   assert.deepEqual([...floats(src.buffer)], [1.5, -2, 3.25]);
   assert.deepEqual([...floats(new Uint8Array(src.buffer, 4, 8))], [-2, 3.25]);
   assert.equal(floats(undefined).length, 0);
+});
+
+test("bounds are the real range of the finite values; extent widens a constant for drawing", () => {
+  assert.deepEqual(bounds([3, NaN, -1, Infinity]), [-1, 3]);
+  assert.deepEqual(bounds([0.1, 0.1]), [0.1, 0.1]);
+  assert.equal(bounds([NaN]), null);
 });
 
 test("extent ignores non-finite values and widens a constant", () => {

@@ -1,17 +1,20 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import {
-  ancestorsOf, buildTree, equationNodes, expandable, filterKeep, initialExpanded, visibleRows,
+  ancestorsOf, buildTree, equationNodes, expandable, expandedByPath, filterKeep, initialExpanded, ownerOf, pathOf,
+  visibleRows,
 } from "../src/tree.js";
+import { callRow, equationRow } from "../src/rows.js";
 
-// [id, parent, kind, name, type, attrs, in, out, params, neq, fields]
+const call = (id, parent, kind, name, type, attrs = "", params = 0, neq = 0, fields = "") =>
+  callRow({ id, parent, kind, name, type, attrs, ins: "f32[2]", outs: "f32[2]", params, neq, fields });
 const ROWS = [
-  [1, -1, "module_call", "Model", "Model", "", "f32[2]", "f32[2]", 30, 1],
-  [2, 1, "module_call", "Block_0", "Block", "", "f32[2]", "f32[2]", 20, 0],
-  [3, 2, "module_call", "Dense_0", "Dense", "features=2", "f32[2]", "f32[2]", 6, 2, "features=2 use_bias=True"],
-  [6, 2, "activation", "gelu", "gelu", "", "f32[2]", "f32[2]", 0, 3],
-  [7, 1, "module_call", "Block_1", "Block", "", "f32[2]", "f32[2]", 10, 0],
-  [8, 7, "module_call", "Dense_0", "Dense", "features=2", "f32[2]", "f32[2]", 6, 2],
+  call(1, -1, "module_call", "Model", "Model", "", 30, 1),
+  call(2, 1, "module_call", "Block_0", "Block", "", 20, 0),
+  call(3, 2, "module_call", "Dense_0", "Dense", "features=2", 6, 2, "features=2 use_bias=True"),
+  call(6, 2, "activation", "gelu", "gelu", "", 0, 3),
+  call(7, 1, "module_call", "Block_1", "Block", "", 10, 0),
+  call(8, 7, "module_call", "Dense_0", "Dense", "features=2", 6, 2),
 ];
 
 test("buildTree links children in document order with depths", () => {
@@ -28,10 +31,11 @@ test("visibleRows follows the expanded set; equations come after the calls", () 
   const t = buildTree(ROWS);
   assert.deepEqual(visibleRows(t, new Set()).map((n) => n.id), [1]);
   assert.deepEqual(visibleRows(t, new Set([1])).map((n) => n.id), [1, 2, 7]);
-  const eqs = new Map([[1, equationNodes(t.byId.get(1), [[100, "add", "f32[2]", "f32[2]", ""]])]]);
+  const eqs = new Map([[1, equationNodes(t.byId.get(1), [equationRow({ id: 100, primitive: "add" })])]]);
   assert.deepEqual(visibleRows(t, new Set([1, 2]), eqs).map((n) => n.id), [1, 2, 3, 6, 7, 100]);
   const eq = eqs.get(1)[0];
   assert.equal(eq.depth, 1);
+  assert.equal(eq.name, "add");
   assert.equal(expandable(eq), false);
   assert.equal(expandable(t.byId.get(6)), true); // an activation with equations
 });
@@ -59,12 +63,12 @@ test("filterKeep keeps matches and their ancestors; visibleRows shows them expan
 });
 
 test("a fully expanded 48-layer tree (~1000 rows) is built and flattened quickly", () => {
-  const rows = [[0, -1, "module_call", "Model", "Model", "", "", "", 0, 0]];
+  const rows = [callRow({ id: 0, parent: -1, name: "Model", type: "Model" })];
   let id = 1;
   for (let l = 0; l < 48; l++) {
     const b = id++;
-    rows.push([b, 0, "module_call", `Block_${l}`, "Block", "", "", "", 0, 0]);
-    for (let k = 0; k < 20; k++) rows.push([id++, b, "module_call", `Dense_${k}`, "Dense", "", "", "", 0, 2]);
+    rows.push(callRow({ id: b, parent: 0, name: `Block_${l}`, type: "Block" }));
+    for (let k = 0; k < 20; k++) rows.push(callRow({ id: id++, parent: b, name: `Dense_${k}`, type: "Dense", neq: 2 }));
   }
   const t0 = performance.now();
   const tree = buildTree(rows);
@@ -78,4 +82,21 @@ test("a fully expanded 48-layer tree (~1000 rows) is built and flattened quickly
   const shown = visibleRows(tree, all, new Map(), keep);
   assert.equal(shown[0].name, "Model");
   assert.equal(shown[1].name, "Block_47");
+});
+
+test("ownerOf: a call is its own owner, an equation's comes from `_match_owners`", () => {
+  const t = buildTree(ROWS);
+  assert.equal(ownerOf(3, t, {}), 3);
+  assert.equal(ownerOf(100, t, { 100: 3 }), 3);
+  assert.equal(ownerOf(101, t, {}), undefined);
+});
+
+test("expandedByPath keeps rows open across a rewrite that renumbers them", () => {
+  const before = buildTree(ROWS);
+  assert.equal(pathOf(before, 8), "Model/Block_1/Dense_0");
+  // a rewrite that inserts a row before Block_1: its ids move by one
+  const after = buildTree([...ROWS.slice(0, 4), call(7, 2, "activation", "relu", "relu"),
+    call(8, 1, "module_call", "Block_1", "Block"), call(9, 8, "module_call", "Dense_0", "Dense")]);
+  assert.deepEqual([...expandedByPath(before, new Set([1, 7]), after)].sort(), [1, 8]);
+  assert.deepEqual([...expandedByPath(before, new Set([1000]), after)].sort(), [1, 2, 8]); // none left: the default
 });

@@ -18,7 +18,7 @@ CELLS = [
     # 0: open the explorer on a small Transformer
     """import jax, jax.numpy as jnp, yax
 from models import Transformer
-from yax._xpath import view
+from yax.internal import view
 from yax_widget import Explorer
 model = Transformer(num_layers=2)
 batch = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % 64

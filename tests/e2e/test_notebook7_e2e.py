@@ -13,7 +13,7 @@ pytestmark = pytest.mark.e2e
 
 CELLS = [
     """import jax, jax.numpy as jnp, flax.linen as nn, yax
-from yax._xpath import view
+from yax.internal import view
 from yax_widget import Explorer
 m = nn.Sequential([nn.Dense(8), nn.gelu, nn.Dense(2)])
 x = jnp.ones((2, 4))

@@ -132,16 +132,21 @@ def of_replacement(x: Any) -> Frontend | None:
     return next((f for f in registry() if f.owns(x)), None)
 
 
-def variables(mox: Mox, params: Any) -> Any:
-    """The variables layout for a `sub` on ``mox``: the root's frontend's, or
-    the first frontend that recognises ``params`` (a plain function taking a
-    linen variables dict)."""
+def first_answer(mox: Mox, question: str, *args: Any) -> Any:
+    """The first non-``None`` answer to ``frontend.question(mox, *args)``: the
+    root's frontend first, then the others in order (a plain function that
+    takes a linen variables dict is answered by linen)."""
     first = of_root(mox)
     for f in [first, *(f for f in registry() if f is not first)]:
-        layout = f.variables(mox, params)
-        if layout is not None:
-            return layout
+        found = getattr(f, question)(mox, *args)
+        if found is not None:
+            return found
     return None
+
+
+def variables(mox: Mox, params: Any) -> Any:
+    """The variables layout for a `sub` on ``mox`` (see `Frontend.variables`)."""
+    return first_answer(mox, "variables", params)
 
 
 def hooks() -> list[Callable]:

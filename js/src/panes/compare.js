@@ -1,0 +1,68 @@
+// The compare pane: the verdict, per-output statistics, the histogram of the differences and
+// the heatmaps of original, modified and |difference| (from `_comparison`, docs/widget.md).
+import { h } from "../dom.js";
+import { bounds, extent, floats, histogramBars, num, ramp } from "../format.js";
+
+const HIST_W = 280;
+const HIST_H = 80;
+
+function heatCanvas(values, rows, cols, lo, hi, label) {
+  // wide, flat outputs (a few rows of many columns) are stretched to at least 1:4 to stay visible
+  const canvas = h("canvas", { class: "yax-heat", width: cols, height: rows, title: label,
+    style: { aspectRatio: `${cols} / ${Math.max(rows, cols / 4)}` } });
+  const ctx = canvas.getContext("2d");
+  const img = ctx.createImageData(cols, rows);
+  for (let i = 0; i < rows * cols; i++) {
+    const [r, g, b] = ramp((values[i] - lo) / (hi - lo));
+    img.data.set([r, g, b, 255], i * 4);
+  }
+  ctx.putImageData(img, 0, 0);
+  return h("figure", { class: "yax-heat-fig" }, canvas, h("figcaption", {}, label));
+}
+
+function histCanvas(hist, color) {
+  const canvas = h("canvas", { class: "yax-hist", width: HIST_W, height: HIST_H });
+  const ctx = canvas.getContext("2d");
+  ctx.fillStyle = color;
+  for (const b of histogramBars(hist.counts, HIST_W, HIST_H)) ctx.fillRect(b.x, b.y, b.w, b.h);
+  return h("figure", { class: "yax-hist-fig" }, canvas,
+    h("figcaption", {}, `modified − original, from ${num(hist.lo)} to ${num(hist.hi)}`));
+}
+
+function heatmaps(heat) {
+  const a = floats(heat.original);
+  const b = floats(heat.modified);
+  const d = floats(heat.diff);
+  const [lo, hi] = extent([...extent(a), ...extent(b)]);
+  const [dlo, dhi] = extent(d);
+  const dmax = (bounds(d) || [])[1]; // the caption says the real maximum, not the widened one
+  return h("div", { class: "yax-heats" },
+    heatCanvas(a, heat.rows, heat.cols, lo, hi, `original ${heat.label}`),
+    heatCanvas(b, heat.rows, heat.cols, lo, hi, "modified"),
+    heatCanvas(d, heat.rows, heat.cols, Math.min(0, dlo), dhi, `|difference| (max ${num(dmax)})`));
+}
+
+function statsTable(outputs) {
+  return h("table", { class: "yax-stats" },
+    h("tr", {}, ["output", "max|Δ|", "mean|Δ|", "rel", "cos", ""].map((t) => h("th", {}, t))),
+    outputs.map((o) => h("tr", {}, h("td", {}, o.name), h("td", {}, num(o.max_abs)), h("td", {}, num(o.mean_abs)),
+      h("td", {}, num(o.rel)), h("td", {}, num(o.cosine)), h("td", {}, o.allclose ? "✓" : "✗"))));
+}
+
+/** Fill `pane` from a `_comparison` value; `color` draws the histogram's bars. */
+export function renderCompare(pane, c, { color = "#1976d2" } = {}) {
+  if (!c.outputs) {
+    pane.replaceChildren(h("div", { class: "yax-hint" },
+      c.message || "Drag a replacement onto a layer to compare the modified model with the original."));
+    return;
+  }
+  const verdict = h("div", { class: `yax-verdict ${c.allclose ? "yax-ok" : "yax-differs"}` },
+    c.allclose ? "✓ outputs allclose to the original" : "✗ outputs differ from the original",
+    c.first_divergence ? h("div", {}, "first divergence: ", h("code", {}, c.first_divergence)) : null,
+    h("div", { class: "yax-hint" }, `compiled and compared in ${c.seconds} s`));
+  const plots = c.outputs.map((o) => h("div", { class: "yax-output" },
+    h("div", { class: "yax-section-title" }, `${o.name} [${o.shape.join(", ")}]`),
+    histCanvas(o.hist, color),
+    o.heat ? heatmaps(o.heat) : null));
+  pane.replaceChildren(verdict, statsTable(c.outputs), ...plots);
+}

@@ -1,0 +1,321 @@
+// The tree view: the rows of the current model (virtualised: only the rows in sight are in
+// the DOM), the query's highlight, the diff marks and divergence colours, equations loaded
+// on demand, keyboard navigation, palette drops, and the fits menu and refusal notice
+// shown at their rows.
+import { h } from "./dom.js";
+import { compact, divergenceColor, divergenceLevel, num } from "./format.js";
+import { fitsMenu } from "./panes/palette.js";
+import {
+  ancestorsOf, buildTree, equationNodes, expandable, expandedByPath, filterKeep, initialExpanded, ownerOf,
+  visibleRows,
+} from "./tree.js";
+
+export const ROW_H = 22;
+const OVERSCAN = 10;
+
+/** The element of `node` at position `i`; `look` holds what decides its marks (see `look()`). */
+export function rowElement(node, i, look) {
+  const key = String(node.id);
+  const b = look.boundaries[key];
+  const level = b ? divergenceLevel(b.rel) : null;
+  const mark = look.marks[key];
+  const cls = ["yax-row", node.eq ? "yax-eq" : `yax-${node.kind}`,
+    look.matches.has(node.id) && "yax-match", look.selected === node.id && "yax-selected",
+    mark && `yax-${mark}`, look.dropping === node.id && "yax-dropping"].filter(Boolean).join(" ");
+  const toggle = expandable(node)
+    ? h("span", { class: "yax-toggle", role: "button", "aria-label": "expand" }, look.expanded.has(node.id) ? "▾" : "▸")
+    : h("span", { class: "yax-toggle yax-leaf" }, "");
+  const title = [node.type && node.fields ? `${node.type}(${node.fields})` : node.fields,
+    b && `relative error ${num(b.rel)}, max |Δ| ${num(b.max_abs)}`].filter(Boolean).join("\n") || undefined;
+  return h("div", {
+    class: cls, dataset: { id: key }, role: "treeitem", title,
+    style: { top: `${i * ROW_H}px`, paddingLeft: `${6 + node.depth * 14}px`,
+      borderLeftColor: level === null ? "transparent" : divergenceColor(level) },
+  },
+  toggle,
+  h("span", { class: "yax-name" }, node.name),
+  node.type && node.type !== node.name ? h("span", { class: "yax-type" }, node.type) : null,
+  node.attrs ? h("span", { class: "yax-attrs" }, node.attrs) : null,
+  h("span", { class: "yax-shapes" }, `${node.ins} → ${node.outs}`),
+  node.params ? h("span", { class: "yax-params" }, compact(node.params)) : null,
+  look.firstDivergence === node.id
+    ? h("span", { class: "yax-first", title: "outputs start to differ here" }, "◆ first divergence") : null);
+}
+
+/** The legend of the rows' divergence colours. */
+export function divergenceLegend() {
+  return h("div", { class: "yax-legend" },
+    h("span", {}, "divergence at module outputs:"),
+    ...[0, 0.25, 0.5, 0.75, 1].map((l) => h("span", { class: "yax-swatch", style: { background: divergenceColor(l) },
+      title: `relative error 1e${Math.round(-7 + 7 * l)}` })),
+    h("span", {}, "1e-7 … 1"));
+}
+
+export class TreeView {
+  /**
+   * `request(type, payload)`: requests.js; `onFailure(err)`: show a failed request;
+   * `onSubstitute(target, name)`: what a drop or a pick in the fits menu does;
+   * `onMatchesShown(ids)`: the highlight of `showMatches` is on screen.
+   */
+  constructor({ model, request, onFailure, onSubstitute, onMatchesShown }) {
+    Object.assign(this, { model, request, onFailure, onSubstitute, onMatchesShown });
+    this.tree = buildTree([]);
+    this.expanded = new Set();
+    this.eqs = new Map();      // call id -> equation nodes
+    this.keep = null;          // the name filter's ids, or null
+    this.selected = null;      // selected row id
+    this.fits = null;          // {id, fits, refused}: the menu at a row
+    this.notice = null;        // {id, message}: a refusal's reason at a row
+    this.visible = [];
+    this.matchSet = new Set();
+    this.matchVersion = 0;
+    this.dragOver = null;
+    this.frame = 0;
+    this.spacer = h("div", { class: "yax-spacer" });
+    this.el = h("div", { class: "yax-tree", tabindex: "0", role: "tree", "aria-label": "module tree" }, this.spacer);
+    this.el.addEventListener("scroll", () => this.schedule());
+    this.el.addEventListener("click", (e) => this.onClick(e));
+    this.el.addEventListener("keydown", (e) => this.onKey(e));
+    this.listenForDrops();
+  }
+
+  // -- painting --------------------------------------------------------------------------
+
+  /** What decides the rows' marks, read once per paint. */
+  look() {
+    const c = this.model.get("_comparison") || {};
+    return {
+      matches: this.matchSet, selected: this.selected, expanded: this.expanded, dropping: this.dragOver,
+      boundaries: c.boundaries || {}, firstDivergence: c.first_divergence_id,
+      marks: (this.model.get("_diff") || {}).current || {},
+    };
+  }
+
+  paint() {
+    this.frame = 0;
+    const { el, visible } = this;
+    this.spacer.style.height = `${visible.length * ROW_H}px`;
+    const from = Math.max(0, Math.floor(el.scrollTop / ROW_H) - OVERSCAN);
+    const to = Math.min(visible.length, Math.ceil((el.scrollTop + el.clientHeight) / ROW_H) + OVERSCAN);
+    const look = this.look();
+    const out = [];
+    for (let i = from; i < to; i++) out.push(rowElement(visible[i], i, look));
+    const at = this.fits ? this.indexOf(this.fits.id) : -1;
+    if (at >= 0) {
+      const { id } = this.fits;
+      out.push(this.below(at, fitsMenu(this.fits, {
+        onPick: (name) => this.onSubstitute(id, name),
+        onClose: () => { this.fits = null; this.schedule(); },
+      })));
+    }
+    if (this.notice) out.push(this.below(this.indexOf(this.notice.id), this.noticeElement()));
+    this.spacer.replaceChildren(...out);
+  }
+
+  /** Place an overlay just below row `i` (at the top when -1). */
+  below(i, el) {
+    el.style.top = `${(i + 1) * ROW_H}px`;
+    return el;
+  }
+
+  noticeElement() {
+    return h("div", { class: "yax-notice", role: "alert" },
+      h("button", { class: "yax-close", onclick: () => { this.notice = null; this.schedule(); } }, "×"),
+      this.notice.message);
+  }
+
+  /** Paint at the next frame (once, however often asked). */
+  schedule() {
+    if (!this.frame) this.frame = requestAnimationFrame(() => this.paint());
+  }
+
+  /** The visible rows changed (expansion, filter, equations, tree). */
+  relayout() {
+    this.visible = visibleRows(this.tree, this.expanded, this.eqs, this.keep);
+    this.schedule();
+  }
+
+  indexOf(id) {
+    return id === null || id === undefined ? -1 : this.visible.findIndex((n) => n.id === id);
+  }
+
+  scrollTo(i) {
+    if (i < 0) return;
+    const { el } = this;
+    const y = i * ROW_H;
+    if (y < el.scrollTop || y + ROW_H > el.scrollTop + el.clientHeight) {
+      el.scrollTop = Math.max(0, y - el.clientHeight / 3);
+    }
+    this.schedule();
+  }
+
+  // -- state from Python -------------------------------------------------------------------
+
+  /** New rows (`_tree`): what was expanded stays expanded where the rows still exist. */
+  setRows(rows, filterText) {
+    const prev = this.tree;
+    this.tree = buildTree(rows);
+    this.expanded = prev.byId.size ? expandedByPath(prev, this.expanded, this.tree) : initialExpanded(this.tree);
+    this.eqs = new Map();
+    this.selected = null;
+    this.fits = null;
+    this.keep = filterKeep(this.tree, filterText);
+  }
+
+  setFilter(text) {
+    this.keep = filterKeep(this.tree, text);
+    this.relayout();
+  }
+
+  /** Highlight `ids` (`_matches`): expand their ancestors, load the equations of calls whose
+   * equations match (`owners`: `_match_owners`), scroll to the first; then `onMatchesShown`. */
+  showMatches(ids, owners) {
+    const version = ++this.matchVersion;
+    const { byId } = this.tree;
+    this.matchSet = new Set(ids);
+    const calls = ids.map((id) => ownerOf(id, this.tree, owners)).filter((x) => x !== undefined);
+    for (const a of ancestorsOf(calls, (i) => byId.get(i)?.parent)) this.expanded.add(a);
+    const withEqs = [...new Set(ids.filter((id) => !byId.has(id)).map((id) => owners[String(id)]))]
+      .filter((o) => byId.has(o));
+    for (const o of withEqs) this.expanded.add(o);
+    this.relayout();
+    return Promise.all(withEqs.map((o) => this.loadEquations(byId.get(o)))).then(() => {
+      if (version !== this.matchVersion) return;
+      this.relayout();
+      this.scrollTo(this.visible.findIndex((n) => this.matchSet.has(n.id)));
+      // announce the highlight once it is on screen (the browser tests wait for this)
+      requestAnimationFrame(() => {
+        this.paint(); // the rows are in the DOM before the highlight is announced
+        if (version === this.matchVersion) this.onMatchesShown(ids);
+      });
+    });
+  }
+
+  showNotice(id, message) {
+    this.notice = { id, message };
+    this.schedule();
+  }
+
+  /** Close the fits menu and the notice. */
+  closeOverlays() {
+    this.fits = null;
+    this.notice = null;
+    this.schedule();
+  }
+
+  // -- user actions -------------------------------------------------------------------------
+
+  async toggle(id) {
+    const node = this.tree.byId.get(id);
+    if (!node || !expandable(node)) return;
+    if (this.expanded.has(id)) this.expanded.delete(id);
+    else {
+      this.expanded.add(id);
+      await this.loadEquations(node);
+    }
+    this.relayout();
+  }
+
+  /** Fetch the equations of a call once (an `expand` request). */
+  async loadEquations(node) {
+    if (!(node.neq > 0) || this.eqs.has(node.id)) return;
+    this.eqs.set(node.id, []);
+    const current = () => this.tree.byId.get(node.id) === node; // not rebuilt meanwhile
+    try {
+      const reply = await this.request("expand", { id: node.id });
+      if (current()) this.eqs.set(node.id, equationNodes(node, reply.rows));
+    } catch (err) {
+      if (current()) this.eqs.delete(node.id);
+      this.onFailure(err);
+    }
+  }
+
+  /** Select a row; with `openMenu`, offer what fits it (a `fits` request). */
+  async select(id, openMenu) {
+    this.selected = id;
+    this.fits = null;
+    if (this.notice && this.notice.id !== id) this.notice = null; // a refusal's reason goes once the user moves on
+    this.schedule();
+    if (!openMenu) return;
+    try {
+      const reply = await this.request("fits", { id });
+      if (this.selected === id) {
+        this.fits = { id, fits: reply.fits, refused: reply.refused };
+        this.schedule();
+      }
+    } catch (err) {
+      this.onFailure(err);
+    }
+  }
+
+  onClick(e) {
+    const row = e.target.closest(".yax-row");
+    if (!row) return;
+    const id = Number(row.dataset.id);
+    if (e.target.closest(".yax-toggle")) this.toggle(id);
+    else this.select(id, true);
+  }
+
+  /** Arrows move the selection, right/left expand and collapse (left again goes to the
+   * parent), Enter offers what fits, Escape closes the menu and the notice. */
+  onKey(e) {
+    const { visible } = this;
+    if (!visible.length) return;
+    let i = this.indexOf(this.selected);
+    const node = visible[i];
+    if (e.key === "ArrowDown" || e.key === "ArrowUp") {
+      i = Math.min(visible.length - 1, Math.max(0, i + (e.key === "ArrowDown" ? 1 : -1)));
+      this.select(visible[i].id, false);
+      this.scrollTo(i);
+    } else if (e.key === "ArrowRight" && node && !this.expanded.has(node.id)) {
+      this.toggle(node.id);
+    } else if (e.key === "ArrowLeft" && node) {
+      if (this.expanded.has(node.id)) this.toggle(node.id);
+      else if (node.parent >= 0) {
+        this.select(node.parent, false);
+        this.scrollTo(this.indexOf(node.parent));
+      }
+    } else if (e.key === "Enter" && node) {
+      this.select(node.id, true);
+    } else if (e.key === "Escape") {
+      this.closeOverlays();
+    } else return;
+    e.preventDefault();
+  }
+
+  /** Palette items dropped onto rows. The drop-target highlight is set on the row element
+   * itself: repainting the rows under the pointer in the middle of a drag would detach its target. */
+  listenForDrops() {
+    const { el, spacer } = this;
+    const rowOf = (e) => e.target.closest(".yax-row");
+    const mark = (id) => {
+      this.dragOver = id;
+      for (const r of spacer.querySelectorAll(".yax-dropping")) r.classList.remove("yax-dropping");
+      if (id !== null) spacer.querySelector(`.yax-row[data-id="${id}"]`)?.classList.add("yax-dropping");
+    };
+    el.addEventListener("dragover", (e) => {
+      const row = rowOf(e);
+      if (!row) return;
+      e.preventDefault();
+      e.dataTransfer.dropEffect = "copy";
+      const id = Number(row.dataset.id);
+      if (this.dragOver !== id) mark(id);
+    });
+    el.addEventListener("dragleave", (e) => {
+      if (!el.contains(e.relatedTarget)) mark(null);
+    });
+    el.addEventListener("drop", (e) => {
+      const row = rowOf(e);
+      mark(null);
+      if (!row) return;
+      e.preventDefault();
+      const name = e.dataTransfer.getData("text/plain");
+      if (name) this.onSubstitute(Number(row.dataset.id), name);
+    });
+  }
+
+  dispose() {
+    if (this.frame) cancelAnimationFrame(this.frame);
+    this.frame = 0;
+  }
+}

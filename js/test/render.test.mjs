@@ -1,0 +1,417 @@
+// render() in a DOM (jsdom) with a fake anywidget model that answers requests the way
+// yax_widget/_explorer.py does: traits first, then the reply with the request's rid.
+// The same tests run on the source and on the bundle that ships (yax_widget/static/widget.js).
+import assert from "node:assert/strict";
+import { existsSync } from "node:fs";
+import { afterEach, beforeEach, describe, test } from "node:test";
+import { JSDOM, VirtualConsole } from "jsdom";
+import { callRecord, callRow, equationRow } from "../src/rows.js";
+
+// -- a DOM --------------------------------------------------------------------------------
+const jsdomErrors = [];
+const virtualConsole = new VirtualConsole();
+virtualConsole.on("jsdomError", (e) => jsdomErrors.push(e));
+const { window } = new JSDOM("<!doctype html><html><body></body></html>", { pretendToBeVisual: true, virtualConsole });
+for (const k of ["window", "document", "requestAnimationFrame", "cancelAnimationFrame", "getComputedStyle",
+  "DOMParser", "Event", "KeyboardEvent", "MouseEvent"]) globalThis[k] = window[k];
+if (!globalThis.navigator) globalThis.navigator = window.navigator; // Node 20 has none
+// jsdom lays nothing out: the tree shows 20 rows; canvases record what is drawn
+Object.defineProperty(window.HTMLElement.prototype, "clientHeight", {
+  configurable: true, get() { return this.classList.contains("yax-tree") ? 20 * 22 : 0; },
+});
+window.HTMLCanvasElement.prototype.getContext = function getContext() {
+  const canvas = this;
+  canvas.drawn = { rects: 0, image: null };
+  return {
+    fillStyle: "",
+    fillRect() { canvas.drawn.rects += 1; },
+    createImageData: (w, h) => ({ width: w, height: h, data: new Uint8ClampedArray(w * h * 4) }),
+    putImageData(img) { canvas.drawn.image = img; },
+  };
+};
+
+// -- a model ------------------------------------------------------------------------------
+function transformerRows(layers, offset = 0) {
+  const rows = [callRow({ id: offset, parent: -1, name: "Transformer", type: "Transformer", ins: "i32[2,16]",
+    outs: "f32[2,16,64]", params: 1234567, neq: 2 })];
+  let id = offset + 1;
+  for (let l = 0; l < layers; l++) {
+    const block = id++;
+    rows.push(callRow({ id: block, parent: offset, name: `Block_${l}`, type: "Block", params: 50000, neq: 1 }));
+    for (const [name, type] of [["attn", "MultiHeadAttention"], ["Dense_0", "Dense"], ["gelu", "gelu"], ["Dense_1", "Dense"]]) {
+      const dense = type === "Dense";
+      rows.push(callRow({ id: id++, parent: block, kind: type === "gelu" ? "activation" : "module_call", name, type,
+        attrs: dense ? "features=64" : "", fields: dense ? "features=64 use_bias=True" : "",
+        ins: "f32[2,16,64]", outs: "f32[2,16,64]", params: type === "gelu" ? 0 : 4160, neq: 3 }));
+    }
+  }
+  return rows;
+}
+
+const floats32 = (n, f) => new DataView(Float32Array.from({ length: n }, (_, i) => f(i)).buffer);
+
+/** The explorer's traits for a Transformer of `layers` blocks, before any change. */
+function initialState(layers = 2) {
+  const rows = transformerRows(layers);
+  return {
+    _tree: { version: 0, rows }, _original_tree: { version: 0, rows }, _query: "", _query_error: "",
+    _matches: [], _match_owners: {},
+    _palette: [{ name: "identity", kind: "function", doc: "x -> x" }, { name: "relu", kind: "function", doc: "" },
+      { name: "LoRA r=4", kind: "module", doc: "" }],
+    _history: { items: [], index: 0 }, _diff: { original: {}, current: {} }, _comparison: {},
+    _status: { busy: false, message: "" }, _notice: {},
+  };
+}
+
+/** Answers like Python's: `handlers[type](msg, model)` returns the reply's payload (a
+ * Promise for a slow one; `undefined`: no reply at all, as from a busy kernel). */
+const PYTHON = {
+  query(msg, model) {
+    if (msg.xpath.includes("[")) {
+      model.set("_query_error", "Invalid XPath: unbalanced `[`.");
+      return { type: "error", message: "Invalid XPath: unbalanced `[`." };
+    }
+    const calls = model.get("_tree").rows.map(callRecord);
+    const ids = msg.xpath ? calls.filter((c) => c.type === "Dense").map((c) => c.id) : [];
+    model.set("_query_error", "");
+    model.set("_match_owners", {});
+    model.set("_matches", ids);
+    return { type: "ok", count: ids.length };
+  },
+  expand: (msg) => ({ type: "ok", rows: [
+    equationRow({ id: 10000 + msg.id, primitive: "dot_general", ins: "f32[2,16,64] f32[64,64]", outs: "f32[2,16,64]" }),
+    equationRow({ id: 20000 + msg.id, primitive: "add", ins: "f32[2,16,64]", outs: "f32[2,16,64]" })] }),
+  fits: () => ({ type: "ok", fits: ["identity", "relu"], refused: { "LoRA r=4": "`LoRA` replaces a Dense layer." } }),
+  code: () => ({ type: "ok", code: "mox = yax.sub('//gelu', jax.nn.relu, mox)" }),
+  graph: () => ({ type: "ok", dot: 'digraph { rankdir=LR; "yax-1" [label="Dense"]; x -> "yax-1" -> y }' }),
+};
+
+class FakeModel {
+  constructor(state, handlers) {
+    this.state = state;
+    this.handlers = { ...PYTHON, ...handlers };
+    this.listeners = new Map();
+    this.sent = [];
+  }
+
+  get(key) { return this.state[key]; }
+  set(key, value) { this.state[key] = value; this.emit(`change:${key}`); }
+  save_changes() {}
+  on(name, f) { this.listeners.set(name, [...(this.listeners.get(name) || []), f]); }
+  off(name, f) { this.listeners.set(name, (this.listeners.get(name) || []).filter((g) => g !== f)); }
+  emit(name, ...args) { for (const f of this.listeners.get(name) || []) f(...args); }
+  listening() { return [...this.listeners.values()].reduce((n, fs) => n + fs.length, 0); }
+
+  send(msg) {
+    this.sent.push(msg);
+    const handler = this.handlers[msg.type];
+    setTimeout(async () => { // the kernel answers later, traits before the reply
+      const payload = handler && (await handler(msg, this));
+      if (payload) this.emit("msg:custom", { ...payload, rid: msg.rid }, []);
+    }, 1);
+  }
+
+  /** The requests of a type sent so far, without their rids. */
+  requests(type) { return this.sent.filter((m) => m.type === type).map(({ rid, ...rest }) => rest); }
+}
+
+// -- helpers ------------------------------------------------------------------------------
+async function until(cond, what, ms = 3000) {
+  const t0 = Date.now();
+  while (!cond()) {
+    if (Date.now() - t0 > ms) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+const frame = () => new Promise((r) => requestAnimationFrame(() => setTimeout(r, 0)));
+
+function key(el, k) { el.dispatchEvent(new window.KeyboardEvent("keydown", { key: k, bubbles: true })); }
+function click(el) { el.dispatchEvent(new window.MouseEvent("click", { bubbles: true })); }
+function drop(el, name) {
+  const e = new window.Event("drop", { bubbles: true, cancelable: true });
+  e.dataTransfer = { getData: () => name, dropEffect: "" };
+  el.dispatchEvent(e);
+}
+
+// -- the tests ------------------------------------------------------------------------------
+/** Show `widget` with a fake model; `timeoutMs` is the requests' limit. */
+async function show(widget, { layers = 2, state = {}, handlers = {}, timeoutMs } = {}) {
+  const model = new FakeModel({ ...initialState(layers), ...state }, handlers);
+  const el = document.createElement("div");
+  document.body.append(el);
+  const cleanup = widget.render({ model, el, ...(timeoutMs ? { timeoutMs } : {}) });
+  const root = el.querySelector(".yax-explorer");
+  await until(() => root.dataset.ready === "1", "the first paint");
+  const $ = (s) => root.querySelector(s);
+  const $$ = (s) => [...root.querySelectorAll(s)];
+  const names = () => $$(".yax-row .yax-name").map((e) => e.textContent);
+  const row = (id) => $(`.yax-row[data-id="${id}"]`);
+  return { model, root, cleanup, $, $$, names, row, status: () => $(".yax-status") };
+}
+
+/** The scenarios, each run on the source and on the bundle: `fn(mount)`, `mount(options)`
+ * shows the widget (see `show`). */
+const SCENARIOS = [];
+const scenario = (name, fn) => SCENARIOS.push([name, fn]);
+
+scenario("rows come from the `_tree` trait, the top two levels expanded", async (mount) => {
+  const { root, $$, names, row } = await mount();
+  assert.deepEqual(names(), ["Transformer", "Block_0", "attn", "Dense_0", "gelu", "Dense_1",
+    "Block_1", "attn", "Dense_0", "gelu", "Dense_1"]);
+  assert.ok(Number(root.dataset.paintMs) >= 0);
+  const dense = row(3);
+  assert.equal(dense.querySelector(".yax-type").textContent, "Dense");
+  assert.equal(dense.querySelector(".yax-attrs").textContent, "features=64");
+  assert.equal(dense.querySelector(".yax-shapes").textContent, "f32[2,16,64] → f32[2,16,64]");
+  assert.equal(dense.querySelector(".yax-params").textContent, "4.2k");
+  assert.equal(dense.title, "Dense(features=64 use_bias=True)");
+  assert.equal(dense.style.top, "66px");
+  assert.ok(row(4).classList.contains("yax-activation"));
+  assert.equal(row(4).querySelector(".yax-type"), null); // type equal to the name: not repeated
+  assert.equal(row(0).querySelector(".yax-params").textContent, "1.2M");
+  assert.deepEqual($$(".yax-palette-item").map((e) => [e.dataset.name, e.draggable]),
+    [["identity", true], ["relu", true], ["LoRA r=4", true]]);
+  assert.equal($$(".yax-toggle:not(.yax-leaf)").length, 11); // every call here runs equations
+});
+
+scenario("only the rows in sight are in the DOM, and scrolling moves them", async (mount) => {
+  const { $, $$ } = await mount({ layers: 48 }); // 241 rows, all expanded
+  assert.equal($(".yax-spacer").style.height, `${241 * 22}px`);
+  assert.equal($$(".yax-row").length, 30); // 20 in sight + 10 below
+  const tree = $(".yax-tree");
+  tree.scrollTop = 100 * 22;
+  tree.dispatchEvent(new window.Event("scroll"));
+  await frame();
+  const tops = $$(".yax-row").map((e) => parseInt(e.style.top, 10) / 22);
+  assert.deepEqual([tops[0], tops.at(-1), tops.length], [90, 129, 40]);
+});
+
+scenario("typing a query sends it; the reply's highlight and count are shown", async (mount) => {
+  const { model, root, $, $$ } = await mount();
+  const input = $(".yax-query input");
+  input.value = "//Dense";
+  input.dispatchEvent(new window.Event("input"));
+  await until(() => root.dataset.matchIds, "the highlight");
+  assert.deepEqual(model.requests("query"), [{ type: "query", xpath: "//Dense" }]);
+  assert.equal(root.dataset.matchIds, "3,5,8,10");
+  assert.deepEqual($$(".yax-row.yax-match").map((e) => e.dataset.id), ["3", "5", "8", "10"]);
+  await until(() => $(".yax-count").textContent === "4 matches", "the count");
+  assert.equal($(".yax-status").textContent, "");
+});
+
+scenario("an invalid query's message is shown at the query box, not twice", async (mount) => {
+  const { root, $ } = await mount();
+  const input = $(".yax-query input");
+  input.value = "//Dense[";
+  input.dispatchEvent(new window.Event("input"));
+  await until(() => $(".yax-query-error").textContent, "the query error");
+  assert.match($(".yax-query-error").textContent, /unbalanced/);
+  assert.ok(input.classList.contains("yax-invalid"));
+  await new Promise((r) => setTimeout(r, 20));
+  assert.equal($(".yax-status").textContent, "");
+  assert.equal(root.dataset.matchIds, "");
+});
+
+scenario("matched equations: their call's equations are loaded and the rows highlighted", async (mount) => {
+  const { model, root, row } = await mount();
+  model.set("_match_owners", { 10003: 3 });
+  model.set("_matches", [10003]);
+  await until(() => root.dataset.matchIds === "10003", "the equation highlight");
+  assert.deepEqual(model.requests("expand"), [{ type: "expand", id: 3 }]);
+  const eq = row(10003);
+  assert.deepEqual([...eq.classList], ["yax-row", "yax-eq", "yax-match"]);
+  assert.equal(eq.querySelector(".yax-name").textContent, "dot_general");
+  assert.ok(row(20003)); // the call's other equation
+});
+
+scenario("a request with no reply is rejected after the timeout: the status says so", async (mount) => {
+  const { model, $, status } = await mount({ timeoutMs: 40, state: { _status: { busy: false, message: "ready" } },
+    handlers: { code: () => undefined, undo: () => ({ type: "ok" }) } });
+  assert.equal(status().textContent, "ready");
+  click($(".yax-copy"));
+  await until(() => status().classList.contains("yax-failed"), "the failure");
+  assert.match(status().textContent, /No reply from the kernel to `code` within 40 ms/);
+  // a late reply changes nothing; the next request that succeeds clears the failure
+  model.emit("msg:custom", { type: "ok", rid: model.sent.at(-1).rid, code: "late" }, []);
+  assert.equal($(".yax-code"), null);
+  model.set("_history", { items: ["x"], index: 1 });
+  click($(".yax-undo"));
+  await until(() => !status().classList.contains("yax-failed"), "the failure to clear");
+  assert.equal(status().textContent, "ready");
+});
+
+scenario("error replies: the status shows the kernel's message; a refusal shows at its row", async (mount) => {
+  const { model, $, row, status } = await mount({ state: { _history: { items: ["x"], index: 1 } }, handlers: {
+    undo: () => ({ type: "error", message: "The request failed with RuntimeError: boom." }),
+    substitute(msg, m) {
+      m.set("_notice", { id: msg.target, message: "`relu` does not fit `Dense_0`.", n: 1 });
+      return { type: "error", message: "`relu` does not fit `Dense_0`." };
+    },
+  } });
+  click($(".yax-undo"));
+  await until(() => status().textContent.includes("boom"), "the undo failure");
+  assert.ok(status().classList.contains("yax-failed"));
+  drop(row(3), "relu");
+  await until(() => $(".yax-notice"), "the notice");
+  assert.deepEqual(model.requests("substitute"), [{ type: "substitute", target: 3, name: "relu" }]);
+  assert.match($(".yax-notice").textContent, /does not fit/);
+  assert.equal($(".yax-notice").style.top, `${4 * 22}px`); // below its row
+  model.set("_status", { busy: false, message: "compared in 0.20 s" }); // the kernel's news replaces it
+  assert.equal(status().textContent, "compared in 0.20 s");
+});
+
+scenario("undo and redo send their requests; the buttons and the history follow `_history`", async (mount) => {
+  const history = (index) => ({ items: ["replaced Block_0/gelu with relu"], index });
+  const apply = (index) => (msg, m) => new Promise((resolve) => setTimeout(() => {
+    m.set("_history", history(index));
+    resolve({ type: "ok" });
+  }, 60)); // longer than timeoutMs: a change's requests wait longer
+  const { model, $, $$, status } = await mount({ timeoutMs: 30, state: { _history: history(1) },
+    handlers: { undo: apply(0), redo: apply(1) } });
+  const [undo, redo] = [$(".yax-undo"), $(".yax-redo")];
+  assert.deepEqual([undo.disabled, redo.disabled], [false, true]);
+  assert.deepEqual($$(".yax-history-item.yax-current").map((e) => e.textContent), ["replaced Block_0/gelu with relu"]);
+  click(undo);
+  await until(() => undo.disabled, "undo");
+  assert.equal(redo.disabled, false);
+  assert.deepEqual($$(".yax-history-item.yax-undone").map((e) => e.textContent), ["replaced Block_0/gelu with relu"]);
+  assert.deepEqual($$(".yax-history-item.yax-current").map((e) => e.textContent), ["original"]);
+  click(redo);
+  await until(() => redo.disabled, "redo");
+  assert.deepEqual(model.requests("undo").concat(model.requests("redo")), [{ type: "undo" }, { type: "redo" }]);
+  await new Promise((r) => setTimeout(r, 20));
+  assert.equal(status().textContent, "");
+});
+
+scenario("clicking a row offers what fits; picking one substitutes it", async (mount) => {
+  const { model, $, $$, row } = await mount({ handlers: { substitute: () => ({ type: "ok", description: "ok" }) } });
+  $('.yax-tab[data-tab="History"]').dispatchEvent(new window.MouseEvent("click"));
+  click(row(3).querySelector(".yax-name"));
+  await until(() => $(".yax-fits"), "the fits menu");
+  assert.ok(row(3).classList.contains("yax-selected"));
+  assert.deepEqual(model.requests("fits"), [{ type: "fits", id: 3 }]);
+  assert.deepEqual($$(".yax-fit").map((b) => [b.dataset.name, b.disabled]),
+    [["identity", false], ["relu", false], ["LoRA r=4", true]]);
+  assert.equal($('.yax-fit[data-name="LoRA r=4"]').title, "`LoRA` replaces a Dense layer.");
+  click($('.yax-fit[data-name="relu"]'));
+  await until(() => model.requests("substitute").length, "the substitution");
+  assert.deepEqual(model.requests("substitute"), [{ type: "substitute", target: 3, name: "relu" }]);
+  await frame();
+  assert.equal($(".yax-fits"), null);
+  await until(() => $(".yax-tab.yax-active").dataset.tab === "Compare", "the compare tab");
+  drop($(".yax-query"), "identity"); // onto the query box: every match
+  await until(() => model.requests("substitute").length === 2, "the query substitution");
+  assert.deepEqual(model.requests("substitute")[1], { type: "substitute", target: "query", name: "identity" });
+});
+
+scenario("the keyboard moves the selection, expands, collapses, offers and closes the menu", async (mount) => {
+  const { model, $, names } = await mount();
+  const tree = $(".yax-tree");
+  const selected = () => $(".yax-row.yax-selected .yax-name")?.textContent;
+  key(tree, "ArrowDown");
+  key(tree, "ArrowDown");
+  await frame();
+  assert.equal(selected(), "Block_0");
+  key(tree, "ArrowLeft"); // collapse
+  await frame();
+  assert.deepEqual(names(), ["Transformer", "Block_0", "Block_1", "attn", "Dense_0", "gelu", "Dense_1"]);
+  key(tree, "ArrowLeft"); // to the parent
+  await frame();
+  assert.equal(selected(), "Transformer");
+  key(tree, "ArrowDown");
+  key(tree, "ArrowRight"); // expand again: its equation loads too
+  await until(() => names().includes("dot_general"), "the block's equations");
+  assert.deepEqual(model.requests("expand"), [{ type: "expand", id: 1 }]);
+  key(tree, "Enter");
+  await until(() => $(".yax-fits"), "the fits menu");
+  key(tree, "Escape");
+  await frame();
+  assert.equal($(".yax-fits"), null);
+});
+
+scenario("a new `_tree` keeps what was open by path; the filter keeps matches and ancestors", async (mount) => {
+  const { model, $, names, row } = await mount();
+  click(row(6).querySelector(".yax-toggle")); // collapse Block_1
+  await frame();
+  model.set("_tree", { version: 1, rows: transformerRows(2, 100) }); // every id changes
+  await frame();
+  assert.deepEqual(names(), ["Transformer", "Block_0", "attn", "Dense_0", "gelu", "Dense_1", "Block_1"]);
+  assert.ok(row(103));
+  const search = $(".yax-search input");
+  search.value = "GELU";
+  search.dispatchEvent(new window.Event("input"));
+  await frame();
+  assert.deepEqual(names(), ["Transformer", "Block_0", "gelu", "Block_1", "gelu"]);
+});
+
+scenario("a comparison fills the compare pane and colours the rows; the diff marks them", async (mount) => {
+  const { model, $, $$, row } = await mount();
+  model.set("_diff", { original: { 4: "changed" }, current: { 4: "changed" } });
+  model.set("_comparison", {
+    allclose: false, first_divergence: "Transformer/Block_0/gelu", first_divergence_id: 4, seconds: 0.42,
+    outputs: [{ name: "out", shape: [2, 16, 64], max_abs: 0.31, mean_abs: 0.02, rel: 0.04, cosine: 0.998,
+      allclose: false, hist: { counts: [1, 4, 20, 80, 0, 90, 15, 3], lo: -0.3, hi: 0.3 },
+      heat: { label: "[0]", rows: 16, cols: 32, original: floats32(512, (i) => Math.sin(i / 9)),
+        modified: floats32(512, (i) => Math.sin(i / 9) + 0.1), diff: floats32(512, () => 0.1) } }],
+    boundaries: { 4: { rel: 0.04, max_abs: 0.31, allclose: false }, 3: { rel: 0, max_abs: 0, allclose: true } },
+  });
+  await frame();
+  const pane = $(".yax-compare");
+  assert.match(pane.querySelector(".yax-verdict").textContent, /outputs differ.*Transformer\/Block_0\/gelu.*0\.42 s/);
+  assert.deepEqual($$(".yax-stats tr").at(1).textContent, "out0.3100.02000.04000.998✗");
+  assert.equal(pane.querySelector(".yax-hist").drawn.rects, 8); // a bar per bin
+  const heats = $$(".yax-heat");
+  assert.equal(heats.length, 3);
+  const img = heats[0].drawn.image;
+  assert.deepEqual([img.width, img.height, img.data[3], img.data.at(-1)], [32, 16, 255, 255]);
+  assert.match($$(".yax-heat-fig figcaption")[2].textContent, /\|difference\| \(max 0\.100\)/);
+  assert.ok(row(4).querySelector(".yax-first"));
+  assert.ok(row(4).classList.contains("yax-changed"));
+  assert.match(row(4).title, /relative error 0\.0400/);
+  assert.notEqual(row(4).style.borderLeftColor, "transparent");
+  assert.notEqual(row(3).style.borderLeftColor, row(4).style.borderLeftColor); // same (green) vs differs
+  assert.deepEqual($$(".yax-diff .yax-diff-row.yax-changed").map((e) => e.textContent), ["~ gelu", "~ gelu"]);
+});
+
+scenario("the graph button lays out the graph with Graphviz in the pane", async (mount) => {
+  const { model, $, row } = await mount();
+  click(row(3).querySelector(".yax-name"));
+  click($(".yax-graph-button"));
+  assert.equal($(".yax-tab.yax-active").dataset.tab, "Graph");
+  await until(() => $(".yax-graph svg"), "the SVG", 20_000);
+  assert.deepEqual(model.requests("graph"), [{ type: "graph", id: 3, depth: 1 }]);
+  assert.equal($(".yax-graph svg").querySelectorAll("g.node").length, 3);
+});
+
+scenario("the cleanup it returns stops listening to the model", async (mount) => {
+  const { model, cleanup } = await mount();
+  assert.ok(model.listening() > 10);
+  cleanup();
+  assert.equal(model.listening(), 0);
+});
+
+// -- on the source and on the bundle ---------------------------------------------------------
+const TARGETS = [["source", new URL("../src/index.js", import.meta.url)],
+  ["bundle", new URL("../../yax_widget/static/widget.js", import.meta.url)]];
+
+for (const [label, url] of TARGETS) {
+  describe(`render() from the ${label}`, { skip: !existsSync(url) && "no bundle: run `npm run build`" }, () => {
+    let widget;
+    const cleanups = [];
+    beforeEach(async () => {
+      widget ??= (await import(url)).default;
+      jsdomErrors.length = 0;
+    });
+    afterEach(() => {
+      for (const f of cleanups.splice(0)) f();
+      document.body.replaceChildren();
+      assert.deepEqual(jsdomErrors.map(String), []);
+    });
+    const mount = async (options) => {
+      const shown = await show(widget, options);
+      cleanups.push(shown.cleanup);
+      return shown;
+    };
+    for (const [name, fn] of SCENARIOS) test(name, () => fn(mount));
+  });
+}

@@ -1,0 +1,179 @@
+"""What the explorer sends to the front-end: tree rows, equation rows, diff
+marks, the comparison with its heatmap buffers. Pure functions of a MoX (or
+a comparison): they read the model and never change the widget.
+
+Every format here is documented in ``docs/widget.md`` ("Protocol between the
+kernel and the front-end"); js/src reads these columns by position.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+import yax
+from yax.internal import CALL_KINDS, call_keys, key_attrs, keyed, node_ids, shown_params, type_str, value_str
+
+HEAT_MAX = 128  # a heatmap is at most HEAT_MAX x HEAT_MAX (subsampled beyond)
+HIST_BINS = 40
+
+
+def short(s: str, n: int) -> str:
+    """``s`` cut to ``n`` characters, ending in an ellipsis when cut."""
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def gist(message: str) -> str:
+    """The first and last lines of a long error (XLA's carry whole tracebacks)."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    return message if len(lines) < 3 else f"{short(lines[0], 200)} … {short(lines[-1], 200)}"
+
+
+def _types(values: Any) -> str:
+    return " ".join(map(type_str, values))
+
+
+def _fields(attrs: Mapping[str, Any], n: int) -> str:
+    return short(" ".join(f"{k}={value_str(v)}" for k, v in attrs.items()
+                          if v is not None and not k.startswith("_")), n)
+
+
+# -- the module tree ------------------------------------------------------------------
+
+def call_row(node: yax.Mox, ids: Mapping[int, int], parent: int) -> list:
+    """The tree row of a call node: the one place its columns are laid out."""
+    return [
+        ids[id(node)],                        # 0 id: the node's index in the XML view
+        parent,                               # 1 parent: the nearest enclosing call row's id, -1 at the top
+        node.kind,                            # 2 kind: module_call, method_call, activation, function
+        node.name,                            # 3 name: the last path component
+        node.type,                            # 4 type: the class or function name
+        _fields(key_attrs(node), 100),        # 5 attrs: the fields that differ from their defaults (shown)
+        _types(node.inputs),                  # 6 in: the input types, space-separated
+        _types(node.outputs),                 # 7 out: the output types
+        node.num_params,                      # 8 params: the parameter count
+        sum(isinstance(e, yax.Equation) for e in node.children),  # 9 neq: equations run directly in it
+        _fields(node.attrs, 400),             # 10 fields: every field (the row's tooltip)
+    ]
+
+
+def tree(mox: yax.Mox, version: int) -> dict:
+    """The ``_tree`` trait: the call rows of ``mox`` in document order."""
+    ids = node_ids(mox)
+    rows: list[list] = []
+
+    def walk(node: yax.Mox, parent: int) -> None:
+        for c in node.children:
+            if isinstance(c, yax.Equation):  # calls inside a loop or branch body belong to the enclosing call
+                for _, sub in c.subs:
+                    walk(sub, parent)
+            elif c.kind in CALL_KINDS:
+                rows.append(call_row(c, ids, parent))
+                walk(c, ids[id(c)])
+            else:
+                walk(c, parent)
+
+    walk(mox, -1)
+    return {"version": version, "rows": rows}
+
+
+def equation_rows(call: yax.Mox, ids: Mapping[int, int]) -> list[list]:
+    """The equations that run directly in ``call`` (the ``expand`` reply)."""
+    return [[
+        ids[id(e)],                           # 0 id: the equation's index in the XML view
+        e.name,                               # 1 primitive
+        _types(e.inputs),                     # 2 in
+        _types(e.outputs),                    # 3 out
+        short(" ".join(f"{k}={value_str(v)}" for k, v in shown_params(e)), 120),  # 4 params
+    ] for e in call.children if isinstance(e, yax.Equation)]
+
+
+_owner_maps: weakref.WeakKeyDictionary[yax.Mox, dict[int, int]] = weakref.WeakKeyDictionary()
+
+
+def owners(mox: yax.Mox) -> dict[int, int]:
+    """Equation id -> id of the call it runs in directly (what `expand` lists)."""
+    m = _owner_maps.get(mox)
+    if m is None:
+        ids = node_ids(mox)
+        m = _owner_maps[mox] = {ids[id(e)]: ids[id(c)] for c in mox.modules() for e in c.children
+                                if isinstance(e, yax.Equation)}
+    return m
+
+
+def diff_marks(a: yax.Mox, b: yax.Mox) -> dict:
+    """The ``_diff`` trait: `yax.diff`'s verdicts as marks by row id of each tree."""
+    d = yax.diff(a, b)
+    ka, kb = keyed(a), keyed(b)
+    orig = {ka[k].get("id"): "removed" for k in d.removed}
+    cur = {kb[k].get("id"): "added" for k in d.added}
+    for k in d.changed:
+        orig[ka[k].get("id")] = cur[kb[k].get("id")] = "changed"
+    return {"original": orig, "current": cur}
+
+
+# -- the comparison -------------------------------------------------------------------
+
+def _heat(x: np.ndarray, y: np.ndarray, name: str) -> dict | None:
+    """Heatmaps of the first 2-D slice of an output, as float32 buffers."""
+    if x.ndim == 0 or x.size == 0:
+        return None
+    lead = x.ndim - 2
+    if lead > 0:
+        x, y = x[(0,) * lead], y[(0,) * lead]
+        name = f"{name}[{', '.join(['0'] * lead)}]"
+    if x.ndim == 1:
+        x, y = x[None], y[None]
+    sr, sc = (max(1, math.ceil(n / HEAT_MAX)) for n in x.shape)
+    x, y = x[::sr, ::sc], y[::sr, ::sc]
+
+    def buf(a: np.ndarray) -> bytes:
+        return np.ascontiguousarray(a, dtype="<f4").tobytes()
+
+    return {"label": name, "rows": int(x.shape[0]), "cols": int(x.shape[1]),
+            "original": buf(x), "modified": buf(y), "diff": buf(np.abs(y - x))}
+
+
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+def _output(name: str, stats: yax.Stats, x: np.ndarray, y: np.ndarray) -> dict:
+    """One output's entry: its statistics, the histogram of its differences, its heatmaps."""
+    d = (y - x).ravel()
+    d = d[np.isfinite(d)]
+    lo, hi = (float(d.min()), float(d.max())) if d.size else (0.0, 0.0)
+    if lo == hi:
+        lo, hi = lo - 0.5, hi + 0.5
+    counts, _ = np.histogram(d, bins=HIST_BINS, range=(lo, hi))
+    return {
+        "name": name, "shape": list(x.shape),
+        **{k: _finite(v) if isinstance(v, float) else v for k, v in stats.to_dict().items()},
+        "hist": {"counts": counts.tolist(), "lo": lo, "hi": hi},
+        "heat": _heat(x, y, name),
+    }
+
+
+def comparison_state(c: yax.Comparison, mox: yax.Mox, seconds: float) -> dict:
+    """The ``_comparison`` trait of ``c``, whose modified model is ``mox``."""
+    ids = node_ids(mox)
+    keys = call_keys(mox)
+    outputs = [_output(name, s, *c.arrays[name]) for name, s in c.outputs.items()]
+    bounds = {str(ids[id(keys[k])]): {"rel": _finite(s.rel), "max_abs": _finite(s.max_abs), "allclose": s.allclose}
+              for k, s in c.boundaries.items() if k in keys}
+    first = c.first_divergence
+    return {
+        "allclose": c.allclose, "first_divergence": first,
+        "first_divergence_id": ids[id(keys[first])] if first in keys else None,
+        "seconds": round(seconds, 3), "outputs": outputs, "boundaries": bounds,
+    }
+
+
+def comparison_failure(e: Exception) -> dict:
+    """The ``_comparison`` trait when the comparison could not be made."""
+    return {"message": str(e) if isinstance(e, yax.YaxError) else
+            f"The comparison failed with {type(e).__name__}: {gist(str(e))}"}
