@@ -23,7 +23,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 from models import Transformer  # noqa: E402
 
 import yax  # noqa: E402
-from yax._xpath import build_view  # noqa: E402
+from yax.internal import build_view  # noqa: E402
 
 QUERIES = [
     '//module_call[@type="Dense"][@features=768]',

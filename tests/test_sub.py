@@ -303,10 +303,15 @@ def test_dropping_variables_a_shared_call_still_reads_is_refused():
     before = _snapshot(mox, params)
     # `embed` is called twice: __call__ (lookup) and attend (tied output). Replacing only the lookup by a
     # function drops `embedding`, which attend still reads.
-    with pytest.raises(yax.YaxRewriteError, match="read a value that no longer exists"):
+    with pytest.raises(yax.YaxRewriteError, match="read a value that no longer exists") as e:
         yax.sub('//module_call[@name="embed"][@method="__call__"]', lambda i: jnp.zeros((2, 8, 32)), mox,
                 params=params)
     assert before[:2] == _snapshot(mox, params)[:2]
+    # the message shows the printed IR around the node, that node's line marked (like check_jaxpr)
+    marked = [line for line in str(e.value).splitlines() if line.startswith(">>> ")]
+    assert len(marked) == 1 and "transpose" in marked[0]  # attend transposes the dropped embedding
+    assert "the equation `transpose` at `Transformer/embed`" in str(e.value)
+    assert str(e.value).endswith("Nothing was changed.")
 
 
 def test_variables_inside_scan_bodies_are_refused_but_functions_work():

@@ -141,6 +141,7 @@ class _Printer:
     def __init__(self) -> None:
         self.name = Names()
         self.lines: list[str] = []
+        self.at: dict[int, int] = {}  # id(child node) -> its line
 
     def atom(self, a: Symbol) -> str:
         if isinstance(a, Literal):
@@ -166,6 +167,7 @@ class _Printer:
 
     def child(self, c: Equation | Mox, indent: int) -> None:
         pad = " " * indent
+        self.at[id(c)] = len(self.lines)
         if isinstance(c, Mox):
             args = " ".join(self.atom(a) for a in c.inputs)
             self.lines.append(f"{pad}{self.lhs(c.outputs)} = {call_header(c)} {args}")
@@ -200,3 +202,16 @@ def pprint(mox: Mox) -> str:
     else:
         p.child(mox, 0)
     return "\n".join(p.lines)
+
+
+def window(root: Mox, node: Equation | Mox, radius: int = 4) -> str:
+    """The printed lines of ``root`` around ``node``, the node's marked: what a
+    splice error shows (as ``jax.core.check_jaxpr`` shows equations around a fault)."""
+    p = _Printer()
+    p.block(root, 0)
+    i = p.at.get(id(node))
+    if i is None:
+        return ""
+    lo, hi = max(0, i - radius), min(len(p.lines), i + radius + 1)
+    lines = [f"{'>>> ' if j == i else '    '}{p.lines[j]}" for j in range(lo, hi)]
+    return "\n".join(["    ...", *lines, "    ..."] if lo or hi < len(p.lines) else lines)

@@ -129,9 +129,12 @@ def shared_variables(scope: str) -> YaxRewriteError:
     )
 
 
-def dangling(where_: str) -> YaxRewriteError:
+def dangling(where_: str, window: str = "") -> YaxRewriteError:
+    """A splice left a node reading a value nothing computes; ``window`` is the
+    printed IR around it (`yax._print.window`)."""
+    shown = f"\n{window}\n" if window else " "
     return YaxRewriteError(
-        f"After the rewrite, {where_} would read a value that no longer exists: most likely a variable of a "
-        "replaced module that this call shares (another method of the module, or another call of it). "
-        "Replace all calls of that module together, or keep variables with the same names and shapes."
+        f"After the rewrite, {where_} would read a value that no longer exists:{shown}Most likely it is a "
+        "variable of a replaced module that this call shares (another method of the module, or another call "
+        "of it). Replace all calls of that module together, or keep variables with the same names and shapes."
     )

@@ -4,7 +4,7 @@ benches use beyond the public API (like ``jax.extend`` or
 these names are stable between the two, but not promised to users.
 
 Contents:
-  node lookup      `view` (the XML view: ``.nodes``, ``.ids``), `node_ids`
+  node lookup      `view` (the XML view: ``.nodes``, ``.ids``; cached), `build_view`, `node_ids`
   node kinds       `Kind`, `CALL_KINDS`, `FN_KINDS`
   formatting       `type_str`, `value_str`, `shown_params`, `key_attrs`
   fit checks       `misfit`, `is_decider`, `is_module`
@@ -34,6 +34,7 @@ from ._print import shown_params as shown_params
 from ._print import type_str as type_str
 from ._print import value_str as value_str
 from ._trace import trace_target as trace_target
+from ._xpath import build_view as build_view
 from ._xpath import view as view
 from .rewrite import is_decider as is_decider
 from .rewrite import is_module as is_module

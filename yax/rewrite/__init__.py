@@ -110,7 +110,10 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
     built = {id(s.node): splice(s.traced, s.node, s.casts, var_maps[id(s.node)]) for s in sites}
     new = map_mox(lambda n: built.get(id(n), n), mox) if built else mox
     result = layout.finish(new, sites)
-    bad = unbound(result[0] if isinstance(result, tuple) else result)
+    root = result[0] if isinstance(result, tuple) else result
+    bad = unbound(root)
     if bad is not None:
-        raise errors.dangling(errors.where(bad[0]))
+        from .._print import window
+
+        raise errors.dangling(errors.where(bad[0]), window(root, bad[0]))
     return result
