@@ -1,4 +1,4 @@
-"""eval_mox input checks, errors, and sharding."""
+"""eval_mox input checks, errors, and sharding; to_function under jit and jax.export."""
 
 import os
 import subprocess
@@ -7,8 +7,10 @@ import textwrap
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
-from models import MLP
+from helpers import DENSE_MLP, traced
+from models import KEY, MLP
 
 import yax
 
@@ -105,3 +107,15 @@ def test_sharded_inputs_on_8_cpu_devices(tmp_path):
     r = subprocess.run([sys.executable, "-c", SHARDING], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "SHARDED-OK" in r.stdout
+
+
+def test_to_function_jit_lower_and_export():
+    mox, fn, (params, ids), kw = traced("transformer")
+    new, lp = yax.sub(DENSE_MLP, yax.LoRA(rank=2), mox, params=params, key=KEY)
+    f = yax.to_function(new)
+    lowered = jax.jit(lambda p, i: f(p, i, **kw)).lower(lp, ids)
+    assert "dot_general" in lowered.as_text()
+    exp = jax.export.export(jax.jit(lambda p, i: f(p, i, **kw)))(lp, ids)
+    blob = exp.serialize()
+    back = jax.export.deserialize(blob)  # what a server without yax does
+    np.testing.assert_allclose(back.call(lp, ids), yax.eval_mox(new, lp, ids, **kw), rtol=1e-5, atol=1e-5)

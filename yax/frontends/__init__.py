@@ -109,6 +109,13 @@ def registry() -> list[Frontend]:
     return _registry
 
 
+def register(frontend: Frontend) -> None:
+    """Add a frontend defined outside this folder (a third-party module system);
+    one defined here is found by itself."""
+    registry().append(frontend)
+    registry().sort(key=lambda f: (f.order, f.name))
+
+
 def get(name: str | None) -> Frontend:
     """The frontend called ``name`` (the plain-function one for ``None``)."""
     for f in registry():

@@ -1,42 +1,21 @@
-"""Golden XML and DOT output, SVG rendering by the real `dot`, and YSON.
+"""yax.to_dot (golden DOT output, the dataflow it draws) and to_svg, rendered by the real `dot`.
 
 Regenerate goldens on purpose with ``YAX_REGEN_GOLDEN=1`` and review the diff.
 """
 
-import io
 import os
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
+from helpers import check_golden, mox_of
 from lxml import etree
-from test_print import check_golden, mox_of
 
 import yax
 import yax.internal
 
 pytestmark = pytest.mark.core
-
-
-@pytest.fixture(scope="module")
-def tf():
-    return mox_of("transformer")
-
-
-def test_xml_golden():
-    check_golden("mlp.xml", yax.to_xml(mox_of("mlp")).rstrip("\n"))
-
-
-def test_xml_has_jaxpr_text_once_per_leaf_computation():
-    tree = etree.fromstring(yax.to_xml(mox_of("mlp")))
-    commented = [c.getparent().get("path") + ":" + c.getparent().tag for c in tree.iter(etree.Comment)]
-    # the two Dense bodies and the relu activation; not the jaxprs nested inside relu again
-    assert commented == ["MLP/Dense_0:module_call", "MLP/relu:activation", "MLP/Dense_1:module_call"]
-    assert "dot_general[dimension_numbers=(((1,), (0,)), ((), ()))]" in tree.xpath("//comment()")[0].text
-    # comments are not elements: queries over elements are unaffected
-    assert yax.query("count(//*)", mox_of("mlp")) == 16.0
 
 
 @pytest.mark.parametrize(
@@ -112,30 +91,3 @@ def test_svg_without_dot_program_says_how_to_install(tf, monkeypatch, tmp_path):
 def test_svg_layout_time_is_bounded(tf):
     with pytest.raises(yax.YaxRenderError, match="longer than 0.001 s"):
         yax.to_svg(tf, equations=True, timeout=0.001)
-
-
-def test_yson_round_trip_and_formats(tf):
-    import yt.yson as yson  # the yson extra; both test environments install it
-
-    for fmt in ["binary", "text", "pretty"]:
-        buf = io.BytesIO()
-        yax.dump_yson(tf, buf, format=fmt)
-        back = yson.loads(buf.getvalue())
-        assert back["children"][0]["path"] == "Transformer"
-        assert [c["type"] for c in back["children"][0]["children"] if c["kind"] == "module_call"] == [
-            "Embed", "Block", "Block", "LayerNorm", "Embed"]
-    with pytest.raises(ValueError, match="format"):
-        yax.dump_yson(tf, io.BytesIO(), format="xml")
-
-
-def test_yson_without_extra_names_the_extra():
-    code = (
-        "import sys, io; sys.modules['yt'] = None\n"  # what Python does when a package is absent
-        "import jax.numpy as jnp, yax\n"
-        "try:\n"
-        "    yax.dump_yson(yax.make_mox(jnp.sin)(jnp.ones(2)), io.BytesIO())\n"
-        "except yax.YaxDependencyError as e:\n"
-        "    print(e)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert "pip install 'yax[yson]'" in out.stdout, out.stderr

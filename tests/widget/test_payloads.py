@@ -1,0 +1,65 @@
+"""What the explorer sends to the front-end: tree rows, the comparison with its
+heatmap buffers, diff marks."""
+
+from __future__ import annotations
+
+import numpy as np
+from ipywidgets.widgets.widget import _remove_buffers
+
+import yax
+from yax.internal import view
+
+from .helpers import IDS, ask, explorer
+
+
+def test_tree_rows_are_the_call_nodes_with_their_parents(model):
+    ex = explorer(model)
+    nodes = view(ex.mox).nodes
+    rows = ex._tree["rows"]
+    assert [nodes[r[0]].path for r in rows] == [n.path for n in ex.mox.modules()]
+    by_id = {r[0]: r for r in rows}
+    for r in rows:
+        node = nodes[r[0]]
+        assert (r[2], r[3], r[4]) == (node.kind, node.name, node.type)
+        assert r[8] == node.num_params
+        if r[1] >= 0:  # the parent row is the nearest enclosing call
+            parent = nodes[r[1]]
+            assert node.path.startswith(parent.path) and r[1] in by_id
+        else:
+            assert node.path == "Transformer"
+    dense = next(r for r in rows if r[4] == "Dense")
+    assert "features=" in dense[5] and dense[6].startswith("f32[") and dense[9] > 0
+    # the row shows what differs from the defaults; the tooltip text has every field
+    assert "use_bias" not in dense[5] and "use_bias=True" in dense[10] and "features=" in dense[10]
+
+
+def test_substitute_by_row_compares_and_keeps_the_original(model):
+    ex = explorer(model)
+    original, params = ex.mox, ex.params
+    gelu = yax.query("//activation[@name='gelu']", ex.mox)[0]
+    reply = ask(ex, rid=1, type="substitute", target=view(ex.mox).ids[id(gelu)], name="ReLU")
+    assert reply["type"] == "ok" and "Block_0/gelu" in reply["description"]
+    assert ex.original is original and ex._states[0].params is params
+    assert [n.name for n in yax.query("//activation", ex.mox)] == ["softmax", "relu", "softmax", "gelu"]
+    # the comparison is the real one
+    c = ex.comparison
+    assert c.first_divergence == "Transformer/Block_0/gelu" and not c.allclose  # the site keeps its path
+    want = yax.compare(original, ex.mox, params, IDS)
+    assert c.outputs == want.outputs
+    state = ex._comparison
+    assert state["first_divergence_id"] == view(ex.mox).ids[id(yax.query("//activation[@name='relu']", ex.mox)[0])]
+    out = state["outputs"][0]
+    assert out["shape"] == [2, 8, 64] and sum(out["hist"]["counts"]) == 2 * 8 * 64
+    heat = out["heat"]
+    assert (heat["rows"], heat["cols"]) == (8, 64)
+    x, y = c.arrays[out["name"]]
+    np.testing.assert_array_equal(np.frombuffer(heat["original"], "<f4").reshape(8, 64), x[0])
+    np.testing.assert_array_equal(np.frombuffer(heat["diff"], "<f4").reshape(8, 64), np.abs(y - x)[0])
+    # heatmaps travel as binary buffers, not JSON lists
+    _, _, buffers = _remove_buffers(ex.get_state())
+    assert len(buffers) == 3 and sum(len(b) for b in buffers) == 3 * 8 * 64 * 4
+    # the divergence is coloured per row of the current tree
+    rows = {r[0]: r for r in ex._tree["rows"]}
+    assert set(map(int, state["boundaries"])) <= set(rows)
+    assert ex._diff["current"] and ex._diff["original"]
+    assert ex._history == {"items": [reply["description"]], "index": 1}
