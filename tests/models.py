@@ -279,6 +279,60 @@ class TiedNested(nn.Module):
         return x @ table.T
 
 
+class ProjectedAttention(nn.Module):
+    """Attention whose q/k/v/o are `nn.DenseGeneral` over ``(heads, head_dim)``,
+    the way large JAX codebases (t5x, MaxText) write it."""
+
+    num_heads: int
+    head_dim: int
+
+    @nn.compact
+    def __call__(self, x, mask):
+        q, k, v = (nn.DenseGeneral((self.num_heads, self.head_dim), name=n)(x) for n in ("query", "key", "value"))
+        logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(self.head_dim).astype(x.dtype)
+        w = nn.softmax(jnp.where(mask, logits, jnp.finfo(x.dtype).min), axis=-1)
+        y = jnp.einsum("bhqk,bkhd->bqhd", w, v)
+        return nn.DenseGeneral(x.shape[-1], axis=(-2, -1), name="out")(y)
+
+
+class DecoderLayer(nn.Module):
+    """One pre-norm layer in `nn.scan`'s signature: ``(carry, broadcast mask) -> (carry, None)``."""
+
+    num_heads: int
+    head_dim: int
+    d_mlp: int
+    act: Callable = nn.gelu
+
+    @nn.compact
+    def __call__(self, x, mask):
+        x = x + ProjectedAttention(self.num_heads, self.head_dim, name="attn")(nn.LayerNorm(name="pre_attn_norm")(x), mask)
+        h = nn.Dense(self.d_mlp, name="wi")(nn.LayerNorm(name="pre_mlp_norm")(x))
+        return x + nn.Dense(x.shape[-1], name="wo")(self.act(h)), None
+
+
+class ScannedTransformer(nn.Module):
+    """Layers stacked as ``nn.scan(nn.remat(layer))`` with their variables
+    stacked on a leading layer axis, tied output embedding."""
+
+    vocab: int = 100
+    d_model: int = 32
+    num_heads: int = 4
+    d_mlp: int = 64
+    num_layers: int = 2
+    act: Callable = nn.gelu
+
+    @nn.compact
+    def __call__(self, ids):
+        embed = nn.Embed(self.vocab, self.d_model, name="embed")
+        Stack = nn.scan(
+            nn.remat(DecoderLayer, prevent_cse=False), variable_axes={"params": 0}, split_rngs={"params": True},
+            in_axes=nn.broadcast, length=self.num_layers,
+        )
+        layers = Stack(self.num_heads, self.d_model // self.num_heads, self.d_mlp, self.act, name="layers")
+        x, _ = layers(embed(ids), nn.make_causal_mask(ids))
+        return embed.attend(nn.LayerNorm(name="final_norm")(x))
+
+
 # -- the cases --------------------------------------------------------------------
 
 def _init(model, *args, **kwargs):

@@ -1,6 +1,7 @@
 """yax.LoRA, lora_mask and merge_lora: the train-and-merge recipe checked against
 optax and the plain model, and saving the adapters."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +12,7 @@ from helpers import DENSE_MLP, traced
 from models import KEY, Transformer
 
 import yax
+import yax.internal
 
 pytestmark = pytest.mark.core
 
@@ -75,3 +77,67 @@ def test_save_load_params_and_rebuild_from_recipe(tmp_path):
     mox2 = yax.make_mox(fn)(params, ids, **kw)
     rebuilt, _ = recipe(mox2, params)
     np.testing.assert_array_equal(yax.eval_mox(rebuilt, loaded, ids, **kw), yax.eval_mox(new, lp, ids, **kw))
+
+
+# -- the layers LoRA knows, and those it refuses -------------------------------------
+
+class Layers(nn.Module):
+    """One of each layer `yax.LoRA` adapts, and one it does not."""
+
+    @nn.compact
+    def __call__(self, x):  # x: [2, 5, 8]
+        h = nn.Dense(6, name="dense")(x)
+        h = nn.DenseGeneral((2, 3), axis=-1, name="general")(h)               # [2, 5, 2, 3]
+        h = nn.DenseGeneral(4, axis=(-2, -1), name="general2")(h)             # [2, 5, 4]
+        h = nn.Einsum((4, 3, 2), "btd,dhk->bthk", name="einsum")(h)           # [2, 5, 3, 2]
+        h = h.reshape(2, 5, 6)
+        return nn.Conv(4, (3,), name="conv")(h)
+
+
+@pytest.mark.parametrize("name", ["dense", "general", "general2", "einsum"])
+def test_lora_starts_exactly_equal_and_trains_on_every_layer_it_knows(name):
+    model, x = Layers(), jax.random.normal(KEY, (2, 5, 8))
+    params = model.init(KEY, x)
+    mox = yax.make_mox(model.apply)(params, x)
+    new, lp = yax.sub(f'//module_call[@name="{name}"]', yax.LoRA(rank=2), mox, params=params, key=KEY)
+    np.testing.assert_array_equal(yax.eval_mox(new, lp, x), model.apply(params, x))  # bit for bit
+    layer = lp["params"][name]
+    assert set(layer) - set(params["params"][name]) == {"lora_a", "lora_b"}
+    n_out = layer["kernel"].size // layer["lora_a"].shape[0]
+    assert layer["lora_a"].shape[1] == 2 and layer["lora_b"].shape == (2, n_out)
+    # a trained adapter changes the layer by exactly its low-rank update, and merges back
+    trained = jax.tree_util.tree_map_with_path(
+        lambda kp, v: v + 0.05 if getattr(kp[-1], "key", None) == "lora_b" else v, lp)
+    out = yax.eval_mox(new, trained, x)
+    assert not np.allclose(out, model.apply(params, x), atol=1e-4)
+    merged, mp = yax.merge_lora(new, trained)
+    np.testing.assert_allclose(yax.eval_mox(merged, mp, x), out, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(model.apply(mp, x), out, rtol=1e-5, atol=1e-5)  # the original model, merged
+
+
+def test_lora_refuses_layers_it_does_not_know():
+    model, x = Layers(), jnp.ones((2, 5, 8))
+    params = model.init(KEY, x)
+    mox = yax.make_mox(model.apply)(params, x)
+    before = str(mox), jax.tree_util.tree_map(np.copy, params)
+    with pytest.raises(yax.YaxRewriteError, match=r"adapts Dense, DenseGeneral, Einsum, nnx Linear .* `Conv`"):
+        yax.sub('//module_call[@name="conv"]', yax.LoRA(rank=2), mox, params=params, key=KEY)
+    assert str(mox) == before[0]
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, params, before[1]))
+    conv = yax.query('//module_call[@name="conv"]', mox)[0]  # what the explorer's menu says agrees
+    assert "`Conv`" in yax.internal.misfit(yax.LoRA(rank=2), conv, mox)
+
+
+def test_lora_on_nnx_linear_is_lora_linear_and_starts_equal():
+    from flax import nnx
+
+    model = nnx.Sequential(nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.relu, nnx.Linear(8, 2, rngs=nnx.Rngs(1)))
+    x = jax.random.normal(KEY, (3, 4))
+    _, state = nnx.split(model)
+    mox = yax.make_mox(model)(x)
+    new, ns = yax.sub('//module_call[@type="Linear"]', yax.LoRA(rank=2), mox, params=state)
+    assert [n.path for n in yax.query('//module_call[@type="LoRALinear"]', new)] == [
+        "Sequential/layers/0", "Sequential/layers/2"]
+    out, _ = yax.eval_mox(new, ns, x)
+    np.testing.assert_array_equal(out, model(x))
+    np.testing.assert_array_equal(nnx.merge(new.graphdef, ns)(x), model(x))

@@ -45,4 +45,7 @@ from .frontends.linen import module_of as module_of
 from .frontends.nnx import replace_modules as replace_modules
 from .rewrite import sub as sub
 
+#: The earlier prototype's name for a MoX (a module expression).
+Expr = Mox
+
 __version__ = "0.1.0"

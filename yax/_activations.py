@@ -1,11 +1,15 @@
 """Activation functions as call nodes (``jax.nn.gelu`` -> an ``activation``).
 
 Activations are plain functions, reached by name (``jax.nn.gelu``,
-``nn.gelu``) or held by objects built before the trace (a module field
-``act = nn.gelu``). For the length of a trace, the public names in
-``jax.nn``, ``flax.linen`` and ``flax.nnx`` point at marking wrappers
-(`patched_names`), and frontends point fields at them (`swapped`); every
-swap is undone in a ``finally`` block, also when tracing fails.
+``nn.gelu``), held by objects built before the trace (a module field
+``act = nn.gelu``, an attribute ``self.act = ACT2FN["gelu"]`` set in
+``setup``), or looked up in a table a library built at import time (Hugging
+Face's ``ACT2FN``: names to functions, ``functools.partial``s of them and the
+library's own functions). For the length of a trace, the public names in
+``jax.nn``, ``flax.linen`` and ``flax.nnx`` and the entries of the known
+tables (`TABLES`) point at marking wrappers (`patched_names`), and frontends
+point fields and attributes at them (`swapped`); every swap is undone in a
+``finally`` block, also when tracing fails.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
+import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -30,23 +37,45 @@ ACTIVATIONS = (
 )
 _HOMES = ("jax.nn", "flax.linen", "flax.linen.activation", "flax.nnx")
 
+#: Activation tables libraries build at import time, as ``(module, attribute)``:
+#: a dict ``name -> function`` or, with attribute ``None``, the module itself.
+#: Entries that are known activations, functions defined in that module, or
+#: ``functools.partial``s of either become nodes named by their key (the
+#: config's ``hidden_act``). A table is read only once its module is imported:
+#: yax never imports a library for it.
+TABLES: list[tuple[str, str | None]] = [
+    ("transformers.modeling_flax_utils", "ACT2FN"),  # Hugging Face's Flax models
+]
 
-def _wrapper(name: str, fn: Callable) -> Callable:
+_Entry = tuple[str, Callable, Callable]  # (name, original, marking wrapper)
+
+
+def _wrapper(name: str, fn: Callable, method: str | None = None) -> Callable:
+    """A function calling ``fn`` as an activation node ``name``. ``method``
+    names the function really called (``gelu`` for ``ACT2FN["gelu_new"]``,
+    a ``partial(nn.gelu, approximate=True)``), whose bound keywords become
+    the node's attrs."""
+    bound = dict(fn.keywords) if isinstance(fn, functools.partial) else {}
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         rec = recorder()
         if rec is None or not any(is_traced(x) for x in jax.tree_util.tree_leaves((args, kwargs))):
             return fn(*args, **kwargs)
         parent = rec.parent_path()
+        attrs = {k: v for k, v in {**bound, **kwargs}.items() if not is_traced(v)}
         call = CallInfo(
             kind=Kind.ACTIVATION,
             path=f"{parent}/{name}" if parent else name,
             name=name,
-            info=ModuleInfo(method=name, attrs={k: v for k, v in kwargs.items() if not is_traced(v)}),
+            info=ModuleInfo(method=method or name, attrs=attrs),
         )
         return marked_call(call, fn, args, kwargs)
 
+    if not hasattr(fn, "__name__"):  # a partial
+        wrapper.__name__ = wrapper.__qualname__ = name
     wrapper.__yax_activation__ = name  # type: ignore[attr-defined]
+    wrapper.__yax_method__ = method or name  # type: ignore[attr-defined]
     return wrapper
 
 
@@ -61,9 +90,9 @@ def _homes() -> list[Any]:
 
 
 @functools.cache
-def table() -> dict[int, tuple[str, Callable, Callable]]:
-    """``id(original function) -> (name, original, wrapper)``."""
-    out: dict[int, tuple[str, Callable, Callable]] = {}
+def _known() -> dict[int, _Entry]:
+    """The functions of `ACTIVATIONS` in jax.nn, flax.linen and flax.nnx, by id."""
+    out: dict[int, _Entry] = {}
     for mod in _homes():
         for name in ACTIVATIONS:
             fn = getattr(mod, name, None)
@@ -72,17 +101,109 @@ def table() -> dict[int, tuple[str, Callable, Callable]]:
     return out
 
 
-def marking(v: Any) -> Any:
-    """The marking wrapper of ``v`` if it is a known activation, else ``v``."""
-    hit = table().get(id(v)) if callable(v) else None
+def _loaded() -> list[tuple[str, Any]]:
+    """The `TABLES` of modules already imported, as ``(module name, table)``."""
+    out = []
+    for modname, attr in TABLES:
+        mod = sys.modules.get(modname)
+        tbl = mod if attr is None else getattr(mod, attr, None)
+        if isinstance(tbl, (dict, types.ModuleType)):
+            out.append((modname, tbl))
+    return out
+
+
+def _items(tbl: Any) -> list[tuple[str, Any]]:
+    return list(tbl.items() if isinstance(tbl, dict) else vars(tbl).items())
+
+
+def _put(tbl: Any, k: str, v: Any) -> None:
+    if isinstance(tbl, dict):
+        tbl[k] = v
+    else:
+        setattr(tbl, k, v)
+
+
+def _own(f: Any, modname: str) -> bool:
+    """A function defined in the table's module (``quick_gelu``)."""
+    return inspect.isfunction(f) and f.__module__ == modname and not hasattr(f, "__yax_activation__")
+
+
+def _partial_entry(p: functools.partial, t: dict[int, _Entry], name: str | None = None) -> _Entry | None:
+    """The entry of a partial of an activation in ``t``, named ``name`` (its
+    table key) or after the function. A partial of a wrapper (made while a
+    trace ran) marks itself: left alone."""
+    hit = t.get(id(p.func))
+    if hit is None or hit[1] is not p.func:
+        return None
+    return (name or hit[0], p, _wrapper(name or hit[0], p, hit[2].__yax_method__))
+
+
+def _table_entries(modname: str, tbl: Any, out: dict[int, _Entry]) -> None:
+    """Add the activations of one table to ``out``: known functions keep
+    their own name; the table module's functions and partials of either
+    (``"gelu_new": partial(nn.gelu, approximate=True)``) are named by their key."""
+    items = _items(tbl)
+    for k, v in items:
+        if id(v) not in out and _own(v, modname) and isinstance(k, str) and not k.startswith("_"):
+            out[id(v)] = (k, v, _wrapper(k, v, v.__name__))
+    for k, v in items:
+        if id(v) not in out and type(v) is functools.partial:
+            entry = _partial_entry(v, out, k)
+            if entry is not None:
+                out[id(v)] = entry
+
+
+_cache: dict[tuple, dict[int, _Entry]] = {}
+# While traces run (in any thread), the table they patched with: `swapped`
+# asks for it at every module call, and a table read from patched entries
+# would miss them.
+_patching = 0
+_during: dict[int, _Entry] | None = None
+
+
+def table() -> dict[int, _Entry]:
+    """``id(original function or partial) -> (name, original, wrapper)``:
+    the known activations and the entries of the loaded `TABLES`. Built once
+    per set of loaded tables (a few dict lookups to tell which)."""
+    if _during is not None:
+        return _during
+    loaded = _loaded()
+    key = tuple((id(t), len(t) if isinstance(t, dict) else len(vars(t))) for _, t in loaded)
+    hit = _cache.get(key)
+    if hit is not None:
+        return hit
+    out = dict(_known())
+    for modname, tbl in loaded:
+        _table_entries(modname, tbl, out)
+    _cache.clear()  # one set of tables at a time
+    _cache[key] = out
+    return out
+
+
+def marking(v: Any, t: dict[int, _Entry] | None = None) -> Any:
+    """The marking wrapper of ``v`` if it is a known activation or a
+    ``functools.partial`` of one (``act = partial(nn.gelu, approximate=False)``,
+    remembered by id from then on), else ``v``."""
+    if not callable(v):
+        return v
+    t = table() if t is None else t
+    hit = t.get(id(v))
+    if hit is None and type(v) is functools.partial:
+        hit = _partial_entry(v, t)
+        if hit is not None:
+            t[id(v)] = hit
     return hit[2] if hit is not None and hit[1] is v else v
 
 
 @contextlib.contextmanager
 def patched_names(rec: Any = None):
-    """Point the public activation names at their marking wrappers (a trace hook)."""
+    """Point the public activation names and the entries of the loaded
+    activation tables at their marking wrappers (a trace hook)."""
+    global _patching, _during
     t = table()
-    undo = []
+    undo: list[tuple[Any, str, Any]] = []
+    _patching += 1
+    _during = t
     try:
         for mod in _homes():
             for name in ACTIVATIONS:
@@ -91,27 +212,39 @@ def patched_names(rec: Any = None):
                 if hit is not None and hit[1] is fn:
                     undo.append((mod, name, fn))
                     setattr(mod, name, hit[2])
+        for _, tbl in _loaded():
+            for k, v in _items(tbl):
+                hit = t.get(id(v))
+                if hit is not None and hit[1] is v:
+                    undo.append((tbl, k, v))
+                    _put(tbl, k, hit[2])
         yield
     finally:
-        for mod, name, fn in reversed(undo):
-            setattr(mod, name, fn)
+        for holder, k, v in reversed(undo):
+            _put(holder, k, v)
+        _patching -= 1
+        if not _patching:
+            _during = None
 
 
 def swapped(items: list[tuple[Any, Any]], get: Callable, put: Callable) -> list[tuple[Any, Any]]:
     """Point each ``(holder, key)`` whose value is an activation (or a plain
     list/tuple holding some: ``nn.Sequential`` layers) at the marking
     wrapper, with ``put(holder, key, value)``; returns what `restore` puts back."""
+    t = table()
     undo = []
     for holder, k in items:
         v = get(holder, k)
         if type(v) in (list, tuple):
-            new = type(v)(marking(x) for x in v)
+            new = type(v)(marking(x, t) for x in v)
             if any(a is not b for a, b in zip(new, v)):
                 undo.append((holder, k, v))
                 put(holder, k, new)
-        elif marking(v) is not v:
-            undo.append((holder, k, v))
-            put(holder, k, marking(v))
+        elif callable(v):
+            w = marking(v, t)
+            if w is not v:
+                undo.append((holder, k, v))
+                put(holder, k, w)
     return undo
 
 

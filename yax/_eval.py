@@ -152,6 +152,8 @@ def _check_static(where: str, expected: Any, found: Any) -> None:
 
 
 def _checked_leaf(where: str, v: Symbol, x: Any) -> Any:
+    if isinstance(x, (bool, int, float, complex)):  # a Python number traced (`static_argnums`)
+        x = jax.numpy.asarray(x)
     dtype = getattr(x, "dtype", None)
     if dtype is None:
         raise YaxInputError(

@@ -268,6 +268,11 @@ class Equation(_Typed):
         return self.primitive.name
 
     @property
+    def prim(self) -> Any:
+        """The earlier prototype's name for `primitive`."""
+        return self.primitive
+
+    @property
     def subs(self) -> list[tuple[str, Mox]]:
         """The nested computations held in params, as ``(param_name, mox)``."""
         out = []
@@ -339,6 +344,7 @@ class Mox(_Typed):
     dyn_in = property(lambda self: self.sig.ins.dyn, doc="Indices of the traced argument leaves.")
     dyn_out = property(lambda self: self.sig.outs.dyn, doc="Indices of the traced result leaves.")
     in_paths = property(lambda self: self.sig.ins.paths, doc="Key paths of the traced argument leaves.")
+    module_ty = property(lambda self: self.info.type, doc="The earlier prototype's name for `module_type`.")
     graphdef = property(lambda self: self.origin,
                         doc="On a root traced from an ``nnx.Module``: the ``nnx.GraphDef`` (the frontend's origin).")
 

@@ -10,12 +10,14 @@ from ._ir import Equation, Mox, holds_mox
 Node = Equation | Mox
 
 
-def map_mox(fn: Callable[[Node], Node], mox: Mox) -> Mox:
+def map_mox(fn: Callable[[Node], Node], mox: Mox, *, before: Callable[[Node], Node] | None = None) -> Mox:
     """Apply ``fn`` to every node below ``mox`` (children first) and to
     ``mox`` itself, returning a new tree; nodes ``fn`` returns unchanged are
     shared with the input, which is never modified.
 
     Nested computations held by equations (scan bodies) are mapped too.
+    ``before``, if given, sees each node as it is in the input, before its
+    children are mapped, and may return a replacement to map instead.
 
     Example:
       >>> import jax.numpy as jnp, yax
@@ -27,6 +29,8 @@ def map_mox(fn: Callable[[Node], Node], mox: Mox) -> Mox:
     """
 
     def go(node: Node) -> Node:
+        if before is not None:
+            node = before(node)
         if isinstance(node, Equation):
             changed = {}
             for k, v in node.params.items():

@@ -8,7 +8,7 @@ The frontend that accepts ``fn`` (`yax.frontends`) says what is traced;
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -28,13 +28,19 @@ def is_dynamic(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))
 
 
-def make_mox(fn: Callable) -> Callable[..., Any]:
+def make_mox(fn: Callable, *, static_argnums: int | Sequence[int] | None = None,
+             static_argnames: str | Sequence[str] | None = None) -> Callable[..., Any]:
     """Trace ``fn`` into a module expression, like ``jax.make_jaxpr``.
 
     Args:
       fn: a JAX function, a Flax linen ``Module.apply``, a bound linen module,
         an unbound linen module (meaning its ``apply``), an ``nnx.Module``
         (meaning its ``__call__``) or a bound method of one (``model.encode``).
+      static_argnums, static_argnames: as for ``jax.jit``. By default, array
+        leaves are traced and every other leaf (a Python float, ``train=False``)
+        is static. Given either, the arguments named are static and every
+        other leaf is traced, Python numbers included (a temperature that is a
+        value, not a switch).
 
     Returns:
       A function taking the same ``*args, **kwargs`` as ``fn`` and returning
@@ -64,16 +70,34 @@ def make_mox(fn: Callable) -> Callable[..., Any]:
             f"but got a `{type(fn).__name__}`. Try `yax.make_mox(model.apply)(variables, x)`."
         )
 
+    explicit = static_argnums is not None or static_argnames is not None
+    nums = {static_argnums} if isinstance(static_argnums, int) else set(static_argnums or ())
+    names = {static_argnames} if isinstance(static_argnames, str) else set(static_argnames or ())
+
     @functools.wraps(fn)
     def traced(*args: Any, **kwargs: Any) -> Any:
+        n_user = len(args)
         target, args, kwargs, origin = frontend.prepare(fn, args, kwargs)
-        return _traced_root(target, args, kwargs, frontend.name, origin)
+        shift = len(args) - n_user  # arguments a frontend put first (an nnx state) are never static
+
+        def dynamic(keypath: tuple, x: Any) -> bool:
+            if not explicit:
+                return is_dynamic(x)
+            where, which = keypath[0].idx, keypath[1]
+            static = (which.idx - shift in nums) if where == 0 else (which.key in names)
+            return not static and (is_dynamic(x) or isinstance(x, (bool, int, float, complex)))
+
+        return _traced_root(target, args, kwargs, frontend.name, origin, dynamic)
 
     return traced
 
 
-def _traced_root(target: Callable, args: tuple, kwargs: dict, frontend: str, origin: Any) -> Any:
-    ins, dyn_vals = Packing.of((args, kwargs), is_dynamic, with_paths=True)
+def _traced_root(target: Callable, args: tuple, kwargs: dict, frontend: str, origin: Any,
+                 dynamic: Callable[[tuple, Any], bool]) -> Any:
+    flat, treedef = jax.tree_util.tree_flatten_with_path((args, kwargs))
+    flags = iter([dynamic(kp, x) for kp, x in flat])
+    ins, dyn_vals = Packing.from_leaves(treedef, [x for _, x in flat], lambda _: next(flags), [kp for kp, _ in flat])
+    dyn_vals = [x if is_dynamic(x) else jax.numpy.asarray(x) for x in dyn_vals]
     outs: list[Packing] = []
 
     def flat_fn(*vals: Any) -> list[Any]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 from typing import IO, Any
 
@@ -33,15 +34,24 @@ class Document:
         return f"Document(<{self.root.tag}>, {sum(1 for _ in self.root.iter(etree.Element))} elements)"
 
 
-def to_xml(mox: Mox) -> str:
-    """The XML text of the view `yax.query` runs on."""
-    return etree.tostring(view(mox).tree, pretty_print=True, encoding="unicode")
+def to_xml(mox: Mox, indent: int | bool = True) -> str:
+    """The XML text of the view `yax.query` runs on, indented by ``indent``
+    spaces per level (``True``: 2; ``False`` or 0: on one line)."""
+    tree = view(mox).tree
+    if indent is True or indent == 2:
+        return etree.tostring(tree, pretty_print=True, encoding="unicode")
+    if not indent:
+        return etree.tostring(tree, encoding="unicode")
+    root = copy.deepcopy(tree.getroot())  # the cached view stays as queries see it
+    etree.indent(root, space=" " * int(indent))
+    return etree.tostring(root, encoding="unicode") + "\n"
 
 
-def dump_xml(mox: Mox, fileobj: IO[Any]) -> None:
+def dump_xml(mox: Mox, fileobj: IO[Any], *, indent: int | bool = True) -> None:
     """Write the XML view of ``mox`` (the same document queries run against),
-    indented, to a binary or text file object, so a query can be debugged
-    with any XPath tool.
+    indented by ``indent`` spaces (the earlier prototype's option; default 2),
+    to a binary or text file object, so a query can be debugged with any
+    XPath tool.
 
     Example:
       >>> import io, jax.numpy as jnp, yax
@@ -58,7 +68,7 @@ def dump_xml(mox: Mox, fileobj: IO[Any]) -> None:
       </mox>
       <BLANKLINE>
     """
-    text = to_xml(mox)
+    text = to_xml(mox, indent)
     if isinstance(fileobj, io.TextIOBase):
         fileobj.write(text)
     else:

@@ -81,7 +81,11 @@ def build_view(mox: Mox) -> View:
         nodes.append(node)
         if isinstance(node, Equation):
             el.set("primitive", node.name)
-            el.set("name", node.name)
+            # a jitted helper is named after its function: //jit[@name="relu"], as the prototype's
+            # //pjit[@name="relu"]. (Inside the activation `relu`, jax.nn's jitted body is named so
+            # too: `//activation[@name="relu"]` selects the activations alone.)
+            fn = node.params.get("name")
+            el.set("name", fn if isinstance(fn, str) and _NAME_OK.match(fn) else node.name)
             el.set("path", node.path)
             _io_attrs(el, node)
             for k, v in shown_params(node):
@@ -152,7 +156,10 @@ _PJIT = re.compile(r"(?<![\w@$\"'-])pjit(?![\w\"'-])")
 
 def normalise(xpath: str) -> str:
     """The earlier prototype's dialect in standard XPath: ``//[@p]`` means
-    ``//*[@p]``, and ``pjit`` (JAX's former name) matches ``jit`` elements."""
+    ``//*[@p]``, ``pjit`` (JAX's former name) matches ``jit`` elements, and
+    ``/`` (the document) is its root element."""
+    if xpath.strip() == "/":
+        return "/*"
     out = _COMPAT_EMPTY_TEST.sub(lambda m: f"{m.group(1)}{m.group(2)}*[", xpath)
     return _PJIT.sub("jit", out)
 

@@ -122,6 +122,17 @@ def wrong_count(what: str, node: object, verb: str, n: int, m: int, types: str) 
     )
 
 
+def no_match(pattern: object, explained: str = "") -> YaxRewriteError:
+    """`sub`'s pattern matched nothing; ``explained`` is `yax.explain`'s account
+    of where an XPath stopped matching."""
+    what = f"The pattern `{pattern}`" if isinstance(pattern, str) else "The pattern (an empty list of nodes)"
+    how = f"How each step of it matched:\n{explained}\n" if explained else ""
+    return YaxRewriteError(
+        f"{what} matched no node, so `sub` would change nothing. {how}Try `yax.query` to see what "
+        "matches, or pass `must_match=False` to accept a rewrite that changes nothing."
+    )
+
+
 def shared_variables(scope: str) -> YaxRewriteError:
     return YaxRewriteError(
         f"Two calls of the module at `{scope}` were given replacements with different variables; calls of "

@@ -195,7 +195,7 @@ def _snapshot(mox, params):
          r"could not be traced on the node's inputs \(f32\[2,4\]\)"),
         ('//module_call[@name="Dense_0"]', lambda a: (a, a), {}, "returns 2 arrays, but the node returns 1"),
         ('//module_call[@name="Dense_0"]', yax.LoRA(rank=2), {"params": None},
-         "has variables; pass `params=`"),
+         "has variables the model does not have; pass `params=`"),
         ('//module_call[@name="Dense_0"]', yax.LoRA(rank=2), {"key": None}, "pass `key=`"),
         ("/mox", jax.nn.relu, {}, "the pattern matched a `root` node"),
         ('count(//module_call)', jax.nn.relu, {}, "returned a float, not nodes"),
@@ -230,10 +230,25 @@ def test_dropping_variables_a_shared_call_still_reads_is_refused():
     assert str(e.value).endswith("Nothing was changed.")
 
 
-def test_variables_inside_scan_bodies_are_refused_but_functions_work():
+def test_variables_inside_scan_bodies_are_stacked_per_layer():
     mox, fn, (params, ids), kw = traced("transformer_scan")
-    with pytest.raises(yax.YaxRewriteError, match="inside a transformed computation"):
-        yax.sub(DENSE_MLP, yax.LoRA(rank=2), mox, params=params, key=KEY)
+    new, lp = yax.sub(DENSE_MLP, yax.LoRA(rank=2), mox, params=params, key=KEY)
+    # the adapters sit beside each scanned kernel, one slice per layer, initialised per layer
+    layers = 3
+    lora_a = [x for kp, x in jax.tree_util.tree_flatten_with_path(lp)[0] if kp[-1].key == "lora_a"]
+    assert lora_a and all(x.shape[0] == layers and x.ndim == 3 for x in lora_a)
+    assert not np.allclose(lora_a[0][0], lora_a[0][1])  # split keys: the layers differ
+    np.testing.assert_allclose(yax.eval_mox(new, lp, ids), fn(params, ids), rtol=1e-6, atol=1e-6)
+    # trained adapters change the output, and merging them back gives the same function
+    trained = jax.tree_util.tree_map_with_path(
+        lambda kp, x: x + 0.1 if kp[-1].key == "lora_b" else x, lp)
+    out = yax.eval_mox(new, trained, ids)
+    assert not np.allclose(out, fn(params, ids), atol=1e-3)
+    merged, mp = yax.merge_lora(new, trained)
+    assert not yax.query('//module_call[@type="LoRA"]', merged)
+    np.testing.assert_allclose(yax.eval_mox(merged, mp, ids), out, rtol=1e-4, atol=1e-5)
+    assert jax.tree_util.tree_structure(mp) == jax.tree_util.tree_structure(params)
+    np.testing.assert_allclose(jax.jit(yax.to_function(new))(lp, ids), fn(params, ids), rtol=1e-6, atol=1e-6)
     new = yax.sub('//*[@name="gelu"]', jax.nn.relu, mox)
     want = Transformer(scan=True, num_layers=3, act=nn.relu).apply(params, ids)
     np.testing.assert_allclose(yax.eval_mox(new, params, ids), want, rtol=1e-5, atol=1e-5)

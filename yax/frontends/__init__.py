@@ -62,13 +62,20 @@ class Frontend:
         """Whether ``x`` is a module instance of this system (a replacement)."""
         return False
 
+    def rebuild(self, node: Mox) -> Any:
+        """A new module like the one a call node of this system called (for a
+        node cut from another MoX used as a replacement), or ``None`` when
+        this system cannot rebuild one from the node's fields."""
+        return None
+
     def fill(self, module: Any, node: Any) -> Any:
         """The replacement ``module`` completed from the node it replaces (linen
         fills the fields left ``None``); by default ``module`` itself."""
         return module
 
-    def trace_replacement(self, module: Any, avals: list) -> tuple[Mox, Any, int]:
-        """``module`` traced on the replaced node's input ``avals``: a root MoX
+    def trace_replacement(self, module: Any, avals: list, call: Callable) -> tuple[Mox, Any, int]:
+        """``module`` traced on the replaced node's input ``avals`` (called with
+        ``call(xs) -> (args, kwargs)``, the convention the engine chose): a root MoX
         whose first inputs are the module's variables, those variables (a
         pytree, abstract or with the module's own values), and how many of the
         root's last outputs are the variables' final values (stateful systems)."""

@@ -74,18 +74,22 @@ def _abstract(tree: Any) -> Any:
 
 def _interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: Any) -> Any:
     rec = recorder()
-    if rec is None or context.method_name == "setup":
+    if rec is None or context.method_name == "setup" or (rec.stack and getattr(rec.stack[-1][1], "__yax_inline__", False)):
+        # modules declaring `__yax_inline__` (yax.LoRA) compute with other modules as part of their own call
         return next_fun(*args, **kwargs)
     module = context.module
     method = context.method_name
     if not method.isidentifier():  # lifted transforms wrap __call__ in a lambda
         method = "__call__"
     same = bool(rec.stack) and rec.stack[-1][1] is module
+    if same and rec.calls[rec.stack[-1][0]].info.method == method:
+        return next_fun(*args, **kwargs)  # `super().__call__(x)`: part of the same call
     path = _path(module, rec)
     call = CallInfo(kind=Kind.METHOD_CALL if same else Kind.MODULE_CALL, path=path,
-                    name=path.rsplit("/", 1)[-1], module=module)
-    fields = [(module, f.name) for f in dataclasses.fields(module)]
-    undo = _activations.swapped(fields, getattr, object.__setattr__)
+                    name=path.rsplit("/", 1)[-1], module=module,
+                    info=ModuleInfo(type=type(module), method=method))  # read by nested calls
+    # fields and attributes set in `setup` (`self.act = ACT2FN["gelu"]`) alike
+    undo = _activations.swapped([(module, k) for k in vars(module)], getattr, object.__setattr__)
     try:
         out = marked_call(call, next_fun, args, kwargs)
     finally:
@@ -110,7 +114,7 @@ def _keystr(path: Sequence[Any]) -> str:
 
 def _get(tree: Any, keys: Sequence[str]) -> Any:
     for k in keys:
-        if not isinstance(tree, dict) or k not in tree:
+        if not isinstance(tree, Mapping) or k not in tree:
             return None
         tree = tree[k]
     return tree
@@ -153,15 +157,16 @@ def _find(args: Any, values: Any) -> tuple[tuple, Any]:
     by_path = {_keystr(kp): (kp, leaf) for kp, leaf in jax.tree_util.tree_flatten_with_path(args)[0]}
     flat = jax.tree_util.tree_flatten_with_path(values)[0]
     if not flat:
-        raise YaxRewriteError("`params` is empty; pass the variables dict the model was traced with.")
+        return _empty_dict(args)
     first = _keystr(flat[0][0])
     prefix = next((h[: len(h) - len(first)] for h in by_path if h.endswith(first)
                    and all(h[: len(h) - len(first)] + _keystr(kp) in by_path for kp, _ in flat)), None)
     if prefix is None:
         raise YaxRewriteError(
             "`params` is not among the arguments the MoX was traced with: no argument holds its "
-            f"leaf `{first}` together with all its other leaves. Pass the same variables dict "
-            "(e.g. the one given to `model.apply`)."
+            f"leaf `{first}` together with all its other leaves. Pass the variables as the MoX takes "
+            "them: the dict given to `model.apply` (`{'params': ...}`), or the bare `params` collection "
+            "where the traced function takes that (`model(ids, params=params)`)."
         )
     for kp, x in flat:
         v = by_path[prefix + _keystr(kp)][1]
@@ -174,6 +179,54 @@ def _find(args: Any, values: Any) -> tuple[tuple, Any]:
     return where, jax.tree_util.tree_map_with_path(lambda kp, _: by_path[prefix + _keystr(kp)][1], values)
 
 
+def _dicts(args: Any) -> list[tuple[tuple, dict]]:
+    """Every dict among the arguments, outermost first, with its key path."""
+    out: list[tuple[tuple, dict]] = []
+
+    def walk(x: Any, path: tuple) -> None:
+        if isinstance(x, dict):
+            out.append((path, x))
+            for k, v in x.items():
+                walk(v, (*path, jax.tree_util.DictKey(k)))
+        elif isinstance(x, (tuple, list)):
+            for i, v in enumerate(x):
+                walk(v, (*path, jax.tree_util.SequenceKey(i)))
+
+    walk(args, ())
+    return out
+
+
+def _empty_dict(args: Any) -> tuple[tuple, Any]:
+    """A model without variables, traced with ``apply({}, x)``: the empty dict it took
+    (an argument, not the keyword arguments themselves)."""
+    for path, d in _dicts(args):
+        if not d and len(path) > 1:
+            return path, {}
+    raise YaxRewriteError(
+        "`params` is empty and the MoX takes no empty variables dict to put new variables in. Pass the "
+        "variables the model was traced with, or trace a function that takes them (`model.apply({}, x)`)."
+    )
+
+
+def _layout(d: Any, nodes: list[Mox]) -> bool | None:
+    """Whether the dict ``d`` (of vars) is the bare ``params`` collection
+    (``True``), the variables dict of ``apply`` (``False``), or neither
+    (``None``): told by where the modules' variables sit in it."""
+    for n in nodes:
+        for coll, tree in (n.var_tree or {}).items():
+            leaf = next(iter(jax.tree_util.tree_flatten_with_path(tree)[0]), None)
+            if leaf is None:
+                continue
+            rest = [k.key for k in leaf[0]]
+            v = _get(d, (coll, *n.scope, *rest))
+            if isinstance(v, Var) and v.shape == leaf[1].shape:
+                return False
+            v = _get(d, (*n.scope, *rest)) if coll == "params" else None
+            if isinstance(v, Var) and v.shape == leaf[1].shape:
+                return True
+    return None
+
+
 @dataclasses.dataclass
 class _Scope:
     """The variables of one replaced module (shared by all its calls)."""
@@ -182,48 +235,85 @@ class _Scope:
     traced: Any = None                 # its replacement, if that has variables
     canon: dict[str, Var] = dataclasses.field(default_factory=dict)   # leaf path -> var
     kept: dict[str, Any] = dataclasses.field(default_factory=dict)    # leaf path -> old value
+    stack: tuple[int, ...] = ()        # leading axes of its variables (layers of enclosing scans)
 
 
 _inits: dict[tuple, Callable] = {}
 
 
-def _init(module: Any, needed: tuple[int, ...]) -> Callable:
+def _initialised(module: Any, call: Callable, key: Any, xs: Any) -> dict:
+    a, k = call(xs)
+    return dict(module.init(key, *a, **k))
+
+
+def _init(module: Any, needed: tuple[int, ...], call: Callable, key: Any) -> Callable:
     """A jitted ``module.init`` returning only the leaves at ``needed``
-    (XLA then skips initialising kept ones), shared by equal modules: 96 LoRA
-    layers of two shapes compile twice."""
-    k = (repr(module), needed)
+    (XLA then skips initialising kept ones), shared by equal modules (``key``,
+    the replacement's fingerprint): 96 LoRA layers of two shapes compile twice."""
+    k = (key, needed)
     f = _inits.get(k)
     if f is None:
         if len(_inits) > 64:
             _inits.clear()
 
         def init(key: Any, *xs: Any) -> list[Any]:
-            leaves = jax.tree_util.tree_leaves(dict(module.init(key, *xs)))
+            leaves = jax.tree_util.tree_leaves(_initialised(module, call, key, xs))
             return [leaves[i] for i in needed]
 
         f = _inits[k] = jax.jit(init)
     return f
 
 
+def _stacked(init: Callable, stack: tuple[int, ...], key: Any, xs: list) -> list[Any]:
+    """``init(key, *xs)``, or for variables stacked per layer (``nn.scan``) one
+    initialisation per layer with split keys, stacked along the leading axes."""
+    if not stack:
+        return init(key, *xs)
+    keys = jax.random.split(key, math.prod(stack)).reshape(stack)
+    f = lambda k: init(k, *xs)  # noqa: E731
+    for _ in stack:
+        f = jax.vmap(f)
+    return f(keys)
+
+
 class DictVariables:
-    """The variables dict of a `sub` (``{collection: {scope...: leaf}}``) and
-    where it sits among the root's arguments; ``None`` params when none was given."""
+    """The variables of a `sub` on a linen model and where they sit among the
+    root's arguments: the dict of ``apply`` (``{collection: {scope...: leaf}}``)
+    or the bare ``params`` collection (``{scope...: leaf}``, as Hugging Face
+    wrappers take ``params=``). The layout is read from where the modules'
+    variables sit; the new parameters come back in the same layout. Without
+    ``params``, the variables are found among the arguments by structure, and
+    only replacements that keep every variable they have are possible."""
 
     def __init__(self, root: Mox, params: Any):
         self.root = root
         self.given = params is not None
         self.scopes: dict[tuple[str, ...], _Scope] = {}
-        if not self.given:
-            return
-        self.values = jax.tree_util.tree_map(lambda x: x, dict(params))
         self.args = root.sig.args(root.invars)
-        self.where, self.vars = _find(self.args, self.values)
+        nodes = [n for n in root.modules() if n.var_tree and n.scope is not None]
+        self.values = None
+        if self.given:
+            self.values = jax.tree_util.tree_map(lambda x: x, dict(params))
+            self.where, self.vars = _find(self.args, self.values)
+            self._old = set(jax.tree_util.tree_leaves(self.vars))
+            bare = _layout(self.vars, nodes)
+            self.bare = bool(bare) or (bare is None and bool(self.values) and "params" not in self.values)
+        else:
+            found = next(((p, d, b) for p, d in _dicts(self.args) if (b := _layout(d, nodes)) is not None), None)
+            self.where, self.vars, self.bare = found if found is not None else ((), {}, False)
 
-    def place(self, sites: list[Any], key: Any) -> dict[int, dict[Var, Var]]:
+    def _keys(self, coll: str, scope: tuple[str, ...], rest: Sequence[str] = ()) -> tuple[str, ...] | None:
+        """Where collection ``coll`` of the module at ``scope`` sits (``None``: nowhere)."""
+        if self.bare:
+            return (*scope, *rest) if coll == "params" else None
+        return (coll, *scope, *rest)
+
+    def place(self, sites: list[Any], key: Any, keep: Any = None) -> dict[int, dict[Var, Var]]:
         """Decide, per replaced module scope, which var each variable of the
         replacements is (kept leaves reuse the old var), initialise new leaves
         with ``key`` and place the result; returns per node how its traced
         variable vars map to the canonical ones."""
+        self.keep = keep
         var_maps = {id(s.node): self._assign(s) for s in sites}
         if self.given:
             for i, (scope, sc) in enumerate(self.scopes.items()):
@@ -243,11 +333,6 @@ class DictVariables:
                 "whose variables cannot live in a linen variables dict. Trace the model with its own module "
                 "system (`yax.make_mox(model)`), or replace it with a linen module or a function."
             )
-        if not self.given:
-            raise YaxRewriteError(
-                f"The replacement `{type(t.module).__name__}` for {where(node)} has variables; pass "
-                "`params=` (the variables dict the MoX was traced with) and `key=` so yax can place them."
-            )
         if is_module and node.scope is None:
             raise YaxRewriteError(f"Cannot tell where the variables of {where(node)} live: it has no scope.")
         scope = node.scope if is_module else tuple(node.path.split("/")[1:])
@@ -258,23 +343,84 @@ class DictVariables:
                     (a.shape, a.dtype) for a in jax.tree_util.tree_leaves(sc.traced.var_avals)]:
                 raise errors.shared_variables('/'.join(scope))
         else:
-            sc = self.scopes[scope] = _Scope(node, t)
+            sc = self.scopes[scope] = _Scope(node, t, stack=site.stack)
             self._keep(sc, scope, flat, is_module)
+            self._check_placeable(sc, flat)
         tvars = t.root.invars[: t.n_vars]
         for tv, (kp, _) in zip(tvars, flat):
-            sc.canon.setdefault(_keystr(kp), tv)
-        return {tv: sc.canon[_keystr(kp)] for tv, (kp, _) in zip(tvars, flat) if sc.canon[_keystr(kp)] is not tv}
+            # inside nested computations a new variable is a root input of its own, stacked per scan
+            new = Var((*sc.stack, *tv.shape), tv.dtype, tv.weak_type) if site.chain else tv
+            sc.canon.setdefault(_keystr(kp), new)
+        return {tv: sc.canon[_keystr(kp)] for tv, (kp, _) in zip(tvars, flat)
+                if sc.canon[_keystr(kp)] is not tv or site.chain}
 
     def _keep(self, sc: _Scope, scope: tuple[str, ...], flat: list, is_module: bool) -> None:
-        """The old module's leaves of the same name, shape and dtype keep their vars and values."""
-        node = sc.node
-        old_vars = {c: _get(self.vars, (c, *scope)) for c in (node.var_tree or {})} if is_module else {}
+        """Which leaves of the replacement keep an old variable (its var and
+        value): the one at the same path, or at the path ``keep=`` maps it to,
+        or, for a replacement that wraps a module of the replaced type, the one
+        at the same path inside that submodule; same shape and dtype always."""
+        sources = self._sources(sc) if is_module else {}
         for kp, a in flat:
             keys = [k.key for k in kp]
-            ov = _get(old_vars, keys)
-            if isinstance(ov, Var) and ov.shape == a.shape and ov.dtype == a.dtype:
+            old = sources.get("/".join(keys), keys)
+            where_ = self._keys(old[0], scope, old[1:]) if is_module else None
+            ov = _get(self.vars, where_) if where_ is not None else None
+            if isinstance(ov, Var) and ov.shape == (*sc.stack, *a.shape) and ov.dtype == a.dtype:
                 sc.canon[_keystr(kp)] = ov
-                sc.kept[_keystr(kp)] = _get(self.values, keys[:1] + list(scope) + keys[1:])
+                sc.kept[_keystr(kp)] = _get(self.values, where_) if self.given else None
+        if is_module and not sc.kept and self.keep is None:
+            self._refuse_reinitialising(sc, flat)
+
+    def _sources(self, sc: _Scope) -> dict[str, list[str]]:
+        """New leaf path (``"params/Dense_0/kernel"``) -> old leaf keys, for
+        leaves not kept at their own path: from ``keep=``, or from a submodule
+        of the replaced module's type inside the replacement."""
+        if self.keep is not None:
+            return {new: old.split("/") for new, old in dict(self.keep).items()}
+        inner = [n for n in sc.traced.root.modules()
+                 if n.module_type is sc.node.module_type and n.scope and n.var_tree]
+        if not inner:
+            return {}
+        prefix = list(inner[0].scope[len(self._replacement_scope(sc)):])
+        return {"/".join([coll, *prefix, *(k.key for k in kp)]): [coll, *(k.key for k in kp)]
+                for coll, tree in sc.node.var_tree.items()
+                for kp, _ in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+    @staticmethod
+    def _replacement_scope(sc: _Scope) -> tuple[str, ...]:
+        top = next((n for n in sc.traced.root.modules() if n.module_type is type(sc.traced.module)), None)
+        return tuple(top.scope or ()) if top is not None else ()
+
+    def _refuse_reinitialising(self, sc: _Scope, flat: list) -> None:
+        """Every old variable would be initialised afresh although the replacement has leaves of their shapes."""
+        old = {(tuple(a.shape), a.dtype) for a in jax.tree_util.tree_leaves(sc.node.var_tree or {})}
+        alike = ["/".join(k.key for k in kp) for kp, a in flat if (tuple(a.shape), a.dtype) in old]
+        if alike:
+            raise YaxRewriteError(
+                f"The replacement `{type(sc.traced.module).__name__}` for {where(sc.node)} keeps none of its "
+                f"variables, so its trained weights would be initialised afresh, although the replacement has "
+                f"leaves of the same shapes ({', '.join(f'`{p}`' for p in alike[:4])}). Give them the old "
+                "names, or say which old leaf each takes with `keep={\"params/new/kernel\": \"params/kernel\"}` "
+                "(`keep={}` to initialise all afresh)."
+            )
+
+    def _check_placeable(self, sc: _Scope, flat: list) -> None:
+        """Without ``params`` only kept variables are possible; in a bare
+        ``params`` collection only ``params`` can go."""
+        t, node = sc.traced, sc.node
+        if not self.given and len(sc.kept) < len(flat):
+            raise YaxRewriteError(
+                f"The replacement `{type(t.module).__name__}` for {where(node)} has variables the model does "
+                "not have; pass `params=` (the variables the MoX was traced with) and `key=` so yax can "
+                "place and initialise them."
+            )
+        other = sorted(c for c in (t.var_avals or {}) if self._keys(c, ()) is None)
+        if other:
+            raise YaxRewriteError(
+                f"The replacement `{type(t.module).__name__}` for {where(node)} has variables in "
+                f"{', '.join(f'`{c}`' for c in other)}, but the MoX takes only the `params` collection. Trace "
+                "a function that takes the whole variables dict (`model.apply`) to add other collections."
+            )
 
     def _fill(self, i: int, scope: tuple[str, ...], sc: _Scope, key: Any) -> None:
         old = sc.node.var_tree or {}
@@ -292,7 +438,8 @@ class DictVariables:
                 )
             needed = tuple(j for j, (kp, _) in enumerate(flat) if _keystr(kp) not in sc.kept)
             xs = [jnp.zeros(a.shape, a.dtype) for a in sc.node.inputs]
-            for j, x in zip(needed, _init(sc.traced.module, needed)(jax.random.fold_in(key, i), *xs)):
+            init = _init(sc.traced.module, needed, sc.traced.call, sc.traced.key)
+            for j, x in zip(needed, _stacked(init, sc.stack, jax.random.fold_in(key, i), xs)):
                 fresh[j] = x
         tree = jax.tree_util.tree_structure(avals)
         vals = jax.tree_util.tree_unflatten(tree, [sc.kept.get(_keystr(kp), x) for (kp, _), x in zip(flat, fresh)])
@@ -302,9 +449,18 @@ class DictVariables:
     def _put(self, scope: tuple[str, ...], old: Any, new_vals: Any, new_vars: Any) -> None:
         """Replace the variables of the module at ``scope``."""
         for coll in sorted(set(old or {}) | set(new_vals)):
-            keys = (coll, *scope)
+            keys = self._keys(coll, scope)
+            if keys is None:
+                continue
             self.values = _put(self.values, keys, new_vals.get(coll) or None)
             self.vars = _put(self.vars, keys, new_vars.get(coll) or None)
+
+    def dropped(self) -> set[Var]:
+        """The root vars of variables this rewrite removes."""
+        if not self.given:
+            return set()
+        now = set(jax.tree_util.tree_leaves(self.vars))
+        return {v for v in self.root.invars if v not in now and v in self._old}
 
     def finish(self, new: Mox, sites: list[Any]) -> Any:
         """The rewritten root (its arguments rebuilt around the new dict) and
@@ -341,8 +497,17 @@ class LinenFrontend(Frontend):
     def owns(self, x: Any) -> bool:
         return isinstance(x, nn.Module)
 
+    def rebuild(self, node: Mox) -> Any:
+        t = node.module_type
+        return module_of(node) if isinstance(t, type) and issubclass(t, nn.Module) else None
+
     def fill(self, module: Any, node: Any) -> Any:
-        """A template module with its ``None`` fields taken from the node it replaces."""
+        """A template module completed from the node it replaces: by its own
+        ``__yax_fill__(node)`` if it has one (`yax.LoRA`), else its ``None``
+        fields taken from the node's."""
+        own = getattr(module, "__yax_fill__", None)
+        if own is not None:
+            return own(node)
         if not isinstance(node, Mox):
             return module
         fill = {
@@ -353,11 +518,15 @@ class LinenFrontend(Frontend):
         }
         return module.clone(**fill) if fill else module
 
-    def trace_replacement(self, module: Any, avals: list) -> tuple[Mox, Any, int]:
+    def trace_replacement(self, module: Any, avals: list, call: Callable) -> tuple[Mox, Any, int]:
         from .._trace import make_mox
 
-        var_avals = jax.eval_shape(lambda *xs: dict(module.init(jax.random.key(0), *xs)), *avals)
-        return make_mox(lambda v, *xs: module.apply(v, *xs))(var_avals, *avals), var_avals, 0
+        def apply(v: Any, *xs: Any) -> Any:
+            a, k = call(xs)
+            return module.apply(v, *a, **k)
+
+        var_avals = jax.eval_shape(lambda *xs: _initialised(module, call, jax.random.key(0), xs), *avals)
+        return make_mox(apply)(var_avals, *avals), var_avals, 0
 
     def variables(self, mox: Mox, params: Any) -> Any:
         if params is not None and not isinstance(params, Mapping):
@@ -401,4 +570,5 @@ def module_of(node: Mox, **changes: Any) -> Any:
     if not isinstance(node, Mox) or node.module_type is None:
         raise YaxRewriteError(f"`module_of` needs a module call node, but got {node!r}.")
     fields = {f.name for f in dataclasses.fields(node.module_type) if f.init and f.name not in _SKIP_FIELDS}
-    return node.module_type(**{**{k: v for k, v in node.attrs.items() if k in fields}, **changes})
+    # parent=None: a template, never adopted by a module whose method happens to be running
+    return node.module_type(**{"parent": None, **{k: v for k, v in node.attrs.items() if k in fields}, **changes})

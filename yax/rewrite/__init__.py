@@ -16,15 +16,20 @@ from .._map import map_mox
 from ..errors import YaxRewriteError
 from .replacement import Site, checked, is_decider, is_module
 from .select import locate, matches
-from .splice import splice, unbound
+from .splice import spliced, unbound
+from .thread import Threads
 
 __all__ = ["sub", "misfit", "is_decider", "is_module"]
 
 
-def _plan(pattern: Any, repl: Any, mox: Mox) -> tuple[list[tuple[Any, Any]], set[int]]:
+def _plan(pattern: Any, repl: Any, mox: Mox, must_match: bool) -> tuple[list[tuple[Any, Any]], dict[int, tuple]]:
     """``(node, replacement)`` for each match, outermost first, and the ids of
     matches inside nested computations. A decider's "keep" (the node itself) drops the match."""
     targets, nested = locate(mox, matches(pattern, mox))
+    if not targets and must_match:
+        from .._xpath import explain
+
+        raise errors.no_match(pattern, explain(pattern, mox) if isinstance(pattern, str) else "")
     decide = is_decider(repl)
     plan = []
     for node in targets:
@@ -43,14 +48,14 @@ def misfit(repl: Any, node: Any, mox: Mox, *, cast: bool = False, cache: dict | 
     try:
         r = repl(node.path, node) if is_decider(repl) else repl
         if r is not node:
-            checked(node, r, cast, id(node) in nested, {} if cache is None else cache)
+            checked(node, r, cast, nested.get(id(node), ()), {} if cache is None else cache)
     except YaxRewriteError as e:
         return str(e)
     return None
 
 
 def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = None,
-        cast: bool = False) -> Any:
+        cast: bool = False, must_match: bool = True, keep: dict[str, str] | None = None) -> Any:
     """Replace the nodes ``pattern`` selects by ``repl``; never in place.
 
     Args:
@@ -71,6 +76,14 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
       key: a PRNG key for new variables (folded with each module's index).
       cast: allow outputs of another dtype (same shape) and cast them back
         to the node's dtypes at its boundary (mixed precision).
+      keep: which old variable each new leaf takes its value from, as paths
+        inside the module (``{"params/base/kernel": "params/kernel"}``), for
+        layouts yax cannot match by itself (it matches leaves of the same path,
+        and leaves inside a submodule of the replaced module's type); ``{}``
+        initialises every new leaf afresh.
+      must_match: refuse a pattern that matches nothing (the default, with
+        `yax.explain`'s account of where the query stopped matching); with
+        ``False`` such a `sub` returns its inputs unchanged.
 
     Returns:
       The new MoX; ``(new_mox, new_params)`` when ``params`` is given.
@@ -96,19 +109,27 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
         raise YaxRewriteError(
             f"`sub` rewrites the root MoX from `yax.make_mox`, but got {getattr(mox, 'kind', type(mox).__name__)!r}."
         )
-    plan, nested = _plan(pattern, repl, mox)
+    plan, nested = _plan(pattern, repl, mox, must_match)
+    if not plan:  # nothing to replace (`must_match=False`, or a decider kept every match)
+        return mox if params is None else (mox, params)
     # Trace and check every replacement before building anything.
     cache: dict = {}
-    sites: list[Site] = [checked(node, r, cast, id(node) in nested, cache) for node, r in plan]
+    sites: list[Site] = [checked(node, r, cast, nested.get(id(node), ()), cache) for node, r in plan]
     layout = frontends.variables(mox, params)
     if layout is None:
         raise YaxRewriteError(
             f"`params` is a `{type(params).__name__}`, which no module system of this MoX holds its variables "
             "in. Pass the variables the MoX was traced with (the first argument of `model.apply`, or an nnx state)."
         )
-    var_maps = layout.place(sites, key)
-    built = {id(s.node): splice(s.traced, s.node, s.casts, var_maps[id(s.node)]) for s in sites}
-    new = map_mox(lambda n: built.get(id(n), n), mox) if built else mox
+    var_maps = layout.place(sites, key, keep)
+    threads = Threads()
+    threads.dropped = layout.dropped() if hasattr(layout, "dropped") else set()
+    for s in sites:  # variables read inside nested computations are passed down to them
+        threads.follow(s.chain)
+        if s.chain:
+            var_maps[id(s.node)] = {tv: threads.inner(v, s.chain) for tv, v in var_maps[id(s.node)].items()}
+    built = {id(s.node): spliced(s.traced, s.node, s.casts, var_maps[id(s.node)]) for s in sites}
+    new = map_mox(lambda n: built.get(id(n), n), mox, before=threads.before) if built else mox
     result = layout.finish(new, sites)
     root = result[0] if isinstance(result, tuple) else result
     bad = unbound(root)

@@ -10,15 +10,18 @@ back). Each site gets its own copy with fresh vars (`fresh`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
+import re
 from typing import Any
 
 import jax
 
 from .. import errors, frontends
-from .._ir import Equation, Kind, Mox, Var
+from .._ir import Equation, Kind, Mox, Packing, Var
 from .._print import type_str
 from ..errors import YaxRewriteError
+from . import thread
 from .splice import subst
 
 Node = Equation | Mox
@@ -34,6 +37,8 @@ class Traced:
     var_avals: Any = None         # its variables, abstract, in its frontend's layout
     n_state: int = 0              # stateful frontends: the last outvars are the variables' final values
     frontend: str | None = None   # the module's frontend
+    call: Any = None              # xs -> (args, kwargs): how the replacement is called on the node's inputs
+    key: Any = None               # equal for replacements that compute and initialise the same (`fingerprint`)
 
     @property
     def outvars(self) -> tuple:
@@ -54,6 +59,43 @@ class Site:
     repl: Any
     traced: Traced
     casts: tuple = ((), {})
+    chain: tuple = ()            # (equation, parameter) pairs from the root down to the node
+    stack: tuple[int, ...] = ()  # the leading axes its variables have at the root (one per scan)
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def fingerprint(v: Any, depth: int = 0) -> Any:
+    """A hashable value equal for replacements that compute and initialise the
+    same: like ``repr``, but functions are told by their code and the values
+    they close over, not their address (Hugging Face builds a new
+    ``normal(0.02)`` initialiser for every layer, and 96 equal layers must
+    trace and compile once)."""
+    if depth > 8:
+        return _ADDRESS.sub("", repr(v))
+    if isinstance(v, functools.partial):
+        return ("partial", fingerprint(v.func, depth + 1), fingerprint(v.args, depth + 1),
+                fingerprint(sorted(v.keywords.items()), depth + 1))
+    if inspect.isfunction(v):
+        cells = tuple(fingerprint(c.cell_contents, depth + 1) for c in (v.__closure__ or ()) if _filled_cell(c))
+        return ("function", v.__module__, v.__qualname__, id(v.__code__), cells)
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__, *(fingerprint(x, depth + 1) for x in v))
+    if isinstance(v, dict):
+        return ("dict", *((k, fingerprint(x, depth + 1)) for k, x in sorted(v.items(), key=lambda kv: repr(kv[0]))))
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return (type(v), *((f.name, fingerprint(getattr(v, f.name, None), depth + 1))
+                           for f in dataclasses.fields(v) if f.name not in ("parent", "name")))
+    return _ADDRESS.sub("", repr(v))
+
+
+def _filled_cell(c: Any) -> bool:
+    try:
+        c.cell_contents  # noqa: B018
+    except ValueError:
+        return False
+    return True
 
 
 def is_decider(fn: Any) -> bool:
@@ -110,6 +152,34 @@ def fresh(root: Mox) -> Mox:
     return dataclasses.replace(out, inputs=out.invars, outputs=tuple(a for a in out.outvars if isinstance(a, Var)))
 
 
+def _cut(repl: Any) -> Any:
+    """The earlier prototype's forms of a replacement: a root MoX of
+    ``module.apply`` (its one module call) or a call node cut from another
+    MoX stand for a module like the one they called; a cut activation or
+    function node, for the computation it holds."""
+    if not isinstance(repl, Mox):
+        return repl
+    node = repl
+    if repl.kind == Kind.ROOT:
+        calls = [c for c in repl.children if isinstance(c, Mox)]
+        if len(repl.children) != 1 or not calls or calls[0].kind != Kind.MODULE_CALL:
+            return repl
+        node = calls[0]
+    if node.kind in (Kind.MODULE_CALL, Kind.METHOD_CALL) and node.module_type is not None:
+        module = frontends.get(node.info.frontend).rebuild(node)
+        if module is None:
+            raise YaxRewriteError(
+                f"The call node `{node.path}` ({node.type}) cannot stand for a replacement: yax cannot build a "
+                f"new `{node.type}` from its fields. Pass a module instance instead."
+            )
+        return module
+    if node.kind in (Kind.ACTIVATION, Kind.FUNCTION):
+        return Mox(kind=Kind.ROOT, children=node.children, inputs=node.invars, invars=node.invars,
+                   outvars=node.outvars, outputs=tuple(a for a in node.outvars if isinstance(a, Var)),
+                   constvars=node.constvars, consts=node.consts, name=node.name)
+    return repl
+
+
 def _validate(repl: Any) -> None:
     if isinstance(repl, Mox) and repl.kind != Kind.ROOT:
         raise YaxRewriteError(f"A MoX replacement must be a root from `yax.make_mox`, not a `{repl.kind}` node.")
@@ -121,43 +191,96 @@ def _validate(repl: Any) -> None:
         )
 
 
-def _trace(repl: Any, module: Any, fe: Any, avals: list) -> Traced:
+@dataclasses.dataclass(frozen=True)
+class Called:
+    """How a replacement is called on the node's inputs: positionally, or like
+    the original call (``packing``: its arguments with the arrays in place).
+    A value, so initialisers compiled for one call structure are shared."""
+
+    packing: Packing | None = None
+
+    def __call__(self, xs: Any) -> tuple[tuple, dict]:
+        return (tuple(xs), {}) if self.packing is None else self.packing.unflatten(xs)
+
+    def __repr__(self) -> str:
+        return "positional" if self.packing is None else f"like {self.packing.tree} {self.packing.static!r}"
+
+
+def _conventions(node: Node, module: Any) -> list[Called]:
+    """How to call a replacement on the node's inputs, in the order tried: a
+    module like the original call (same positional and keyword structure,
+    static values in place), then with the arrays only; a function the other
+    way round."""
+    if not isinstance(node, Mox) or node.sig.ins.tree is None:
+        return [Called()]
+    structured = Called(node.sig.ins)
+    return [structured, Called()] if module is not None else [Called(), structured]
+
+
+def _trace_one(repl: Any, module: Any, fe: Any, avals: list, call: Any) -> Traced:
     from .._trace import make_mox
 
+    if module is not None:
+        root, var_avals, n_state = fe.trace_replacement(module, avals, call)
+        return Traced(root, len(jax.tree_util.tree_leaves(var_avals)), module, var_avals, n_state, fe.name, call)
+
+    def fn(*xs: Any) -> Any:
+        a, k = call(xs)
+        return repl(*a, **k)
+
+    fn.__name__ = fn.__qualname__ = _name(repl)
+    return Traced(make_mox(fn if call.packing is not None else repl)(*avals), call=call)
+
+
+def _trace(repl: Any, module: Any, fe: Any, node: Node, avals: list) -> Traced:
     if isinstance(repl, Mox):
         return Traced(repl)
     if isinstance(repl, Equation):
         return Traced(Mox(kind=Kind.ROOT, children=(repl,), inputs=repl.inputs, invars=repl.inputs,
                           outvars=repl.outputs, outputs=repl.outputs, name=repl.name))
-    if module is not None:
-        root, var_avals, n_state = fe.trace_replacement(module, avals)
-        return Traced(root, len(jax.tree_util.tree_leaves(var_avals)), module, var_avals, n_state, fe.name)
-    return Traced(make_mox(repl)(*avals))
+    first = None
+    for call in _conventions(node, module):
+        try:
+            return _trace_one(repl, module, fe, avals, call)
+        except YaxRewriteError:
+            raise
+        except Exception as e:
+            first = first or e
+    raise first
 
 
 def trace(repl: Any, node: Node, cache: dict[tuple, tuple[Any, Traced]]) -> Traced:
     """The replacement traced on the node's input avals, with fresh vars for
-    this site; ``cache`` (one per `sub` call) keeps traces by replacement
-    and avals, so 96 equal replacements trace once per shape."""
+    this site; ``cache`` (one per `sub` call) keeps traces by replacement,
+    avals and call structure, so 96 equal replacements trace once per shape."""
+    given, repl = repl, _cut(repl)
     _validate(repl)
     avals = _avals(node.inputs)
     fe = frontends.of_replacement(repl)
     module = fe.fill(repl, node) if fe is not None else None
+    if module is not None and not fe.owns(module):  # filled as another system's module (LoRA on nnx)
+        fe = frontends.of_replacement(module)
     # A module completed from the node (a clone) is shared by equal ones; others by identity.
-    by_id = module is None or module is repl
-    key = (id(repl) if by_id else repr(module), tuple((a.shape, str(a.dtype)) for a in avals))
+    by_id = module is None or module is given
+    sig = getattr(node, "sig", None)
+    how = (str(sig.ins.tree), repr(sig.ins.static)) if sig is not None else ()
+    key = (id(given) if by_id else fingerprint(module), tuple((a.shape, str(a.dtype)) for a in avals), how)
     hit = cache.get(key)
-    if hit is not None and (not by_id or hit[0] is repl):
+    if hit is not None and (not by_id or hit[0] is given):
         return dataclasses.replace(hit[1], root=fresh(hit[1].root))
     what = type(module).__name__ if module is not None else _name(repl)
     try:
-        t = _trace(repl, module, fe, avals)
+        t = _trace(repl, module, fe, node, avals)
     except YaxRewriteError:
         raise
     except Exception as e:
-        raise errors.not_traceable(what, node, " ".join(map(type_str, node.inputs)), e,
-                                   "A replacement is called with the node's array inputs, positionally.") from None
-    cache[key] = (repl, t)
+        raise errors.not_traceable(
+            what, node, " ".join(map(type_str, node.inputs)), e,
+            "A module replacement is called like the original call (same arguments, arrays in place); "
+            "a function with the node's array inputs, positionally, or else like the original call."
+        ) from None
+    t = dataclasses.replace(t, key=(fingerprint(module) if module is not None else id(given), how))
+    cache[key] = (given, t)
     return dataclasses.replace(t, root=fresh(t.root))
 
 
@@ -194,16 +317,13 @@ def fit(t: Traced, node: Node, repl: Any, cast: bool) -> tuple[tuple[Equation, .
     return tuple(body.children), {i: v for (i, _), v in zip(casts, c.outvars)}
 
 
-def checked(node: Node, r: Any, cast: bool, nested: bool, cache: dict) -> Site:
+def checked(node: Node, r: Any, cast: bool, chain: tuple, cache: dict) -> Site:
     """``r`` traced on ``node``'s inputs after every check `sub` makes
-    before it changes anything; raises `YaxRewriteError`."""
+    before it changes anything; raises `YaxRewriteError`. ``chain`` leads to
+    a node inside nested computations, where new variables are passed down
+    (`yax.rewrite.thread`)."""
     t = trace(r, node, cache)
     check(t, node, r)
     casts = fit(t, node, r, cast)
-    if t.n_vars and nested:
-        raise YaxRewriteError(
-            f"{errors.where(node).capitalize()} is inside a transformed computation (a scan, vmap, remat or "
-            "jit body), where yax cannot add variables yet. Replace it with a function or a module without "
-            "variables, or rewrite the model's code for this layer."
-        )
-    return Site(node, r, t, casts)
+    stack = thread.stack(chain, node) if t.n_vars and chain else ()
+    return Site(node, r, t, casts, chain, stack)

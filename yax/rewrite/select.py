@@ -40,27 +40,28 @@ def matches(pattern: Any, mox: Mox) -> list[Node]:
     return found
 
 
-def locate(mox: Mox, targets: list[Node]) -> tuple[list[Node], set[int]]:
-    """Targets in tree order, outermost only, and the ids of those inside
-    nested computations (scan, vmap, remat and jit bodies)."""
+def locate(mox: Mox, targets: list[Node]) -> tuple[list[Node], dict[int, tuple]]:
+    """Targets in tree order, outermost only, and for those inside nested
+    computations (scan, remat and jit bodies) their *chain*: the
+    ``(equation, parameter)`` pairs leading from the root to them."""
     ids = {id(t) for t in targets}
     order: list[Node] = []
-    nested: set[int] = set()
+    nested: dict[int, tuple] = {}
 
-    def walk(node: Mox, inside: bool) -> None:
+    def walk(node: Mox, chain: tuple) -> None:
         for c in node.children:
             if id(c) in ids:
                 order.append(c)
-                if inside:
-                    nested.add(id(c))
+                if chain:
+                    nested[id(c)] = chain
                 continue
             if isinstance(c, Equation):
-                for _, s in c.subs:
-                    walk(s, True)
+                for k, s in c.subs:
+                    walk(s, (*chain, (c, k)))
             else:
-                walk(c, inside)
+                walk(c, chain)
 
-    walk(mox, False)
+    walk(mox, ())
     if len({id(t) for t in order}) != len(ids):
         inner = ids - {id(t) for t in order}
         outside = [t for t in targets if id(t) in inner and not any(t is n for n in mox.walk())]

@@ -47,7 +47,7 @@ def repath(node: Node, old: str, new: str, scope: tuple[str, ...] | None = None)
     return map_mox(one, node) if isinstance(node, Mox) else one(node)
 
 
-def splice(t: Any, node: Node, casts: tuple[tuple[Equation, ...], dict[int, Var]],
+def spliced(t: Any, node: Node, casts: tuple[tuple[Equation, ...], dict[int, Var]],
            var_map: dict[Var, Var]) -> Mox:
     """The node that takes ``node``'s place: the replacement's single call
     (a module's ``__call__``, an activation) if it is one, else a

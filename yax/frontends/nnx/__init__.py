@@ -58,11 +58,18 @@ class NnxFrontend(Frontend):
     def owns(self, x: Any) -> bool:
         return is_module(x)
 
-    def trace_replacement(self, module: Any, avals: list) -> tuple[Mox, Any, int]:
+    def trace_replacement(self, module: Any, avals: list, call: Callable) -> tuple[Mox, Any, int]:
         from ..._trace import make_mox
 
-        _, r_state = flax_nnx().split(module)
-        return make_mox(module)(*avals), r_state, len(jax.tree_util.tree_leaves(r_state))
+        pure, _, r_state = module_target(module)
+
+        def called(state: Any, *xs: Any) -> Any:
+            a, k = call(xs)
+            return pure(state, *a, **k)
+
+        called.__name__ = called.__qualname__ = pure.__name__
+        abstract = jax.tree_util.tree_map(_shape_of, r_state)
+        return make_mox(called)(abstract, *avals), r_state, len(jax.tree_util.tree_leaves(r_state))
 
     def variables(self, mox: Mox, params: Any) -> Any:
         return StateVariables(mox, params) if mox.frontend == self.name else None

@@ -252,8 +252,13 @@ class StateVariables:
         self.final: dict[tuple[str, ...], Any] = {}
         self.modules: dict[tuple[str, ...], Any] = {}
 
-    def place(self, sites: list[Any], key: Any) -> dict[int, dict[Var, Var]]:
+    def place(self, sites: list[Any], key: Any, keep: Any = None) -> dict[int, dict[Var, Var]]:
         """One set of variables per replaced module (calls of one module share it)."""
+        if keep is not None:
+            raise YaxRewriteError(
+                "`keep=` maps variables of linen modules; an nnx replacement keeps the leaves of the same "
+                "attribute path, variable type, shape and dtype. Build the replacement with those names."
+            )
         ours = [s for s in sites if s.traced.frontend == NAME]
         for s in sites:
             if s.traced.module is not None and s.traced.frontend != NAME:
@@ -263,6 +268,13 @@ class StateVariables:
                 )
         if not ours:
             return {id(s.node): {} for s in sites}
+        for s in ours:
+            if s.chain:
+                raise YaxRewriteError(
+                    f"{where(s.node).capitalize()} is inside a transformed computation (an `nnx.scan`/`vmap`/"
+                    "`jit`/`remat` body), where yax cannot add nnx variables yet. Replace it with a function, "
+                    "or use `yax.replace_modules` on the model."
+                )
         self._check(sites)
         (state_vars, *_), _ = self.root.sig.args(self.root.invars)
         old_in = {p: (t, v) for p, t, v in flat_state(state_vars)}
@@ -326,6 +338,10 @@ class StateVariables:
     def finish(self, new: Mox, sites: list[Any]) -> Any:
         if not self.canon:
             new = keep_untouched_state(new, [s.node for s in sites])
+            if sites:
+                # No nnx model computes what functions were put in: `nnx.merge` of the old graphdef
+                # would silently be the unchanged model. The MoX is the model now (docs/nnx.md).
+                new = dataclasses.replace(new, origin=None)
             return new if self.params is None else (new, self.params)
         return self._rebuilt(new)
 
@@ -333,6 +349,12 @@ class StateVariables:
         """The new model: the old one with each replaced module swapped at
         every attribute holding it; its state and the root's signature."""
         nnx = flax_nnx()
+        if self.root.graphdef is None:
+            raise YaxRewriteError(
+                "This MoX already holds replacements that are not nnx modules, so no nnx model computes it "
+                "and nnx modules cannot be put in any more. Put the nnx module replacements in first, then "
+                "the functions; save the result with `yax.to_function` and `jax.export`."
+            )
         model = nnx.merge(self.root.graphdef, self.params)
         refs = _references(model)
         for scope, r in self.modules.items():

@@ -1,0 +1,152 @@
+"""Rewrites on models nobody here wrote (tests/thirdparty.py): Hugging Face Flax
+classes and a scanned, rematerialised Transformer, each called through its
+wrapper with ``params=`` and through ``module.apply``, checked against the
+models themselves; refusals change nothing.
+
+Every test is parametrized over all cases with module scope, so pytest runs a
+case's tests one after another (and pytest-xdist mostly on one worker), and
+each model is built and traced once per worker."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from thirdparty import CASES, case
+
+import yax
+
+pytestmark = pytest.mark.core
+by_case = pytest.mark.parametrize("name", CASES, scope="module")
+
+
+@functools.cache
+def traced(name):
+    """The zoo case and its MoX, traced once per process."""
+    c = case(name)
+    return c, yax.make_mox(c.fn)(*c.args, **c.kwargs)
+
+
+def flat(tree):
+    return {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def assert_close(got, want, rtol=1e-5, atol=1e-5):
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=rtol, atol=atol), got, want)
+
+
+def assert_same_leaves(got, want):
+    got, want = flat(got), flat(want)
+    assert got.keys() == want.keys()
+    assert all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def loss(out):
+    return sum(jnp.mean(jnp.square(x)) for x in jax.tree_util.tree_leaves(out))
+
+
+def _snapshot(mox, params):
+    return str(mox), yax.to_xml(mox), jax.tree_util.tree_map(np.asarray, params)
+
+
+def assert_unchanged(before, mox, params):
+    after = _snapshot(mox, params)
+    assert before[:2] == after[:2]
+    assert jax.tree_util.tree_structure(before[2]) == jax.tree_util.tree_structure(after[2])
+    assert_same_leaves(after[2], before[2])
+
+
+@by_case
+def test_eval_eagerly_jitted_and_differentiated(name):
+    c, mox = traced(name)
+    params, *inputs = c.args
+    want = c.fn(*c.args, **c.kwargs)
+    assert_close(yax.eval_mox(mox, *c.args, **c.kwargs), want)
+    assert_close(jax.jit(lambda *a: yax.eval_mox(mox, *a, **c.kwargs))(*c.args), want)
+    grad = jax.jit(jax.grad(lambda p: loss(yax.eval_mox(mox, p, *inputs, **c.kwargs))))(params)
+    grad_want = jax.jit(jax.grad(lambda p: loss(c.fn(p, *inputs, **c.kwargs))))(params)
+    assert_close(grad, grad_want, rtol=1e-4, atol=1e-6)
+
+
+@by_case
+def test_resubstituting_the_same_modules_changes_nothing(name):
+    c, mox = traced(name)
+    params, *inputs = c.args
+    n = len(yax.query(c.row.qv, mox))
+    assert n >= 1
+    new, p2 = yax.sub(c.row.qv, lambda path, node: yax.module_of(node), mox, params=params)
+    assert len(yax.query(c.row.qv, new)) == n
+    assert jax.tree_util.tree_structure(p2) == jax.tree_util.tree_structure(params)
+    assert_same_leaves(p2, params)
+    assert_close(yax.eval_mox(new, p2, *inputs, **c.kwargs), yax.eval_mox(mox, *c.args, **c.kwargs),
+                 rtol=1e-6, atol=1e-6)
+
+
+@by_case
+def test_lora_on_the_attention_projections_trains_and_merges(name):
+    """Only the adapters train and the merge computes the trained model; a layer
+    whose math LoRA does not know (GPT-2's FlaxConv1D) is refused instead."""
+    c, mox = traced(name)
+    params, *inputs = c.args
+    if c.row.refuses:
+        before = _snapshot(mox, params)
+        with pytest.raises(yax.YaxRewriteError, match=f"`{c.row.refuses}`") as e:
+            yax.sub(c.row.qv, yax.LoRA(rank=2), mox, params=params, key=jax.random.key(1))
+        assert str(e.value).endswith("Nothing was changed.")
+        assert_unchanged(before, mox, params)
+        assert_close(yax.eval_mox(mox, *c.args, **c.kwargs), c.fn(*c.args, **c.kwargs))
+        return
+    target = c.row.lora or c.row.qv
+    n = len(yax.query(target, mox))
+    assert n >= 1
+    new, p2 = yax.sub(target, yax.LoRA(rank=2), mox, params=params, key=jax.random.key(1))
+    assert len(yax.query('//module_call[@type="LoRA"]', new)) == n
+
+    def run(p):
+        return yax.eval_mox(new, p, *inputs, **c.kwargs)
+
+    assert_close(run(p2), c.fn(*c.args, **c.kwargs))  # lora_b starts at zero
+    orig, start = flat(params), flat(p2)
+    added = start.keys() - orig.keys()
+    assert orig.keys() <= start.keys() and added
+    assert all(k.endswith(("['lora_a']", "['lora_b']")) for k in added), sorted(added)
+    assert all(np.array_equal(start[k], orig[k]) for k in orig)
+
+    opt = optax.multi_transform({True: optax.adam(1e-2), False: optax.set_to_zero()}, yax.lora_mask(p2))
+
+    @jax.jit
+    def step(p, s):
+        g = jax.grad(lambda p: loss(run(p)))(p)
+        u, s = opt.update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    p3, state = p2, opt.init(p2)
+    for _ in range(3):
+        p3, state = step(p3, state)
+    assert float(loss(run(p3))) < float(loss(run(p2)))
+    trained = flat(p3)
+    assert all(np.array_equal(trained[k], orig[k]) for k in orig)  # bit-identical: only adapters moved
+    assert all(not np.array_equal(trained[k], start[k]) for k in added)
+
+    merged, mp = yax.merge_lora(new, p3)
+    assert yax.query('count(//module_call[@type="LoRA"])', merged) == 0.0
+    assert jax.tree_util.tree_structure(mp) == jax.tree_util.tree_structure(params)
+    assert_close(yax.eval_mox(merged, mp, *inputs, **c.kwargs), run(p3))
+    assert_close(c.fn(mp, *inputs, **c.kwargs), run(p3))  # the merged parameters run the model itself
+
+
+@by_case
+def test_activation_swap_matches_the_model_patched_by_hand(name):
+    c, mox = traced(name)
+    act, to = c.row.act, c.row.swap
+    n = yax.query(f'count(//*[@name="{act}"])', mox)
+    assert n >= 1
+    new = yax.sub(f'//*[@name="{act}"]', getattr(jax.nn, to), mox)
+    assert yax.query(f'count(//*[@name="{act}"])', new) == 0.0
+    want = c.swapped(*c.args, **c.kwargs)
+    assert not np.allclose(jax.tree_util.tree_leaves(want)[0], jax.tree_util.tree_leaves(c.fn(*c.args, **c.kwargs))[0])
+    assert_close(yax.eval_mox(new, *c.args, **c.kwargs), want)
+    assert yax.query(f'count(//*[@name="{act}"])', mox) == n  # the original is untouched
