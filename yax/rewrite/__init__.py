@@ -39,6 +39,19 @@ def _plan(pattern: Any, repl: Any, mox: Mox, must_match: bool) -> tuple[list[tup
     return plan, nested
 
 
+def _built(mox: Mox, sites: list[Site], var_maps: dict[int, dict], dropped: set) -> Mox:
+    """The tree with every site's replacement spliced in; variables read inside
+    nested computations passed down to them, dropped ones no longer passed."""
+    threads = Threads()
+    threads.dropped = set(dropped)
+    for s in sites:
+        threads.follow(s.chain)
+        if s.chain:
+            var_maps[id(s.node)] = {tv: threads.inner(v, s.chain) for tv, v in var_maps[id(s.node)].items()}
+    built = {id(s.node): spliced(s.traced, s.node, s.casts, var_maps[id(s.node)]) for s in sites}
+    return map_mox(lambda n: built.get(id(n), n), mox, before=threads.before) if built else mox
+
+
 def misfit(repl: Any, node: Any, mox: Mox, *, cast: bool = False, cache: dict | None = None) -> str | None:
     """Why ``repl`` cannot replace ``node`` of ``mox``, or ``None`` when it
     fits: the checks `sub` runs before it changes anything (the explorer
@@ -121,15 +134,7 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
             f"`params` is a `{type(params).__name__}`, which no module system of this MoX holds its variables "
             "in. Pass the variables the MoX was traced with (the first argument of `model.apply`, or an nnx state)."
         )
-    var_maps = layout.place(sites, key, keep)
-    threads = Threads()
-    threads.dropped = layout.dropped() if hasattr(layout, "dropped") else set()
-    for s in sites:  # variables read inside nested computations are passed down to them
-        threads.follow(s.chain)
-        if s.chain:
-            var_maps[id(s.node)] = {tv: threads.inner(v, s.chain) for tv, v in var_maps[id(s.node)].items()}
-    built = {id(s.node): spliced(s.traced, s.node, s.casts, var_maps[id(s.node)]) for s in sites}
-    new = map_mox(lambda n: built.get(id(n), n), mox, before=threads.before) if built else mox
+    new = _built(mox, sites, layout.place(sites, key, keep), getattr(layout, "dropped", set)())
     result = layout.finish(new, sites)
     root = result[0] if isinstance(result, tuple) else result
     bad = unbound(root)
