@@ -290,17 +290,28 @@ class DictVariables:
         self.given = params is not None
         self.scopes: dict[tuple[str, ...], _Scope] = {}
         self.args = root.sig.args(root.invars)
-        nodes = [n for n in root.modules() if n.var_tree and n.scope is not None]
         self.values = None
+        self.where, self.vars, self.bare = (), {}, False
         if self.given:
             self.values = jax.tree_util.tree_map(lambda x: x, dict(params))
             self.where, self.vars = _find(self.args, self.values)
             self._old = set(jax.tree_util.tree_leaves(self.vars))
-            bare = _layout(self.vars, nodes)
+            bare = _layout(self.vars, self._nodes())
             self.bare = bool(bare) or (bare is None and bool(self.values) and "params" not in self.values)
-        else:
-            found = next(((p, d, b) for p, d in _dicts(self.args) if (b := _layout(d, nodes)) is not None), None)
-            self.where, self.vars, self.bare = found if found is not None else ((), {}, False)
+        self._searched = self.given
+
+    def _nodes(self) -> Any:
+        """The module calls with variables (a fresh iterator: `_layout` stops at the first it can tell by)."""
+        return (n for n in self.root.modules() if n.var_tree and n.scope is not None)
+
+    def _search(self) -> None:
+        """Without ``params``: the variables among the arguments, found by structure (only when needed)."""
+        if not self._searched:
+            self._searched = True
+            found = next(((p, d, b) for p, d in _dicts(self.args) if (b := _layout(d, self._nodes())) is not None),
+                         None)
+            if found is not None:
+                self.where, self.vars, self.bare = found
 
     def _keys(self, coll: str, scope: tuple[str, ...], rest: Sequence[str] = ()) -> tuple[str, ...] | None:
         """Where collection ``coll`` of the module at ``scope`` sits (``None``: nowhere)."""
@@ -335,6 +346,7 @@ class DictVariables:
             )
         if is_module and node.scope is None:
             raise YaxRewriteError(f"Cannot tell where the variables of {where(node)} live: it has no scope.")
+        self._search()
         scope = node.scope if is_module else tuple(node.path.split("/")[1:])
         flat = jax.tree_util.tree_flatten_with_path(t.var_avals)[0]
         sc = self.scopes.get(scope)

@@ -49,7 +49,8 @@ def _built(mox: Mox, sites: list[Site], var_maps: dict[int, dict], dropped: set)
         if s.chain:
             var_maps[id(s.node)] = {tv: threads.inner(v, s.chain) for tv, v in var_maps[id(s.node)].items()}
     built = {id(s.node): spliced(s.traced, s.node, s.casts, var_maps[id(s.node)]) for s in sites}
-    return map_mox(lambda n: built.get(id(n), n), mox, before=threads.before) if built else mox
+    before = threads.before if threads.on_chains else None
+    return map_mox(lambda n: built.get(id(n), n), mox, before=before) if built else mox
 
 
 def misfit(repl: Any, node: Any, mox: Mox, *, cast: bool = False, cache: dict | None = None) -> str | None:

@@ -264,7 +264,8 @@ def trace(repl: Any, node: Node, cache: dict[tuple, tuple[Any, Traced]]) -> Trac
     by_id = module is None or module is given
     sig = getattr(node, "sig", None)
     how = (str(sig.ins.tree), repr(sig.ins.static)) if sig is not None else ()
-    key = (id(given) if by_id else fingerprint(module), tuple((a.shape, str(a.dtype)) for a in avals), how)
+    fp = fingerprint(module) if module is not None else id(given)
+    key = (id(given) if by_id else fp, tuple((a.shape, str(a.dtype)) for a in avals), how)
     hit = cache.get(key)
     if hit is not None and (not by_id or hit[0] is given):
         return dataclasses.replace(hit[1], root=fresh(hit[1].root))
@@ -279,7 +280,7 @@ def trace(repl: Any, node: Node, cache: dict[tuple, tuple[Any, Traced]]) -> Trac
             "A module replacement is called like the original call (same arguments, arrays in place); "
             "a function with the node's array inputs, positionally, or else like the original call."
         ) from None
-    t = dataclasses.replace(t, key=(fingerprint(module) if module is not None else id(given), how))
+    t = dataclasses.replace(t, key=(fp, how))
     cache[key] = (given, t)
     return dataclasses.replace(t, root=fresh(t.root))
 
