@@ -205,19 +205,14 @@ def patched_names(rec: Any = None):
     _patching += 1
     _during = t
     try:
-        for mod in _homes():
-            for name in ACTIVATIONS:
-                fn = getattr(mod, name, None)
-                hit = t.get(id(fn))
-                if hit is not None and hit[1] is fn:
-                    undo.append((mod, name, fn))
-                    setattr(mod, name, hit[2])
-        for _, tbl in _loaded():
-            for k, v in _items(tbl):
+        holders = [(mod, [(n, getattr(mod, n, None)) for n in ACTIVATIONS]) for mod in _homes()]
+        holders += [(tbl, _items(tbl)) for _, tbl in _loaded()]
+        for holder, items in holders:
+            for k, v in items:
                 hit = t.get(id(v))
                 if hit is not None and hit[1] is v:
-                    undo.append((tbl, k, v))
-                    _put(tbl, k, hit[2])
+                    undo.append((holder, k, v))
+                    _put(holder, k, hit[2])
         yield
     finally:
         for holder, k, v in reversed(undo):

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from ._ir import Mox
-from .errors import YaxRewriteError
+from .errors import YaxRewriteError, where
 from .rewrite import sub
 
 #: The layers `LoRA` adapts, by how their kernel's axes split into input and output.
@@ -46,15 +46,11 @@ def _kernel_axes(module: Any, kernel_ndim: int) -> tuple[int, ...] | None:
     return None
 
 
-def _refusal(node: Mox, why: str = "") -> YaxRewriteError:
+def _refusal(node: Mox) -> YaxRewriteError:
     return YaxRewriteError(
-        f"`yax.LoRA` adapts {', '.join(SUPPORTED)} layers, whose math it knows, but {_where(node)} is a "
-        f"`{node.type}`{why}. Write an adapter for that layer and pass it to `yax.sub`."
+        f"`yax.LoRA` adapts {', '.join(SUPPORTED)} layers, whose math it knows, but {where(node)} is a "
+        f"`{node.type}`. Write an adapter for that layer and pass it to `yax.sub`."
     )
-
-
-def _where(node: Any) -> str:
-    return f"the {getattr(node, 'kind', 'equation')} `{node.name}` at `{node.path or 'the root'}`"
 
 
 def _delta(kernel: jax.Array, a: jax.Array, b: jax.Array, in_axes: tuple[int, ...], scale: float) -> jax.Array:
@@ -93,7 +89,7 @@ class LoRA(nn.Module):
             return self
         if not isinstance(node, Mox) or node.module_type is None:
             raise _refusal(node) if isinstance(node, Mox) else YaxRewriteError(
-                f"`yax.LoRA` adapts layers, but {_where(node)} is an equation.")
+                f"`yax.LoRA` adapts layers, but {where(node)} is an equation.")
         if node.info.frontend == "nnx":
             return _nnx_lora(node, self.rank)
         from .frontends.linen import module_of

@@ -63,7 +63,7 @@ def make_mox(fn: Callable, *, static_argnums: int | Sequence[int] | None = None,
       >>> [m.path for m in mox.modules()]
       ['Dense']
     """
-    frontend = next((f for f in frontends.registry() if f.accepts(fn)), None)
+    frontend = frontends.for_target(fn)
     if frontend is None:
         raise YaxTraceError(
             f"`make_mox` expected a callable (a JAX function, `Module.apply` or a bound module), "

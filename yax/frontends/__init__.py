@@ -131,9 +131,9 @@ def get(name: str | None) -> Frontend:
     return registry()[-1]
 
 
-def for_target(fn: Any) -> Frontend:
-    """The frontend `make_mox(fn)` traces ``fn`` with."""
-    return next(f for f in registry() if f.accepts(fn))
+def for_target(fn: Any) -> Frontend | None:
+    """The frontend `make_mox(fn)` traces ``fn`` with (``None``: no frontend takes it)."""
+    return next((f for f in registry() if f.accepts(fn)), None)
 
 
 def of_root(mox: Mox) -> Frontend:
