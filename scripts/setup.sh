@@ -17,13 +17,14 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
 fi
 
+# The widget's front-end: js/ bundled by esbuild into yax_widget/static. Built before the editable
+# installs, whose build hook (hatch-jupyter-builder, see pyproject.toml) then finds it up to date.
+npm --prefix js ci --no-audit --no-fund
+npm --prefix js run build
+
 $PY -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[dev,widget]"
-
-# The widget's front-end: js/ bundled by esbuild into yax_widget/static.
-npm --prefix js ci --no-audit --no-fund
-npm --prefix js run build
 
 # Oldest supported JAX (keep in step with pyproject's lower bounds).
 $PY -m venv .venv-oldest
