@@ -71,6 +71,16 @@ def test_eval_eagerly_jitted_and_differentiated(name):
     assert_close(grad, grad_want, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["bert-module", "gpt2-module"])
+def test_model_configs_show_in_short(name):
+    """A Hugging Face config field is shown by its type, not its whole
+    (costly, pages-long) repr: rows keep room for shapes, views build fast."""
+    _, mox = traced(name)
+    shown = {str(v) for v in yax.query("//module_call/@config", mox)}
+    assert shown and all(v.endswith("Config(…)") for v in shown), shown
+    assert "Config(…)" in str(mox)
+
+
 @by_case
 def test_resubstituting_the_same_modules_changes_nothing(name):
     c, mox = traced(name)

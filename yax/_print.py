@@ -80,6 +80,8 @@ def value_str(v: Any) -> str:
         if type(v) is list:
             return f"[{inner}]"
         return f"({inner},)" if len(v) == 1 else f"({inner})"
+    if hasattr(v, "to_json_string") and hasattr(v, "to_dict"):  # a model config (Hugging Face's)
+        return f"{type(v).__name__}(…)"
     return " ".join(_ADDR.sub("", repr(v)).split())
 
 
