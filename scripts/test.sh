@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export JAX_PLATFORMS=cpu
 
-.venv/bin/python -m ruff check yax yax_widget tests bench
+.venv/bin/python -m ruff check yax yax_widget tests bench docs
 npm --prefix js test
 .venv/bin/python -m pytest -n 2 "$@"
 .venv-oldest/bin/python -c "import jax; print('core suite on the oldest supported jax', jax.__version__)"
