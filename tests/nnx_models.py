@@ -113,10 +113,12 @@ class Transformer(nnx.Module):
 
 
 class ScanTransformer(nnx.Module):
-    """Layers created with ``nnx.vmap`` and run with ``nnx.scan``: one stacked Block."""
+    """Layers created with ``nnx.vmap`` and run with ``nnx.scan`` (each step
+    rematerialised with ``nnx.remat`` if asked): one stacked Block."""
 
     def __init__(self, vocab: int = 64, d_model: int = 32, num_heads: int = 4, d_mlp: int = 64,
-                 num_layers: int = 3, *, rngs: nnx.Rngs):
+                 num_layers: int = 3, *, remat: bool = False, rngs: nnx.Rngs):
+        self.remat = remat
         self.embed = nnx.Embed(vocab, d_model, rngs=rngs)
 
         @nnx.split_rngs(splits=num_layers)
@@ -130,7 +132,7 @@ class ScanTransformer(nnx.Module):
     def __call__(self, ids):
         @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
         def body(x, block):
-            return block(x)
+            return nnx.remat(lambda b, x: b(x))(block, x) if self.remat else block(x)
 
         x = body(self.embed(ids), self.blocks)
         return self.embed.attend(self.norm(x))
@@ -220,6 +222,10 @@ def case_transformer_remat():
 
 def case_transformer_scan():
     return ScanTransformer(rngs=rngs()), (IDS,), {}
+
+
+def case_transformer_scan_remat():
+    return ScanTransformer(remat=True, rngs=rngs()), (IDS,), {}
 
 
 def case_lifted():

@@ -81,6 +81,26 @@ def test_model_configs_show_in_short(name):
     assert "Config(…)" in str(mox)
 
 
+@pytest.mark.parametrize("name", ["llama-wrapper", "scanned-module"])
+def test_lora_on_abstract_parameters_allocates_nothing(name):
+    """Parameters given as `jax.ShapeDtypeStruct`s (a 7B model planned
+    without memory): the new adapters come back abstract too, stacked per
+    layer in a scan, and the rewritten function lowers on them."""
+    c, mox = traced(name)
+    params, *inputs = c.args
+    abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    new, p2 = yax.sub(c.row.qv, yax.LoRA(rank=2), mox, params=abstract)
+    leaves = jax.tree_util.tree_leaves_with_path(p2)
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for _, x in leaves)
+    assert any("lora_a" in jax.tree_util.keystr(kp) for kp, _ in leaves)
+    real = yax.sub(c.row.qv, yax.LoRA(rank=2), mox, params=params, key=jax.random.key(0))[1]
+    assert jax.tree_util.tree_structure(real) == jax.tree_util.tree_structure(p2)  # as if initialised
+    assert [(x.shape, x.dtype) for x in jax.tree_util.tree_leaves(real)] == [
+        (x.shape, x.dtype) for x in jax.tree_util.tree_leaves(p2)]
+    lowered = jax.jit(yax.to_function(new)).lower(p2, *inputs, **c.kwargs)
+    assert "dot_general" in lowered.as_text()
+
+
 @by_case
 def test_resubstituting_the_same_modules_changes_nothing(name):
     c, mox = traced(name)

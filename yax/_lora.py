@@ -133,8 +133,10 @@ def _nnx_lora(node: Mox, rank: int) -> Any:
 def lora_mask(params: Any) -> Any:
     """A pytree of booleans like ``params``: True for ``lora_a``/``lora_b``
     leaves, for ``optax.masked`` or ``optax.multi_transform``."""
-    return jax.tree_util.tree_map_with_path(
-        lambda kp, _: getattr(kp[-1], "key", None) in ("lora_a", "lora_b"), params)
+    def names(kp: Any) -> set:  # an nnx state's leaf path ends in its variable's `.value`
+        return {getattr(k, "key", None) for k in kp[-2:]}
+
+    return jax.tree_util.tree_map_with_path(lambda kp, _: bool(names(kp) & {"lora_a", "lora_b"}), params)
 
 
 def merge_lora(mox: Mox, params: Any) -> tuple[Mox, Any]:
@@ -143,6 +145,8 @@ def merge_lora(mox: Mox, params: Any) -> tuple[Mox, Any]:
     parameters (in the layout given), which compute the same function."""
     from .frontends.linen import DictVariables, _get, _put
 
+    if mox.frontend == "nnx":
+        return _merge_nnx(mox, params)
     nodes = [n for n in mox.modules() if n.module_type is LoRA]
     if not nodes:
         raise YaxRewriteError("`merge_lora` found no LoRA module calls in this MoX; nothing to merge.")
@@ -165,3 +169,32 @@ def merge_lora(mox: Mox, params: Any) -> tuple[Mox, Any]:
         return node.attrs["base"](parent=None)
 
     return sub(nodes, layer_of, mox, params=merged)
+
+
+def _merge_nnx(mox: Mox, state: Any) -> tuple[Mox, Any]:
+    """`merge_lora` on an nnx MoX: each ``nnx.LoRALinear`` becomes the
+    ``nnx.Linear`` it adapts, with ``kernel + lora_a @ lora_b`` (per layer,
+    when stacked by ``nnx.vmap``/``nnx.scan``)."""
+    from flax import nnx
+
+    from .frontends.nnx._state import flat_state
+
+    nodes = [n for n in mox.modules() if n.module_type is nnx.LoRALinear]
+    if not nodes:
+        raise YaxRewriteError("`merge_lora` found no `nnx.LoRALinear` calls in this MoX; nothing to merge.")
+    flat = flat_state(state)
+    at = {p: x for p, _, x in flat}
+    merged = dict(at)
+    for scope in {n.scope for n in nodes}:
+        kernel = at[(*scope, "kernel")]
+        delta = jnp.matmul(at[(*scope, "lora", "lora_a")], at[(*scope, "lora", "lora_b")])
+        merged[(*scope, "kernel")] = (kernel + delta).astype(kernel.dtype)
+    merged_state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(state), [merged[p] for p, _, _ in flat])
+
+    def linear_of(path: str, node: Mox) -> Any:
+        a = node.attrs
+        return nnx.Linear(a["in_features"], a["out_features"], use_bias=a.get("use_bias", True),
+                          dtype=a.get("dtype"), param_dtype=a.get("param_dtype", jnp.float32),
+                          precision=a.get("precision"), rngs=nnx.Rngs(0))
+
+    return sub(nodes, linear_of, mox, params=merged_state)

@@ -395,10 +395,83 @@ def test_sub_refusals_leave_inputs_untouched(traced):
         yax.sub(yax.query('//module_call[@type="Linear"]', shared)[:1], nnx.Linear(5, 5, rngs=nnx.Rngs(1)),
                 shared, params=sstate)
     _, _, _, scan = traced("transformer_scan")
-    with pytest.raises(yax.YaxRewriteError, match="inside a transformed computation"):
-        yax.sub('//module_call[@type="Linear"][@out_features=64]', nnx.Linear(32, 64, rngs=nnx.Rngs(0)), scan,
-                params=nnx.split(NNX_CASES["transformer_scan"]()[0])[1])
-    assert str(mox) == text and close(state, before)
+    scan_text, scan_state = str(scan), nnx.split(NNX_CASES["transformer_scan"]()[0])[1]
+    with pytest.raises(yax.YaxRewriteError, match=r"updates its variable `count`.*runs inside `scan`"):
+        yax.sub('//module_call[@type="Linear"][@out_features=64]', lambda path, node: Counting(32, 64), scan,
+                params=scan_state)
+    assert str(mox) == text and close(state, before) and str(scan) == scan_text
+    assert close(scan_state, nnx.split(NNX_CASES["transformer_scan"]()[0])[1])
+
+
+class Count(nnx.Variable):
+    pass
+
+
+class Counting(nnx.Module):
+    """A Linear that counts its calls: a replacement that updates its state."""
+
+    def __init__(self, n_in, n_out):
+        self.fc = nnx.Linear(n_in, n_out, rngs=nnx.Rngs(0))
+        self.count = Count(jnp.zeros((), jnp.int32))
+
+    def __call__(self, x):
+        self.count.value += 1
+        return self.fc(x)
+
+
+def test_sub_inside_jit_vmap_remat(traced):
+    """New variables of a replacement called inside `nnx.jit`, `nnx.vmap` and
+    `nnx.remat` bodies are passed down to them; the result is the rewritten model."""
+    model, args, _, mox = traced("lifted")
+    _, state = nnx.split(model)
+    new, new_state = yax.sub('//module_call[@type="Linear"]', yax.LoRA(rank=2), mox, params=state)
+    assert yax.query('count(//module_call[@type="LoRALinear"])', new) == 3.0
+    assert close(yax.eval_mox(new, new_state, *args)[0], model(*args))  # LoRA starts equal
+    bumped = jax.tree_util.tree_map_with_path(
+        lambda kp, x: x + 0.1 if "lora_b" in jax.tree_util.keystr(kp) else x, new_state)
+    want = real(nnx.merge(new.graphdef, bumped), *args)
+    assert close(yax.eval_mox(new, bumped, *args), want)
+    assert close(jax.jit(lambda s: yax.eval_mox(new, s, *args))(bumped), want)
+    assert not close(want[0], model(*args))
+
+
+@pytest.mark.parametrize("name", ["transformer_scan", "transformer_scan_remat"])
+def test_lora_in_nnx_scan_trains_and_merges(name, traced):
+    """LoRA inside `nnx.scan` (and `nnx.remat` in it): the adapters are stacked
+    per layer like the layers' own variables, three optax steps change only
+    them and lower the loss, and `merge_lora` folds them back."""
+    import optax
+
+    model, (ids,), _, mox = traced(name)
+    _, state = nnx.split(model)
+    new, new_state = yax.sub('//module_call[@type="Linear"]', yax.LoRA(rank=2), mox, params=state)
+    merged_model = nnx.merge(new.graphdef, new_state)
+    assert type(merged_model.blocks.fc1) is nnx.LoRALinear
+    assert merged_model.blocks.fc1.lora.lora_a.get_value().shape == (3, 32, 2)
+    assert close(yax.eval_mox(new, new_state, ids)[0], model(ids))
+    lora, rest = nnx.split_state(new_state, nnx.LoRAParam, ...)
+
+    def loss(lo):
+        logits = yax.eval_mox(new, nnx.merge_state(lo, rest), ids)[0]
+        return -jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+
+    opt = optax.adam(1e-2)
+    lo, opt_state, first = lora, opt.init(lora), loss(lora)
+    for _ in range(3):
+        grads = jax.grad(loss)(lo)
+        updates, opt_state = opt.update(grads, opt_state, lo)
+        lo = optax.apply_updates(lo, updates)
+    assert loss(lo) < first
+    trained = nnx.merge_state(lo, rest)
+    assert close(nnx.split_state(trained, nnx.LoRAParam, ...)[1], rest)  # nothing but the adapters moved
+    assert not close(lo, lora)
+    out = yax.eval_mox(new, trained, ids)[0]
+    assert close(out, nnx.merge(new.graphdef, trained)(ids))
+    base, base_state = yax.merge_lora(new, trained)
+    assert yax.query('count(//module_call[@type="LoRALinear"])', base) == 0.0
+    assert jax.tree.structure(base_state) == jax.tree.structure(state)
+    assert close(yax.eval_mox(base, base_state, ids)[0], out, tol=1e-4)
+    assert close(nnx.merge(base.graphdef, base_state)(ids), out, tol=1e-4)
 
 
 def test_sub_shared_module_all_calls_share_the_new_variables(traced):

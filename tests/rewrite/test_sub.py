@@ -254,6 +254,33 @@ def test_variables_inside_scan_bodies_are_stacked_per_layer():
     np.testing.assert_allclose(yax.eval_mox(new, params, ids), want, rtol=1e-5, atol=1e-5)
 
 
+class Ensemble(nn.Module):
+    """Three Dense heads stacked by `nn.vmap` (`variable_axes`), averaged."""
+
+    @nn.compact
+    def __call__(self, x):
+        heads = nn.vmap(nn.Dense, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=None,
+                        out_axes=0, axis_size=3)(8, name="heads")
+        return nn.Dense(2)(heads(x).mean(0))
+
+
+def test_modules_mapped_by_nn_vmap():
+    """`nn.vmap` over stacked variables: the heads evaluate and swap for
+    functions, and a per-instance module replacement is refused, saying why."""
+    x = jnp.linspace(-1, 1, 20).reshape(4, 5)
+    m = Ensemble()
+    params = m.init(KEY, x)
+    mox = yax.make_mox(m.apply)(params, x)
+    np.testing.assert_allclose(yax.eval_mox(mox, params, x), m.apply(params, x), rtol=1e-6)
+    before = str(mox), jax.tree_util.tree_map(np.asarray, params)
+    with pytest.raises(yax.YaxRewriteError, match=r"f32\[3,4,8\]. The node's output has one axis more: .*`nn.vmap`"):
+        yax.sub('//module_call[@name="heads"]', yax.LoRA(rank=2), mox, params=params, key=KEY)
+    assert str(mox) == before[0] and leaves_equal(params, before[1])
+    zeroed = yax.sub('//module_call[@name="heads"]', lambda h: jnp.zeros((3, 4, 8)), mox)
+    np.testing.assert_allclose(yax.eval_mox(zeroed, params, x), nn.Dense(2).apply(
+        {"params": params["params"]["Dense_0"]}, jnp.zeros((4, 8))), rtol=1e-6)
+
+
 def test_nodes_from_another_mox_are_refused():
     mox, *_ = traced("mlp")
     other, *_ = traced("mlp")

@@ -298,6 +298,9 @@ class DictVariables:
             self._old = set(jax.tree_util.tree_leaves(self.vars))
             bare = _layout(self.vars, self._nodes())
             self.bare = bool(bare) or (bare is None and bool(self.values) and "params" not in self.values)
+        #: abstract parameters (`jax.ShapeDtypeStruct`s, as from `jax.eval_shape`): new leaves stay abstract too
+        leaves = jax.tree_util.tree_leaves(self.values)
+        self.abstract = bool(leaves) and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
         self._searched = self.given
 
     def _nodes(self) -> Any:
@@ -442,7 +445,9 @@ class DictVariables:
         avals = sc.traced.var_avals
         flat = jax.tree_util.tree_flatten_with_path(avals)[0]
         fresh: list[Any] = [None] * len(flat)
-        if len(sc.kept) < len(flat):
+        if self.abstract:  # nothing to initialise: the caller allocates nothing
+            fresh = [jax.ShapeDtypeStruct((*sc.stack, *a.shape), a.dtype) for _, a in flat]
+        elif len(sc.kept) < len(flat):
             if key is None:
                 raise YaxRewriteError(
                     f"The replacement at `{sc.node.path}` adds new variables; pass `key=` "

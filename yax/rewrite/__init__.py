@@ -87,6 +87,8 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
       params: the variables the MoX was traced with (the first argument of
         ``model.apply``; for an nnx model, its state). Needed when a
         replacement has variables, and to drop the variables of replaced modules.
+        Given as ``jax.ShapeDtypeStruct``s (``jax.eval_shape`` of an init),
+        the new variables come back abstract too: nothing is allocated.
       key: a PRNG key for new variables (folded with each module's index).
       cast: allow outputs of another dtype (same shape) and cast them back
         to the node's dtypes at its boundary (mixed precision).

@@ -296,6 +296,13 @@ def check(t: Traced, node: Node, repl: Any) -> None:
                                  " ".join(map(type_str, node.outputs)))
 
 
+def _vmapped(node: Node, found: tuple, expected: tuple) -> bool:
+    """Whether the node looks mapped by ``nn.vmap``: a module with variables
+    whose output is the replacement's with one more axis."""
+    return bool(getattr(node, "var_tree", None)) and any(
+        expected[:k] + expected[k + 1:] == found for k in range(len(expected)))
+
+
 def fit(t: Traced, node: Node, repl: Any, cast: bool) -> tuple[tuple[Equation, ...], dict[int, Var]]:
     """Check output avals. With ``cast``, also the equations that cast
     outputs back to the node's dtypes, and which output each one replaces."""
@@ -309,6 +316,10 @@ def fit(t: Traced, node: Node, repl: Any, cast: bool) -> tuple[tuple[Equation, .
             casts.append((i, b.dtype))
             continue
         hint = "Pass `cast=True` to cast outputs back to the node's dtypes." if a.shape == b.shape else ""
+        if not hint and _vmapped(node, a.shape, b.shape):
+            hint = ("The node's output has one axis more: the module is likely mapped by `nn.vmap` over "
+                    "stacked variables (`variable_axes`), where yax cannot replace one instance at a time yet. "
+                    "Replace the module that calls the `nn.vmap`, or use a function of the node's inputs.")
         raise errors.does_not_fit(_name(repl), node, i, type_str(a), type_str(b), hint)
     if not casts:
         return (), {}

@@ -251,6 +251,7 @@ class StateVariables:
         self.kept: dict[tuple[str, ...], Any] = {}
         self.final: dict[tuple[str, ...], Any] = {}
         self.modules: dict[tuple[str, ...], Any] = {}
+        self._old_in: dict[tuple[str, ...], tuple[type, Var]] = {}
 
     def place(self, sites: list[Any], key: Any, keep: Any = None) -> dict[int, dict[Var, Var]]:
         """One set of variables per replaced module (calls of one module share it)."""
@@ -268,13 +269,6 @@ class StateVariables:
                 )
         if not ours:
             return {id(s.node): {} for s in sites}
-        for s in ours:
-            if s.chain:
-                raise YaxRewriteError(
-                    f"{where(s.node).capitalize()} is inside a transformed computation (an `nnx.scan`/`vmap`/"
-                    "`jit`/`remat` body), where yax cannot add nnx variables yet. Replace it with a function, "
-                    "or use `yax.replace_modules` on the model."
-                )
         self._check(sites)
         (state_vars, *_), _ = self.root.sig.args(self.root.invars)
         old_in = {p: (t, v) for p, t, v in flat_state(state_vars)}
@@ -284,7 +278,14 @@ class StateVariables:
                 "`params` is not the state the MoX was traced with: its variables are at other paths. "
                 "Pass `state` from `graphdef, state = nnx.split(model)`."
             )
+        self._old_in = old_in
         return {id(s.node): self._assign(s, old_in, values) for s in sites}
+
+    def dropped(self) -> set[Var]:
+        """The root vars of the replaced modules' variables no replacement keeps."""
+        kept = {v for c in self.canon.values() for v in c.values()}
+        return {v for p, (_, v) in self._old_in.items()
+                if v not in kept and any(p[: len(sc)] == sc for sc in self.canon)}
 
     def _check(self, sites: list[Any]) -> None:
         if self.params is None:
@@ -319,19 +320,31 @@ class StateVariables:
         scope, t = s.node.scope, s.traced
         paths = [p for p, _, _ in flat_state(t.var_avals)]
         c = self.canon.get(scope)
+        lead = tuple(s.stack)
         if c is None:
             c = self.canon[scope] = {}
             self.modules[scope] = t.module
             for (rel, typ, x), tv in zip(flat_state(t.var_avals), t.root.invars):
                 old = old_in.get(scope + rel)
-                if old is not None and old[0] is typ and old[1].shape == tv.shape and old[1].dtype == tv.dtype:
+                shape = (*lead, *tv.shape)
+                if old is not None and old[0] is typ and old[1].shape == shape and old[1].dtype == tv.dtype:
                     c[rel], self.kept[scope + rel] = old[1], values[scope + rel]
+                elif s.chain:  # a root input of its own, passed down (and stacked per scanned layer)
+                    c[rel] = Var(shape, tv.dtype, tv.weak_type)
+                    self.kept[scope + rel] = jax.numpy.broadcast_to(x, shape) if lead else x
                 else:
                     c[rel], self.kept[scope + rel] = tv, x
         elif list(c) != paths:
             raise errors.shared_variables(s.node.path)
         vm = {tv: c[rel] for rel, tv in zip(paths, t.root.invars) if c[rel] is not tv}
-        for rel, v in zip(paths, t.state_out):  # the last call's updates win
+        for rel, v, tv in zip(paths, t.state_out, t.root.invars):  # the last call's updates win
+            if s.chain and v is not tv:
+                raise YaxRewriteError(
+                    f"The replacement `{_what(t.module)}` for {where(s.node)} updates its variable "
+                    f"`{'/'.join(rel)}` (batch statistics, an RNG count), but the call runs inside "
+                    f"`{s.chain[-1][0].name}`, whose updates yax cannot carry out to the state yet. Replace it "
+                    "with a module that only reads its variables, or with a function."
+                )
             self.final[scope + rel] = vm.get(v, v) if isinstance(v, Var) else v
         return vm
 
