@@ -1,0 +1,186 @@
+"""make_mox against jax.make_jaxpr on third-party models at real sizes (issue 16).
+
+Hugging Face ``transformers<5`` Flax classes from their real-size configs with
+abstract parameters (``jax.eval_shape`` of the init: nothing allocated, nothing
+downloaded), the own zoo's Transformers (unrolled and scanned), and a
+7B-parameter Llama. Each model is traced side by side in one process, each
+tracer after ``jax.clear_caches()``, median of ``--runs``; also the bytes of
+the MoX beyond what the jaxpr holds, per equation (``--memory``; always for
+the 7B model). Prints a table
+and writes bench/results/thirdparty.json. Targets: ratio <= 1.15x median and
+<= 1.3x worst; the 7B MoX <= 50 MB.
+
+    .venv/bin/python bench/bench_thirdparty.py [--runs 3] [--only bert-base,gpt2-small] [--memory]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import pathlib
+import statistics
+import sys
+import time
+import tracemalloc
+import warnings
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from _report import report  # noqa: E402
+
+import yax  # noqa: E402
+
+SEQ = 128
+
+
+def _hf(cls_name: str, cfg_name: str, **cfg):
+    import transformers
+
+    return getattr(transformers, cls_name)(getattr(transformers, cfg_name)(**cfg), _do_init=False)
+
+
+def _abstract(m, shape):
+    return jax.eval_shape(lambda: m.init_weights(jax.random.key(0), shape))
+
+
+def hf_text(cls, cfg, **kw):
+    def build():
+        m = _hf(cls, cfg, **kw)
+        ids = jax.ShapeDtypeStruct((1, SEQ), jnp.int32)
+        return (lambda p, i: m(i, params=p)[0]), (_abstract(m, (1, SEQ)), ids)
+    return build
+
+
+def vit():
+    m = _hf("FlaxViTModel", "ViTConfig")
+    px = jax.ShapeDtypeStruct((1, 3, 224, 224), jnp.float32)
+    return (lambda p, x: m(x, params=p)[0]), (_abstract(m, (1, 224, 224, 3)), px)
+
+
+def resnet():
+    m = _hf("FlaxResNetForImageClassification", "ResNetConfig")
+    px = jax.ShapeDtypeStruct((1, 3, 224, 224), jnp.float32)
+    return (lambda v, x: m(x, params=v)[0]), (_abstract(m, (1, 224, 224, 3)), px)
+
+
+def whisper():
+    m = _hf("FlaxWhisperForConditionalGeneration", "WhisperConfig", d_model=384, encoder_layers=4,
+            decoder_layers=4, encoder_attention_heads=6, decoder_attention_heads=6,
+            encoder_ffn_dim=1536, decoder_ffn_dim=1536)
+    feats = jax.ShapeDtypeStruct((1, 80, 3000), jnp.float32)
+    dec = jax.ShapeDtypeStruct((1, 16), jnp.int32)
+    return (lambda p, f, d: m(f, decoder_input_ids=d, params=p)[0]), (_abstract(m, (1, 80, 3000)), feats, dec)
+
+
+def clip():
+    import transformers
+
+    m = transformers.FlaxCLIPModel(transformers.CLIPConfig(), _do_init=False)
+    params = jax.eval_shape(lambda: m.init_weights(jax.random.key(0), ((1, 77), (1, 224, 224, 3))))
+    ids = jax.ShapeDtypeStruct((1, 77), jnp.int32)
+    px = jax.ShapeDtypeStruct((1, 3, 224, 224), jnp.float32)
+    return (lambda p, i, x: m(i, x, params=p)[0]), (params, ids, px)
+
+
+def llama(layers, hidden=4096, inter=11008, heads=32, vocab=32000):
+    def build():
+        m = _hf("FlaxLlamaForCausalLM", "LlamaConfig", hidden_size=hidden, intermediate_size=inter,
+                num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                vocab_size=vocab, max_position_embeddings=4096)
+        ids = jax.ShapeDtypeStruct((1, SEQ), jnp.int32)
+        return (lambda p, i: m(i, params=p).logits), (_abstract(m, (1, SEQ)), ids)
+    return build
+
+
+def own(layers, scan=False):
+    def build():
+        from models import Transformer
+
+        m = Transformer(num_layers=layers, scan=scan, vocab=1024, d_model=768, num_heads=12, d_mlp=3072)
+        ids = jnp.arange(SEQ, dtype=jnp.int32).reshape(1, SEQ) % 1024
+        return m.apply, (jax.eval_shape(lambda: m.init(jax.random.key(0), ids)), ids)
+    return build
+
+
+MODELS = {
+    "bert-base": hf_text("FlaxBertModel", "BertConfig"),
+    "gpt2-small": hf_text("FlaxGPT2LMHeadModel", "GPT2Config"),
+    "albert-base": hf_text("FlaxAlbertModel", "AlbertConfig", hidden_size=768, num_attention_heads=12,
+                           intermediate_size=3072),
+    "vit-b16": vit,
+    "resnet-50": resnet,
+    "whisper-tiny": whisper,
+    "clip": clip,
+    "llama-12l": llama(12, hidden=768, inter=2048, heads=12),
+    "own-transformer-12": own(12),
+    "own-transformer-48": own(48),
+    "own-transformer-12-scan": own(12, scan=True),
+    "llama-7b": llama(32),
+}
+
+
+def median(f, runs):
+    ts = []
+    for _ in range(runs):
+        jax.clear_caches()
+        gc.collect()
+        t = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def held_bytes(trace):
+    """Bytes still allocated after ``trace()`` while its result lives (tracemalloc)."""
+    gc.collect()
+    tracemalloc.start()
+    result = trace()
+    gc.collect()
+    size = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return size, result
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--memory", action="store_true", help="also the MoX's bytes (tracemalloc, slow)")
+    a = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    rows = []
+    for name, build in MODELS.items():
+        if a.only and name not in a.only.split(","):
+            continue
+        f, args = build()
+        jax.make_jaxpr(f)(*args), yax.make_mox(f)(*args)  # imports and first-use costs out of the way
+        t_jaxpr = median(lambda: jax.make_jaxpr(f)(*args), a.runs)
+        t_mox = median(lambda: yax.make_mox(f)(*args), a.runs)
+        row = {"model": name, "make_jaxpr_s": t_jaxpr, "make_mox_s": t_mox, "ratio": t_mox / t_jaxpr}
+        if a.memory or name == "llama-7b":
+            # both hold the model's own constants (Llama's per-layer rotary tables: 128 MB at 7B);
+            # the MoX's own cost is what it holds beyond the jaxpr
+            jaxpr_size, _ = held_bytes(lambda: jax.make_jaxpr(f)(*args))
+            size, mox = held_bytes(lambda: yax.make_mox(f)(*args))
+            n = sum(1 for n in mox.walk() if isinstance(n, yax.Equation))
+            row.update(jaxpr_mb=jaxpr_size / 2**20, mox_mb=size / 2**20, equations=n,
+                       mox_over_jaxpr_mb=(size - jaxpr_size) / 2**20,
+                       bytes_per_eqn=(size - jaxpr_size) / max(n, 1))
+        rows.append(row)
+        print(name, f"{t_jaxpr:.3f} {t_mox:.3f} {t_mox / t_jaxpr:.2f}x", flush=True)
+    ratios = sorted(r["ratio"] for r in rows)
+    if ratios:
+        rows.append({"model": "median ratio / worst", "ratio": statistics.median(ratios),
+                     "make_mox_s": ratios[-1]})
+    out = pathlib.Path(__file__).parent / "results" / "thirdparty.json"
+    report(rows, ["model", "make_jaxpr_s", "make_mox_s", "ratio", "jaxpr_mb", "mox_mb", "bytes_per_eqn"], str(out),
+           runs=a.runs)
+
+
+if __name__ == "__main__":
+    main()
