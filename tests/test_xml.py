@@ -43,7 +43,7 @@ def test_load_xml_refuses_billion_laughs_and_external_entities(tmp_path):
               + "".join(f'<!ENTITY lol{i} "{"&lol%s;" % (i - 1 if i > 1 else "")}' * 10 + '">' for i in range(1, 10))
               + ']><mox>&lol9;</mox>')
     with pytest.raises(yax.YaxXMLError, match="DTD or entities"):
-        yax.load_xml(laughs)
+        yax.load_xml(laughs.encode())
     secret = tmp_path / "secret.txt"
     secret.write_text("TOP SECRET")
     xxe = f'<?xml version="1.0"?><!DOCTYPE m [<!ENTITY x SYSTEM "file://{secret}">]><mox>&x;</mox>'
@@ -52,7 +52,9 @@ def test_load_xml_refuses_billion_laughs_and_external_entities(tmp_path):
     with pytest.raises(yax.YaxXMLError, match="larger than the limit"):
         yax.load_xml(io.BytesIO(b"<mox>" + b" " * 2000 + b"</mox>"), max_bytes=1000)
     with pytest.raises(yax.YaxXMLError, match="not well-formed"):
-        yax.load_xml("<mox><unclosed></mox>")
+        yax.load_xml(b"<mox><unclosed></mox>")
+    with pytest.raises(yax.YaxXMLError, match="looks like XML text"):  # a str is a path
+        yax.load_xml("<mox/>")
 
 
 def test_dump_of_rewritten_mox_roundtrips():

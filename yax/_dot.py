@@ -17,9 +17,9 @@ import shutil
 import subprocess
 from typing import Any
 
-from ._ir import CALL_KINDS, FN_KINDS, Equation, Kind, Mox, Var
+from ._ir import FN_KINDS, Equation, Kind, Mox, Var
 from ._print import type_str
-from ._xpath import query, view
+from ._xpath import calls_below, query, view
 from .errors import YaxDependencyError, YaxQueryError, YaxRenderError
 
 Producers = frozenset[str]
@@ -27,11 +27,6 @@ Producers = frozenset[str]
 
 def _q(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-
-
-def _has_calls(node: Mox | Equation) -> bool:
-    subs = [s for _, s in node.subs] if isinstance(node, Equation) else [node]
-    return any(isinstance(n, Mox) and n.kind in CALL_KINDS for s in subs for n in s.walk() if n is not s)
 
 
 def _group(path: str) -> str:
@@ -46,8 +41,9 @@ def _group(path: str) -> str:
 
 
 class _Graph:
-    def __init__(self, ids: dict[int, int], depth: int | None, equations: bool):
+    def __init__(self, ids: dict[int, int], depth: int | None, equations: bool, with_calls: set[int]):
         self.ids, self.depth, self.equations = ids, depth, equations
+        self.with_calls = with_calls  # id of each node with a call below it
         self.lines: list[str] = []
         self.prod: dict[Var, Producers] = {}
         self.edges: dict[tuple[str, str], list[str]] = {}
@@ -96,22 +92,39 @@ class _Graph:
         return pad
 
     def children(self, parent: Mox, level: int, indent: int) -> None:
-        for c in parent.children:
-            if isinstance(c, Equation):
-                self.equation(c, level, indent)
+        """Draw what is inside ``parent``, without recursion: what is left to
+        do is a stack of nodes to draw and of steps to take after a cluster's
+        insides (close it, pass its results on)."""
+        todo: list[tuple] = [("inside", parent, level, indent)]
+        while todo:
+            task = todo.pop()
+            if task[0] == "then":
+                task[1](*task[2:])
+                continue
+            what, node, level, indent = task
+            if what == "inside":
+                todo.extend(("draw", c, level, indent) for c in reversed(node.children))
+            elif isinstance(node, Equation):
+                todo.extend(reversed(self.equation(node, level, indent)))
             else:
-                self.call(c, level, indent)
+                todo.extend(reversed(self.call(node, level, indent)))
 
-    def call(self, c: Mox, level: int, indent: int) -> None:
+    def close(self, pad: str) -> None:
+        self.lines.append(f"{pad}}}")
+
+    def produced(self, outs: Any, n: str) -> None:
+        for v in outs:
+            self.prod[v] = frozenset({n})
+
+    def call(self, c: Mox, level: int, indent: int) -> list[tuple]:
+        """Draw a call (a box, or a cluster whose insides are the tasks returned)."""
         within = self.depth is None or level < self.depth
-        inner = _has_calls(c) or (self.equations and any(isinstance(x, Equation) for x in c.children))
+        inner = id(c) in self.with_calls or (self.equations and any(isinstance(x, Equation) for x in c.children))
         if within and inner:
             pad = self.cluster(c, f"{c.path} : {c.type}", indent)
             self.alias(c.invars, c.inputs)
-            self.children(c, level + 1, indent + 2)
-            self.lines.append(f"{pad}}}")
-            self.alias(c.outputs, c.outvars)
-            return
+            return [("inside", c, level + 1, indent + 2), ("then", self.close, pad),
+                    ("then", self.alias, c.outputs, c.outvars)]
         shapes = f"{' '.join(map(type_str, c.inputs))} → {' '.join(map(type_str, c.outputs))}"
         if c.kind in FN_KINDS:
             n = self.new(c, f"{c.name}\n{shapes}", indent, shape="box", style="rounded,filled", fillcolor="#fff3c4")
@@ -121,21 +134,23 @@ class _Graph:
             n = self.new(c, f"{title} : {c.type}\n{shapes}{params}", indent,
                          shape="box", style="rounded,filled", fillcolor="#dbe9f6")
         self.feed(n, c.inputs)
-        for v in c.outputs:
-            self.prod[v] = frozenset({n})
+        self.produced(c.outputs, n)
+        return []
 
-    def equation(self, e: Equation, level: int, indent: int) -> None:
-        if _has_calls(e):
+    def equation(self, e: Equation, level: int, indent: int) -> list[tuple]:
+        """Draw an equation (hidden, a small node, or a cluster of its nested
+        computations, whose insides are the tasks returned)."""
+        if id(e) in self.with_calls:
             label = f"{e.name} ×{e.params['length']}" if isinstance(e.params.get("length"), int) else e.name
             pad = self.cluster(None, label, indent)  # the id goes to the node inside
             n = self.new(e, label, indent + 2, shape="ellipse", fontsize="10")
+            later: list[tuple] = []
             for _, sub in e.subs:
                 k = len(sub.invars)
-                self.alias(sub.invars, e.inputs[len(e.inputs) - k:] if k <= len(e.inputs) else ())
-                self.children(sub, level, indent + 2)
-                self.feed(n, sub.outvars)
-            self.lines.append(f"{pad}}}")
-        elif self.equations:
+                later += [("then", self.alias, sub.invars, e.inputs[len(e.inputs) - k:] if k <= len(e.inputs) else ()),
+                          ("inside", sub, level, indent + 2), ("then", self.feed, n, sub.outvars)]
+            return [*later, ("then", self.close, pad), ("then", self.produced, e.outputs, n)]
+        if self.equations:
             n = self.new(e, e.name, indent, shape="ellipse", fontsize="10")
             self.feed(n, e.inputs)
         else:
@@ -143,12 +158,12 @@ class _Graph:
             if len(srcs) < 2:  # hidden: data flows straight through it
                 for v in e.outputs:
                     self.prod[v] = srcs
-                return
+                return []
             # where data from several calls joins (a residual add, q @ k), a small node
             n = self.new(e, e.name, indent, shape="ellipse", fontsize="9", style="dashed")
             self.feed(n, e.inputs)
-        for v in e.outputs:
-            self.prod[v] = frozenset({n})
+        self.produced(e.outputs, n)
+        return []
 
 
 def _select(mox: Mox, root: Any) -> Mox:
@@ -191,8 +206,8 @@ def to_dot(mox: Mox, *, depth: int | None = None, root: str | Mox | None = None,
       True
     """
     top = _select(mox, root)
-    ids = {id(n): i for i, n in enumerate(view(mox).nodes)}
-    g = _Graph(ids, depth, equations)
+    ids = view(mox).ids
+    g = _Graph(ids, depth, equations, calls_below(top))
     ins = g.cluster(None, "inputs", 2)  # inputs, grouped per argument at the root
     groups: dict[str, list[Var]] = {}
     for i, v in enumerate(top.invars):

@@ -11,7 +11,7 @@ jaxpr re-traced from the nested MoX otherwise (once, then cached).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -44,7 +44,20 @@ def run(mox: Mox, args: Sequence[Any], consts: Sequence[Any] | None = None,
 
 
 def _exec(children: Sequence[Any], env: dict, taps: list | None = None) -> None:
-    for c in children:
+    # Without recursion: a call node opens a frame of its children, and its results are
+    # bound when the frame is done, so a MoX of any depth evaluates (and traces under jit).
+    stack: list[tuple[Any, Mox | None]] = [(iter(children), None)]
+    while stack:
+        it, call = stack[-1]
+        c = next(it, None)
+        if c is None:
+            stack.pop()
+            if call is not None:
+                for out, res in zip(call.outputs, call.outvars):
+                    env[out] = _read(env, res)
+                if taps is not None:
+                    taps.append((call, [env[o] for o in call.outputs]))
+            continue
         if isinstance(c, Equation):
             vals = [_read(env, a) for a in c.inputs]
             try:
@@ -71,11 +84,7 @@ def _exec(children: Sequence[Any], env: dict, taps: list | None = None) -> None:
                 env[v] = x
             for formal, actual in zip(c.invars, c.inputs):
                 env[formal] = _read(env, actual)
-            _exec(c.children, env, taps)
-            for out, res in zip(c.outputs, c.outvars):
-                env[out] = _read(env, res)
-            if taps is not None:
-                taps.append((c, [env[o] for o in c.outputs]))
+            stack.append((iter(c.children), c))
 
 
 def _bind_params(eqn: Equation) -> Any:
@@ -125,16 +134,97 @@ def flatten_inputs(mox: Mox, args: tuple, kwargs: dict) -> list[Any]:
     the traced leaves."""
     flat, tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
     if tree != mox.in_tree:
+        where, what = structure_difference(mox.in_tree, (args, kwargs))
         raise YaxInputError(
-            "The arguments have a different structure from those the MoX was traced with.\n"
-            f"  expected: {mox.in_tree}\n  found:    {tree}\n"
-            "Pass the same pytree of arguments (same dict keys, same tuple lengths), "
-            "or trace again with `yax.make_mox`."
+            f"The arguments differ in structure from those the MoX was traced with: at `{where}`, {what}. "
+            "Pass the same pytree of arguments (same dict keys, same tuple lengths), or trace again with "
+            "`yax.make_mox`."
         )
     leaves = [x for _, x in flat]
     for i, expected in mox.in_static:
         _check_static(arg_name(flat[i][0]), expected, leaves[i])
     return [_checked_leaf(arg_name(flat[i][0]), v, leaves[i]) for i, v in zip(mox.dyn_in, mox.invars)]
+
+
+class _Traced:
+    """A leaf of the arguments the MoX was traced with (its place only)."""
+
+    def __repr__(self) -> str:
+        return "an array"
+
+
+def _level(x: Any) -> tuple[Any, list[tuple[Any, Any]]]:
+    """The structure of ``x`` one level down, and its children with their keys."""
+    def below(y: Any) -> bool:
+        return y is not x
+
+    flat, tree = jax.tree_util.tree_flatten_with_path(x, is_leaf=below)
+    return tree, [(k[0], v) for k, v in flat if k]
+
+
+def _kind(x: Any) -> str:
+    if isinstance(x, _Traced):
+        return "an array"
+    if x is None:
+        return "`None`"
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return f"an array ({type_str(x)})"
+    return f"a `{type(x).__name__}`"
+
+
+def _keys(keys: Any, n: int = 6) -> str:
+    ks = [f"`{k!r}`" for k in keys]
+    return ", ".join(ks[:n]) + (f" and {len(ks) - n} more" if len(ks) > n else "") if ks else "none"
+
+
+def structure_difference(expected: Any, found: Any) -> tuple[str, str]:
+    """Where the pytree ``found`` (``(args, kwargs)``) first differs from the
+    treedef ``expected``, and how, in the user's terms: ``("args[0]['params']",
+    "the key `'kernel'` is missing ...")``. Walks level by level, without
+    recursion, so two large trees are never printed whole."""
+    try:
+        skeleton = jax.tree_util.tree_unflatten(expected, [_Traced() for _ in range(expected.num_leaves)])
+    except Exception:  # a node type that cannot be rebuilt from placeholders
+        return "the arguments", f"the structure is `{_short(str(found))}` where `{_short(str(expected))}` was traced"
+    stack: list[tuple[tuple, Any, Any]] = [((), skeleton, found)]
+    while stack:
+        path, e, f = stack.pop()
+        (te, ce), (tf, cf) = _level(e), _level(f)
+        if te == tf:
+            stack.extend((path + (ke,), ve, vf) for (ke, ve), (_, vf) in reversed(list(zip(ce, cf))))
+            continue
+        where = arg_name(path)
+        if type(e) is not type(f):
+            return where, f"{_kind(f)} was passed where {_kind(e)} was traced"
+        ke, kf = [_key(k) for k, _ in ce], [_key(k) for k, _ in cf]
+        if isinstance(e, Mapping) or ke != list(range(len(ke))):
+            missing = [k for k in ke if k not in kf]
+            extra = [k for k in kf if k not in ke]
+            if missing or extra:
+                parts = []
+                if missing:
+                    parts.append(f"the key{'s' * (len(missing) > 1)} {_keys(missing)} "
+                                 f"{'is' if len(missing) == 1 else 'are'} missing")
+                if extra:
+                    parts.append(f"the key{'s' * (len(extra) > 1)} {_keys(extra)} "
+                                 f"{'was' if len(extra) == 1 else 'were'} not there when traced")
+                return where, f"{' and '.join(parts)} (traced: {_keys(ke)}; now: {_keys(kf)})"
+        elif len(ce) != len(cf):
+            return where, (f"{len(cf)} element{'s' * (len(cf) != 1)} {'was' if len(cf) == 1 else 'were'} passed "
+                           f"where {len(ce)} {'was' if len(ce) == 1 else 'were'} traced")
+        return where, f"the structure is `{_short(str(tf))}` where `{_short(str(te))}` was traced"
+    return "the arguments", "the structure differs"
+
+
+def _key(k: Any) -> Any:
+    for attr in ("key", "idx", "name"):
+        if hasattr(k, attr):
+            return getattr(k, attr)
+    return k
+
+
+def _short(s: str, n: int = 200) -> str:
+    return s if len(s) <= n else s[: n - 1] + "…"
 
 
 def _check_static(where: str, expected: Any, found: Any) -> None:

@@ -382,15 +382,16 @@ class Mox(_Typed):
 
     def walk(self) -> Iterator[Equation | Mox]:
         """Every node below this one, depth first in program order, including
-        nodes inside nested computations (scan bodies, jit callees)."""
-        for c in self.children:
-            yield c
-            if isinstance(c, Mox):
-                yield from c.walk()
-            else:
-                for _, sub in c.subs:
-                    yield sub
-                    yield from sub.walk()
+        nodes inside nested computations (scan bodies, jit callees). Without
+        recursion: a tree of any depth walks."""
+        stack = [iter(self.children)]
+        while stack:
+            n = next(stack[-1], None)
+            if n is None:
+                stack.pop()
+                continue
+            yield n
+            stack.append(iter(n.children) if isinstance(n, Mox) else iter([s for _, s in n.subs]))
 
     def modules(self) -> Iterator[Mox]:
         """Every call node below this one (module calls, helper method calls

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from ._ir import Equation, Mox, holds_mox
 
@@ -28,33 +29,62 @@ def map_mox(fn: Callable[[Node], Node], mox: Mox, *, before: Callable[[Node], No
       ['sin', '<lambda>']
     """
 
-    def go(node: Node) -> Node:
+    # Without recursion (a MoX of any depth maps): a frame per node being mapped holds
+    # the node, its children (a call's, or the computations an equation holds as
+    # (param, index, child)), how many were entered and what they mapped to.
+    def enter(node: Node) -> list:
         if before is not None:
             node = before(node)
         if isinstance(node, Equation):
-            changed = {}
+            kids: list[tuple[Any, Any, Node]] = []
             for k, v in node.params.items():
                 if isinstance(v, Mox):
-                    nv = go(v)
+                    kids.append((k, None, v))
                 elif holds_mox(v):
-                    nv = tuple(go(x) for x in v)
-                    if all(a is b for a, b in zip(nv, v)):
-                        nv = v
-                else:
-                    continue
-                if nv is not v:
-                    changed[k] = nv
-            if changed:
-                # A changed nested computation must be re-traced on eval.
-                node = dataclasses.replace(
-                    node,
-                    params={**node.params, **changed},
-                    _jaxprs={k: j for k, j in node._jaxprs.items() if k not in changed},
-                )
-            return fn(node)
-        children = tuple(go(c) for c in node.children)
+                    kids.extend((k, i, x) for i, x in enumerate(v))
+        else:
+            kids = [(None, i, c) for i, c in enumerate(node.children)]
+        return [node, kids, 0, []]
+
+    stack = [enter(mox)]
+    while True:
+        frame = stack[-1]
+        node, kids, entered, mapped = frame
+        if entered < len(kids):
+            frame[2] += 1
+            stack.append(enter(kids[entered][2]))
+            continue
+        stack.pop()
+        out = fn(_rebuilt(node, kids, mapped))
+        if not stack:
+            return out
+        stack[-1][3].append(out)
+
+
+def _rebuilt(node: Node, kids: list, mapped: list) -> Node:
+    """``node`` with its children replaced by what they mapped to (itself when none changed)."""
+    if isinstance(node, Mox):
+        children = tuple(mapped)
         if any(a is not b for a, b in zip(children, node.children)):
             node = dataclasses.replace(node, children=children)
-        return fn(node)
-
-    return go(mox)
+        return node
+    changed: dict[str, Any] = {}
+    for k, v in node.params.items():
+        if isinstance(v, Mox):
+            nv = next(m for (key, _, _), m in zip(kids, mapped) if key == k)
+        elif holds_mox(v):
+            nv = tuple(m for (key, _, _), m in zip(kids, mapped) if key == k)
+            if all(a is b for a, b in zip(nv, v)):
+                nv = v
+        else:
+            continue
+        if nv is not v:
+            changed[k] = nv
+    if changed:
+        # A changed nested computation must be re-traced on eval.
+        node = dataclasses.replace(
+            node,
+            params={**node.params, **changed},
+            _jaxprs={k: j for k, j in node._jaxprs.items() if k not in changed},
+        )
+    return node

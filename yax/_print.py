@@ -140,6 +140,10 @@ def call_header(node: Mox) -> str:
 
 
 class _Printer:
+    """Prints blocks without recursion, so a MoX of any depth prints: the work
+    left is a stack of tasks, and names are given in the order of the text
+    (a node's inputs, then its outputs, then its body; a block's results last)."""
+
     def __init__(self) -> None:
         self.name = Names()
         self.lines: list[str] = []
@@ -154,36 +158,44 @@ class _Printer:
     def binder(self, v: Var) -> str:
         return f"{self.name(v)}:{type_str(v)}"
 
-    def block(self, mox: Mox, indent: int, head: str = "") -> None:
-        consts = " ".join(self.binder(v) for v in mox.constvars)
-        invars = " ".join(self.binder(v) for v in mox.invars)
-        pad = " " * indent
-        self.lines.append(f"{pad}{head}{{ lambda {consts}{' ' if consts else ''}; {invars}. let")
-        for c in mox.children:
-            self.child(c, indent + 4)
-        outs = " ".join(self.atom(a) for a in mox.outvars)
-        self.lines.append(f"{pad}  in ({outs}) }}")
-
     def lhs(self, outs: tuple) -> str:
         return " ".join(self.binder(v) for v in outs) or "()"
 
+    def block(self, mox: Mox, indent: int, head: str = "") -> None:
+        self._run([("block", mox, indent, head)])
+
     def child(self, c: Equation | Mox, indent: int) -> None:
-        pad = " " * indent
-        self.at[id(c)] = len(self.lines)
-        if isinstance(c, Mox):
-            args = " ".join(self.atom(a) for a in c.inputs)
-            self.lines.append(f"{pad}{self.lhs(c.outputs)} = {call_header(c)} {args}")
-            self.block(c, indent + 2)
-            return
-        simple = [f"{k}={value_str(v)}" for k, v in shown_params(c)]
-        nested = [(k, v) for k, v in sorted(c.params.items()) if holds_mox(v)]
-        params = f"[{' '.join(simple)}]" if simple else ""
-        args = " ".join(self.atom(a) for a in c.inputs)
-        self.lines.append(f"{pad}{self.lhs(c.outputs)} = {c.name}{params} {args}".rstrip())
-        for k, v in nested:
-            for i, sub in enumerate(v if isinstance(v, tuple) else (v,)):
-                label = f"{k}[{i}]=" if isinstance(v, tuple) else f"{k}="
-                self.block(sub, indent + 2, label)
+        self._run([("child", c, indent, "")])
+
+    def _run(self, todo: list[tuple[str, Any, int, str]]) -> None:
+        while todo:
+            what, node, indent, head = todo.pop()
+            pad = " " * indent
+            if what == "close":  # a block's last line: its results, named after its body
+                self.lines.append(f"{pad}  in ({' '.join(self.atom(a) for a in node.outvars)}) }}")
+            elif what == "block":
+                consts = " ".join(self.binder(v) for v in node.constvars)
+                invars = " ".join(self.binder(v) for v in node.invars)
+                self.lines.append(f"{pad}{head}{{ lambda {consts}{' ' if consts else ''}; {invars}. let")
+                todo.append(("close", node, indent, ""))
+                todo.extend(("child", c, indent + 4, "") for c in reversed(node.children))
+            elif isinstance(node, Mox):
+                self.at[id(node)] = len(self.lines)
+                args = " ".join(self.atom(a) for a in node.inputs)
+                self.lines.append(f"{pad}{self.lhs(node.outputs)} = {call_header(node)} {args}")
+                todo.append(("block", node, indent + 2, ""))
+            else:
+                self.at[id(node)] = len(self.lines)
+                simple = [f"{k}={value_str(v)}" for k, v in shown_params(node)]
+                params = f"[{' '.join(simple)}]" if simple else ""
+                args = " ".join(self.atom(a) for a in node.inputs)
+                self.lines.append(f"{pad}{self.lhs(node.outputs)} = {node.name}{params} {args}".rstrip())
+                blocks = []
+                for k, v in sorted(node.params.items()):
+                    if holds_mox(v):
+                        for i, sub in enumerate(v if isinstance(v, tuple) else (v,)):
+                            blocks.append(("block", sub, indent + 2, f"{k}[{i}]=" if isinstance(v, tuple) else f"{k}="))
+                todo.extend(reversed(blocks))
 
 
 def pprint(mox: Mox) -> str:

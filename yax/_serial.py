@@ -21,10 +21,12 @@ def _sym(names: Names, a: Any) -> dict[str, Any]:
 
 def to_dict(mox: Mox, names: Names | None = None) -> dict[str, Any]:
     """A JSON-ready dict of the tree: kinds, paths, types, attributes,
-    shapes, parameter counts, equations with their nested computations."""
+    shapes, parameter counts, equations with their nested computations.
+    Built without recursion: a MoX of any depth converts."""
     names = names or Names()
 
-    def node(n: Any) -> dict[str, Any]:
+    def node(n: Any) -> tuple[dict[str, Any], list[tuple[Any, Any, Any]]]:
+        """The dict of ``n`` and where its children's dicts go: (container, key, child)."""
         if isinstance(n, Equation):
             d = {
                 "kind": "equation",
@@ -36,8 +38,8 @@ def to_dict(mox: Mox, names: Names | None = None) -> dict[str, Any]:
             }
             subs = n.subs
             if subs:
-                d["subs"] = {k: node(s) for k, s in subs}
-            return d
+                d["subs"] = {}
+            return d, [(d["subs"], k, s) for k, s in subs]
         d = {
             "kind": n.kind,
             "path": n.path,
@@ -48,16 +50,137 @@ def to_dict(mox: Mox, names: Names | None = None) -> dict[str, Any]:
             "params": n.num_params,
             "inputs": [_sym(names, a) for a in n.inputs],
             "outputs": [_sym(names, a) for a in n.outputs],
-            "children": [node(c) for c in n.children],
+            "children": [None] * len(n.children),
         }
-        return d
+        return d, [(d["children"], i, c) for i, c in enumerate(n.children)]
 
-    return node(mox)
+    top, todo = node(mox)
+    todo.reverse()
+    while todo:  # depth first, in document order: vars are named as the printer names them
+        into, key, n = todo.pop()
+        into[key], below = node(n)
+        todo.extend(reversed(below))
+    return top
+
+
+# -- writing nested data without recursion (json's and yt's writers recurse) -----------
+
+def _write(obj: Any, lay: Any) -> list:
+    """The pieces of the text of ``obj`` (dicts, lists and scalars), laid out
+    by ``lay``: ``open(is_map)``, ``before(level, count)`` (ahead of an item
+    at ``level`` after ``count`` others), ``key(k)`` (with what follows a
+    key), ``after`` (behind each item), ``close(level, is_map, count)``, and
+    ``scalar(x)``."""
+    out: list = []
+    stack: list[list] = []  # [items left, is a map, level, items written, what follows it]
+
+    def value(v: Any, level: int, after: Any) -> None:
+        if isinstance(v, (dict, list, tuple)):
+            is_map = isinstance(v, dict)
+            out.append(lay.open(is_map))
+            stack.append([iter(lay.items(v) if is_map else v), is_map, level, 0, after])
+        else:
+            out.append(lay.scalar(v))
+            out.append(after)
+
+    value(obj, 0, lay.empty)
+    while stack:
+        frame = stack[-1]
+        items, is_map, level, count, after = frame
+        item = next(items, _END)
+        if item is _END:
+            stack.pop()
+            out.append(lay.close(level, is_map, count))
+            out.append(after)
+            continue
+        frame[3] += 1
+        out.append(lay.before(level + 1, count))
+        if is_map:
+            out.append(lay.key(item[0]))
+            item = item[1]
+        value(item, level + 1, lay.after)
+    return out
+
+
+_END = object()
+
+
+class _Json:
+    """`json.dumps`'s layout, for its keyword arguments."""
+
+    empty = after = ""
+
+    def __init__(self, indent: Any = None, separators: Any = None, sort_keys: bool = False, cls: Any = None,
+                 **kwargs: Any):
+        if isinstance(indent, int) and not isinstance(indent, bool):
+            indent = " " * indent
+        self.indent = indent
+        self.item_sep, self.key_sep = separators or ((",", ": ") if indent is not None else (", ", ": "))
+        self.sort_keys = sort_keys
+        self.encoder = (cls or json.JSONEncoder)(sort_keys=sort_keys, indent=None, **kwargs)
+
+    def items(self, d: dict) -> Any:
+        return sorted(d.items()) if self.sort_keys else d.items()
+
+    def open(self, is_map: bool) -> str:
+        return "{" if is_map else "["
+
+    def before(self, level: int, count: int) -> str:
+        sep = self.item_sep if count else ""
+        return sep if self.indent is None else f"{sep}\n{self.indent * level}"
+
+    def key(self, k: Any) -> str:
+        return self.encoder.encode(k) + self.key_sep
+
+    def close(self, level: int, is_map: bool, count: int) -> str:
+        end = "}" if is_map else "]"
+        return end if self.indent is None or not count else f"\n{self.indent * level}{end}"
+
+    def scalar(self, x: Any) -> str:
+        return self.encoder.encode(x)
+
+
+class _Yson:
+    """yt's YSON layout (``binary``, ``text`` or ``pretty``, 4 spaces)."""
+
+    empty = b""
+
+    def __init__(self, yson: Any, fmt: str):
+        self.yson, self.fmt, self.pretty = yson, fmt, fmt == "pretty"
+        self.after = b";\n" if self.pretty else b";"
+        self.memo: dict = {}
+
+    @staticmethod
+    def items(d: dict) -> Any:
+        return d.items()
+
+    def open(self, is_map: bool) -> bytes:
+        return (b"{" if is_map else b"[") + (b"\n" if self.pretty else b"")
+
+    def before(self, level: int, count: int) -> bytes:
+        return b"    " * level if self.pretty else b""
+
+    def key(self, k: Any) -> bytes:
+        return self.scalar(k) + (b" = " if self.pretty else b"=")
+
+    def close(self, level: int, is_map: bool, count: int) -> bytes:
+        return (b"    " * level if self.pretty else b"") + (b"}" if is_map else b"]")
+
+    def scalar(self, x: Any) -> bytes:
+        k = (type(x), x)  # True and 1 are different leaves
+        b = self.memo.get(k)
+        if b is None:
+            b = self.yson.dumps(x, yson_format=self.fmt)
+            if len(self.memo) < 65536:
+                self.memo[k] = b
+        return b
 
 
 def to_json(mox: Mox, **kwargs: Any) -> str:
-    """`to_dict` as JSON text (``json.dumps`` keyword arguments pass through)."""
-    return json.dumps(to_dict(mox), **kwargs)
+    """`to_dict` as JSON text (``json.dumps`` keyword arguments pass through:
+    ``indent``, ``separators``, ``sort_keys``, ``ensure_ascii`` …), written
+    without recursion so that a MoX of any depth converts."""
+    return "".join(_write(to_dict(mox), _Json(**kwargs)))
 
 
 YSON_FORMATS = ("binary", "text", "pretty")
@@ -82,4 +205,4 @@ def dump_yson(mox: Mox, fileobj: IO[bytes], *, format: str = "pretty") -> None:
             "Install it with `pip install 'yax[yson]'` (it brings `ytsaurus-client`), or use "
             "`yax.dump_xml` or `mox.to_json()` instead."
         ) from None
-    fileobj.write(yson.dumps(to_dict(mox), yson_format=format))
+    fileobj.write(b"".join(_write(to_dict(mox), _Yson(yson, format))))

@@ -9,9 +9,8 @@ from ._ir import CALL_KINDS, Equation, Kind, Mox
 from ._print import type_str
 
 
-def eqn_flops(eqn: Equation) -> int:
-    """FLOPs of one equation where they are known (dot_general, convolutions,
-    and nested computations, times the length of a scan)."""
+def _own_flops(eqn: Equation) -> int | None:
+    """FLOPs of an equation that holds no computation (None for one that does)."""
     if eqn.name == "dot_general":
         (lc, _), _ = eqn.params["dimension_numbers"]
         k = math.prod(eqn.inputs[0].shape[d] for d in lc)
@@ -22,31 +21,75 @@ def eqn_flops(eqn: Equation) -> int:
         out_feature_dim = dn.rhs_spec[0]
         per_out = math.prod(rhs) // rhs[out_feature_dim]
         return 2 * eqn.outputs[0].size * per_out
-    total = sum(flops(sub) for _, sub in eqn.subs)
-    if eqn.name == "scan":
-        total *= eqn.params.get("length", 1)
-    elif eqn.name == "cond":
-        total = max((flops(sub) for _, sub in eqn.subs), default=0)
-    return total
+    return None
+
+
+def all_flops(mox: Mox) -> dict[int, int]:
+    """``id(node)`` -> known FLOPs of every node under ``mox`` (itself
+    included): dot_general and convolutions, nested computations times the
+    length of a scan, the larger branch of a cond. One pass, no recursion."""
+    order, stack = [], [mox]
+    while stack:
+        n = stack.pop()
+        order.append(n)
+        if isinstance(n, Mox):
+            stack.extend(n.children)
+        elif _own_flops(n) is None:
+            stack.extend(s for _, s in n.subs)
+    out: dict[int, int] = {}
+    for n in reversed(order):  # children before parents
+        if isinstance(n, Mox):
+            out[id(n)] = sum(out[id(c)] for c in n.children)
+            continue
+        own = _own_flops(n)
+        if own is not None:
+            out[id(n)] = own
+            continue
+        subs = [out[id(s)] for _, s in n.subs]
+        if n.name == "cond":
+            out[id(n)] = max(subs, default=0)
+        else:
+            out[id(n)] = sum(subs) * (n.params.get("length", 1) if n.name == "scan" else 1)
+    return out
+
+
+def eqn_flops(eqn: Equation) -> int:
+    """FLOPs of one equation where they are known (dot_general, convolutions,
+    and nested computations, times the length of a scan)."""
+    own = _own_flops(eqn)
+    if own is not None:
+        return own
+    subs = [flops(sub) for _, sub in eqn.subs]
+    if eqn.name == "cond":
+        return max(subs, default=0)
+    return sum(subs) * (eqn.params.get("length", 1) if eqn.name == "scan" else 1)
 
 
 def flops(mox: Mox) -> int:
     """Known FLOPs of everything under ``mox``."""
-    total = 0
-    for c in mox.children:
-        total += eqn_flops(c) if isinstance(c, Equation) else flops(c)
-    return total
+    return all_flops(mox)[id(mox)]
 
 
-def _rows(mox: Mox, depth: int, mult: int, out: list) -> None:
-    for c in mox.children:
-        if isinstance(c, Mox):
-            if c.kind in CALL_KINDS:
-                out.append((depth, c, mult))
-            _rows(c, depth + 1 if c.kind in CALL_KINDS else depth, mult, out)
-        else:
-            for _, sub in c.subs:
-                _rows(sub, depth, mult * (c.params.get("length", 1) if c.name == "scan" else 1), out)
+def _rows(mox: Mox) -> list[tuple[int, Mox, int]]:
+    """``(depth, call, times it runs)`` of every call under ``mox``, in
+    document order (calls in a scan body run ``length`` times)."""
+    out: list[tuple[int, Mox, int]] = []
+    stack: list[tuple[Mox, int, int, tuple | None]] = [(mox, 0, 1, None)]  # node, depth inside it, times, row
+    while stack:
+        node, depth, mult, row = stack.pop()
+        if row is not None:
+            out.append(row)
+        below: list[tuple[Mox, int, int, tuple | None]] = []
+        for c in node.children:
+            if isinstance(c, Equation):
+                times = mult * (c.params.get("length", 1) if c.name == "scan" else 1)
+                below.extend((sub, depth, times, None) for _, sub in c.subs)
+            elif c.kind in CALL_KINDS:
+                below.append((c, depth + 1, mult, (depth, c, mult)))
+            else:
+                below.append((c, depth, mult, None))
+        stack.extend(reversed(below))
+    return out
 
 
 def summary(mox: Mox) -> str:
@@ -62,11 +105,11 @@ def summary(mox: Mox) -> str:
       Dense  Dense  f32[2,4]   f32[2,3]   15      48
       total                               15      48
     """
-    rows = []
-    _rows(mox, 0, 1, rows)
+    rows = _rows(mox)
+    known = all_flops(mox)
     table = [("path", "type", "inputs", "outputs", "params", "flops")]
     for depth, node, mult in rows:
-        f = flops(node)
+        f = known[id(node)]
         table.append(
             (
                 "  " * depth + node.path.rsplit("/", 1)[-1] if depth else node.path,
@@ -79,7 +122,7 @@ def summary(mox: Mox) -> str:
         )
     top = [n for d, n, _ in rows if d == 0 and n.kind == Kind.MODULE_CALL]
     table.append(("total", "", "", "", f"{sum(n.num_params for n in top):,}".replace(",", "_"),
-                  f"{flops(mox):,}".replace(",", "_")))
+                  f"{known[id(mox)]:,}".replace(",", "_")))
     widths = [max(len(r[i]) for r in table) for i in range(6)]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table

@@ -1,24 +1,39 @@
 """XML serialisation: `dump_xml` writes the document queries run against;
-`load_xml` reads one back safely (no DTD, no entities, no network, bounded)."""
+`load_xml` reads one back safely (no DTD, no entities, no network, bounded
+in bytes read and in memory)."""
 
 from __future__ import annotations
 
+import codecs
 import copy
 import io
+import os
+import re
+import stat
+from collections.abc import Iterator
 from typing import IO, Any
 
 from lxml import etree
 
 from ._ir import Mox
-from ._xpath import view
+from ._xpath import Queryable, view
 from .errors import YaxXMLError
 
 MAX_BYTES = 256 * 2**20
+#: What `load_xml` allows the parsed tree per byte of ``max_bytes`` when no
+#: ``max_memory`` is given: a `dump_xml` document takes 6 to 9 times its size.
+MEMORY_PER_BYTE = 10
+CHUNK = 2**20
+# What libxml2 allocates, at most, per node and per attribute (measured: an element
+# with its text 250 bytes, an attribute with its value node 230): every node starts
+# with `<` and every attribute has a `=`, so counting them bounds the tree's memory.
+_NODE_BYTES, _ATTR_BYTES = 260, 250
 
 
-class Document:
+class Document(Queryable):
     """A loaded MoX document: printable, queryable with `yax.query` (results
-    are lxml elements) and comparable with `yax.diff`; not evaluable."""
+    are lxml elements) and comparable with `yax.diff`; not evaluable.
+    Queries see the document as it was loaded: change a copy, not ``tree``."""
 
     def __init__(self, tree: etree._ElementTree):
         self.tree = tree
@@ -51,7 +66,7 @@ def dump_xml(mox: Mox, fileobj: IO[Any], *, indent: int | bool = True) -> None:
     """Write the XML view of ``mox`` (the same document queries run against),
     indented by ``indent`` spaces (the earlier prototype's option; default 2),
     to a binary or text file object, so a query can be debugged with any
-    XPath tool.
+    XPath tool. `load_xml` reads back whatever this writes.
 
     Example:
       >>> import io, jax.numpy as jnp, yax
@@ -78,35 +93,337 @@ def dump_xml(mox: Mox, fileobj: IO[Any], *, indent: int | bool = True) -> None:
             fileobj.write(text)
 
 
-def load_xml(fileobj: IO[Any] | bytes | str, *, max_bytes: int = MAX_BYTES) -> Document:
-    """Read a document written by `dump_xml`. Safe for untrusted input: a
-    DOCTYPE or entity declaration is refused before parsing, nothing is
-    fetched, and at most ``max_bytes`` are read.
+# -- load_xml --------------------------------------------------------------------------
+
+class _Source:
+    """The input of `load_xml` as chunks (bytes, or str from a text file),
+    at most ``max_bytes`` of them; ``again()`` reads it once more where it can."""
+
+    def __init__(self, source: Any, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.path: str | None = None
+        self.data: memoryview | None = None
+        self.file: Any = None
+        self.start: int | None = None
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            self.data = memoryview(source).cast("B") if memoryview(source).contiguous else \
+                memoryview(bytes(memoryview(source)))
+            self._check_size(self.data.nbytes)
+        elif isinstance(source, (str, os.PathLike)):
+            self.path = os.fspath(source)
+            if not isinstance(self.path, str):
+                self.path = os.fsdecode(self.path)
+            self._check_path(source)
+        elif callable(getattr(source, "read", None)):
+            self.file = source
+            try:
+                if source.seekable():
+                    self.start = source.tell()
+            except (OSError, AttributeError, ValueError):
+                pass
+            try:  # a regular file's size is known before reading it
+                st = os.fstat(source.fileno())
+            except (OSError, AttributeError, ValueError, TypeError):
+                st = None
+            if st is not None and stat.S_ISREG(st.st_mode):
+                self._check_size(st.st_size - (self.start or 0))
+        else:
+            raise YaxXMLError(
+                f"`load_xml` expected a file object, a path (`str` or `pathlib.Path`) or `bytes`, but got a "
+                f"`{type(source).__name__}`. Open the file (`open(path, 'rb')`) or pass its contents as bytes."
+            )
+
+    def _check_size(self, n: int) -> None:
+        if n > self.max_bytes:
+            raise YaxXMLError(
+                f"The document is {n} bytes, larger than the limit of {self.max_bytes} bytes; it was refused "
+                "unread. Pass a larger `max_bytes` (and `max_memory`) if you trust it."
+            )
+
+    def _check_path(self, source: Any) -> None:
+        try:
+            size = os.stat(self.path).st_size
+        except OSError as e:
+            looks_like_xml = isinstance(source, str) and source.lstrip().startswith("<")
+            hint = (" The string looks like XML text rather than a path: pass `text.encode()` or "
+                    "`io.StringIO(text)`." if looks_like_xml else "")
+            raise YaxXMLError(
+                f"`load_xml` could not open the file `{_short(self.path)}`: {e.strerror or e}.{hint}"
+            ) from None
+        if os.path.isfile(self.path):
+            self._check_size(size)
+
+    def chunks(self) -> Iterator[bytes | str]:
+        total = 0
+        for chunk in self._raw():
+            if not isinstance(chunk, (bytes, bytearray, memoryview, str)):
+                raise YaxXMLError(f"The file object's `read` returned a `{type(chunk).__name__}`, not bytes or str.")
+            total += len(chunk) if not isinstance(chunk, str) else len(chunk.encode("utf-8", "surrogatepass"))
+            if total > self.max_bytes:
+                raise YaxXMLError(
+                    f"The document is larger than the limit of {self.max_bytes} bytes; reading stopped there. "
+                    "Pass a larger `max_bytes` (and `max_memory`) if you trust it."
+                )
+            yield bytes(chunk) if isinstance(chunk, (bytearray, memoryview)) else chunk
+
+    def _raw(self) -> Iterator[Any]:
+        if self.data is not None:
+            for i in range(0, self.data.nbytes, CHUNK):
+                yield self.data[i:i + CHUNK]
+        elif self.path is not None:
+            try:
+                with open(self.path, "rb") as f:
+                    while chunk := f.read(CHUNK):
+                        yield chunk
+            except OSError as e:
+                raise YaxXMLError(f"`load_xml` could not read `{_short(self.path)}`: {e.strerror or e}.") from None
+        else:
+            while True:
+                chunk = self.file.read(CHUNK)
+                if not chunk:
+                    return
+                yield chunk
+
+    def again(self) -> bool:
+        """Rewind for a second reading; False where that cannot be done (a pipe)."""
+        if self.file is None:
+            return True
+        if self.start is None:
+            return False
+        try:
+            self.file.seek(self.start)
+            return True
+        except (OSError, ValueError):
+            return False
+
+
+def _short(s: str, n: int = 120) -> str:
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+_DECL_ENCODING = re.compile(rb"""^<\?xml\s[^>]{0,200}?encoding\s*=\s*["']([A-Za-z][A-Za-z0-9._-]{0,40})["']""")
+# What the first bytes say about the encoding (XML 1.0, Appendix F): BOMs, then the
+# byte patterns of "<?" in encodings that are not ASCII-compatible.
+_SNIFF = [
+    (b"\x00\x00\xfe\xff", "utf-32"), (b"\xff\xfe\x00\x00", "utf-32"), (b"\xef\xbb\xbf", "utf-8-sig"),
+    (b"\xfe\xff", "utf-16"), (b"\xff\xfe", "utf-16"),
+    (b"\x00\x00\x00\x3c", "utf-32-be"), (b"\x3c\x00\x00\x00", "utf-32-le"),
+    (b"\x00\x3c\x00\x3f", "utf-16-be"), (b"\x3c\x00\x3f\x00", "utf-16-le"),
+]
+
+
+def _encoding(head: bytes) -> str:
+    """The Python codec of a document starting with ``head`` (at least 4
+    bytes or the whole input): by BOM, byte pattern, or XML declaration."""
+    for prefix, codec in _SNIFF:
+        if head.startswith(prefix):
+            return codec
+    if head.startswith(b"\x4c\x6f\xa7\x94"):
+        raise YaxXMLError("The document is in EBCDIC, which `load_xml` does not read; `dump_xml` writes UTF-8.")
+    m = _DECL_ENCODING.match(head)
+    if m is None:
+        return "utf-8"
+    name = m.group(1).decode("ascii")
+    try:
+        info = codecs.lookup(name)
+    except LookupError:
+        raise YaxXMLError(f"The document declares the encoding `{name}`, which Python does not know.") from None
+    if not getattr(info, "_is_text_encoding", True) or info.name.startswith(("utf-16", "utf-32")):
+        raise YaxXMLError(
+            f"The document declares the encoding `{name}`, but its first bytes are not in it; `dump_xml` "
+            "writes UTF-8."
+        )
+    return "utf-8" if info.name == "utf-8" else info.name
+
+
+def _utf8(chunks: Iterator[bytes | str]) -> Iterator[bytes]:
+    """The document as UTF-8, whatever it was in: the parsers are then told
+    UTF-8, so what `_prolog` checks is exactly what libxml2 reads."""
+    head, first = b"", None
+    it = iter(chunks)
+    for chunk in it:
+        if isinstance(chunk, str):  # a text file: already decoded
+            first = chunk
+            break
+        head += chunk
+        if len(head) >= 256:
+            break
+    if first is not None:
+        yield _encode(head.decode("utf-8", "strict") if head else "")
+        yield _encode(first)
+        for chunk in it:
+            yield _encode(chunk if isinstance(chunk, str) else chunk.decode("utf-8"))
+        return
+    codec = _encoding(head)
+    if codec in ("utf-8", "utf-8-sig"):  # as it is: libxml2 checks that it is valid
+        yield head
+        yield from (c if isinstance(c, bytes) else _encode(c) for c in it)
+        return
+    decoder = codecs.getincrementaldecoder(codec)("strict")
+    try:
+        yield _encode(decoder.decode(head))
+        for chunk in it:
+            yield _encode(decoder.decode(chunk if isinstance(chunk, bytes) else chunk.encode("utf-8")))
+        yield _encode(decoder.decode(b"", True))
+    except UnicodeDecodeError as e:
+        raise YaxXMLError(f"The document is not valid {codec}: {e.reason} at byte {e.start} of a chunk.") from None
+
+
+def _encode(text: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise YaxXMLError("The document holds a lone surrogate, which is no character XML allows.") from None
+
+
+_REFUSED_DTD = (
+    "The document declares a DTD or entities, which yax documents never contain; it was refused unparsed "
+    "(entity expansion and external entities are unsafe)."
+)
+
+
+def _prolog(buf: bytes, final: bool) -> int | None:
+    """Where the root element starts in ``buf`` (UTF-8), or None while more
+    bytes are needed. Before it XML allows only a declaration, processing
+    instructions, comments, white space and a DTD: a DTD is refused here,
+    before any parser sees it."""
+    i, n = 3 if buf.startswith(b"\xef\xbb\xbf") else 0, len(buf)
+    while True:
+        while i < n and buf[i] in b" \t\r\n":
+            i += 1
+        if n - i < 4 and not final:
+            return None
+        if buf.startswith(b"<?", i):
+            j = buf.find(b"?>", i + 2)
+        elif buf.startswith(b"<!--", i):
+            j = buf.find(b"-->", i + 4)
+        elif buf.startswith(b"<!", i):
+            raise YaxXMLError(_REFUSED_DTD)
+        else:
+            return i  # the root element, or text libxml2 will call malformed
+        if j < 0:
+            return None if not final else i
+        i = j + (2 if buf[i + 1:i + 2] == b"?" else 3)
+
+
+class _Budget:
+    """The memory the parsed tree may take, estimated from what was fed."""
+
+    def __init__(self, max_memory: int):
+        self.max_memory, self.used = max_memory, 0
+
+    def spend(self, chunk: bytes) -> None:
+        self.used += len(chunk) + _NODE_BYTES * chunk.count(b"<") + _ATTR_BYTES * chunk.count(b"=")
+        if self.used > self.max_memory:
+            raise YaxXMLError(
+                f"The document would take more than `max_memory` = {self.max_memory} bytes once parsed (about "
+                f"{self.used} bytes for what was read so far); reading stopped there. Pass a larger `max_memory` "
+                "if you trust it."
+            )
+
+
+def _checked(source: _Source, budget: _Budget) -> Iterator[bytes]:
+    """UTF-8 chunks of the source, its prolog checked, its memory counted."""
+    head, started = b"", False
+    for chunk in _utf8(source.chunks()):
+        if not started:
+            head += chunk
+            if len(head) > 4 * CHUNK:
+                raise YaxXMLError("The document has more than 4 MiB before its root element; yax documents have none.")
+            if _prolog(head, False) is None:
+                continue
+            chunk, started = head, True
+        budget.spend(chunk)
+        yield chunk
+    if not started:
+        _prolog(head, True)
+        budget.spend(head)
+        yield head
+
+
+def _parse_libxml2(source: _Source, budget: _Budget) -> etree._Element:
+    parser = etree.XMLParser(encoding="utf-8", huge_tree=True, resolve_entities=False, no_network=True,
+                             load_dtd=False, dtd_validation=False, collect_ids=False)
+    for chunk in _checked(source, budget):
+        parser.feed(chunk)
+    return parser.close()
+
+
+def _parse_expat(source: _Source, budget: _Budget) -> etree._Element:
+    """libxml2 parses at most 2048 levels deep; expat has no limit (slower)."""
+    import xml.parsers.expat as expat
+
+    builder = etree.TreeBuilder()
+    p = expat.ParserCreate("UTF-8", "}")
+    p.buffer_text = True
+
+    def name(n: str) -> str:
+        return "{" + n if "}" in n else n
+
+    def refuse(*_: Any) -> None:
+        raise YaxXMLError(_REFUSED_DTD)
+
+    p.StartElementHandler = lambda tag, attrs: builder.start(name(tag), {name(k): v for k, v in attrs.items()})
+    p.EndElementHandler = lambda tag: builder.end(name(tag))
+    p.CharacterDataHandler, p.CommentHandler, p.ProcessingInstructionHandler = builder.data, builder.comment, builder.pi
+    p.StartDoctypeDeclHandler = p.EntityDeclHandler = p.ExternalEntityRefHandler = refuse
+    p.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
+    try:
+        for chunk in _checked(source, budget):
+            p.Parse(chunk, False)
+        p.Parse(b"", True)
+    except expat.ExpatError as e:
+        raise YaxXMLError(f"The document is not well-formed XML: {e}.") from None
+    return builder.close()
+
+
+def load_xml(source: IO[Any] | bytes | str | os.PathLike, *, max_bytes: int = MAX_BYTES,
+             max_memory: int | None = None) -> Document:
+    """Read a document written by `dump_xml`, safely for untrusted input.
+
+    A DTD or entity declaration is refused before any parser sees it (in
+    whatever encoding the document is), nothing is fetched, at most
+    ``max_bytes`` are read (a file larger than that is refused unread), and
+    parsing stops before the tree takes more than ``max_memory`` bytes
+    (default ``MEMORY_PER_BYTE`` = 10 times ``max_bytes``; a `dump_xml`
+    document takes 6 to 9 times its size). Any document `dump_xml` writes
+    within those limits loads, however deep or long its leaf computations.
+
+    Args:
+      source: a binary or text file object, a path (``str`` or
+        ``pathlib.Path``), or the document as ``bytes``/``bytearray``/``memoryview``.
 
     Raises:
-      YaxXMLError: the input is too large, declares a DTD/entities, or is not
-        well-formed XML.
+      YaxXMLError: the input is too large, declares a DTD or entities, is not
+        well-formed XML, or is not something to read.
+
+    Example:
+      >>> import io, jax.numpy as jnp, yax
+      >>> buf = io.BytesIO()
+      >>> yax.dump_xml(yax.make_mox(jnp.sin)(jnp.ones(2)), buf)
+      >>> doc = yax.load_xml(buf.getvalue())
+      >>> [e.get("primitive") for e in yax.query("//sin", doc)]
+      ['sin']
     """
-    if isinstance(fileobj, (bytes, str)):
-        data = fileobj.encode() if isinstance(fileobj, str) else fileobj
-    else:
-        data = fileobj.read(max_bytes + 1)
-        if isinstance(data, str):
-            data = data.encode()
-    if len(data) > max_bytes:
-        raise YaxXMLError(
-            f"The document is larger than the limit of {max_bytes} bytes. "
-            "Pass a larger `max_bytes` if you trust it."
-        )
-    head = data.upper()
-    if b"<!DOCTYPE" in head or b"<!ENTITY" in head:
-        raise YaxXMLError(
-            "The document declares a DTD or entities, which yax documents never contain; it was "
-            "refused unparsed (entity expansion and external entities are unsafe)."
-        )
-    parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False)
+    for name, v in (("max_bytes", max_bytes), ("max_memory", max_memory)):
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise YaxXMLError(f"`{name}` must be a non-negative number of bytes, but got {v!r}.")
+    src = _Source(source, max_bytes)
+    limit = MEMORY_PER_BYTE * max_bytes if max_memory is None else max_memory
+    etree.clear_error_log()  # the log of this thread: from here on, this parse's errors
     try:
-        tree = etree.ElementTree(etree.fromstring(data, parser))
+        root = _parse_libxml2(src, _Budget(limit))
     except etree.XMLSyntaxError as e:
+        if "Excessive depth" not in str(e):
+            first = next((f"{x.message}, line {x.line}, column {x.column}" for x in e.error_log
+                          if x.level_name == "FATAL"), str(e))  # the cause: `e` may say "no element found"
+            raise YaxXMLError(f"The document is not well-formed XML: {first}.") from None
+        if not src.again():
+            raise YaxXMLError(
+                "The document is nested more than 2048 levels deep, which needs a second reading that this "
+                "file object cannot give (it cannot seek). Pass the path or the bytes instead."
+            ) from None
+        root = _parse_expat(src, _Budget(limit))
+    except (ValueError, TypeError) as e:  # lxml's checks of names and text, beyond libxml2's
         raise YaxXMLError(f"The document is not well-formed XML: {e}.") from None
-    return Document(tree)
+    return Document(etree.ElementTree(root))

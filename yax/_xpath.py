@@ -13,23 +13,59 @@ primitive (``dot_general``, ``jit``, ``scan`` …).
 
 from __future__ import annotations
 
+import atexit
+import collections
 import functools
+import itertools
+import marshal
+import os
+import pathlib
 import re
+import select
+import struct
+import subprocess
+import sys
 import textwrap
+import threading
+import time
 import weakref
 from typing import Any
 
 from lxml import etree
 
+from . import _xpath_worker as worker
 from ._ir import CALL_KINDS, FN_KINDS, Equation, Kind, Mox
 from ._print import dtype_str, pprint, shown_params, type_str, value_str
 from .errors import YaxQueryError
 
-NS = {"re": "http://exslt.org/regular-expressions"}
+NS = worker.NS
 _NAME_OK = re.compile(r"^[A-Za-z_][\w.-]*$")
+#: Seconds a query may run (`query`'s ``timeout``) before it is stopped.
+TIMEOUT = 10.0
+_tokens = itertools.count(1)
 
 
-class View:
+class Queryable:
+    """A document queries run on: a MoX's view or a loaded `Document`.
+    ``token`` names it to the query process, which keeps a copy."""
+
+    tree: etree._ElementTree
+
+    @functools.cached_property
+    def token(self) -> int:
+        return next(_tokens)
+
+    @functools.cached_property
+    def elements(self) -> list[Any]:
+        """Every node of the tree (elements, comments) in document order: the
+        positions the query process answers with."""
+        return list(self.tree.getroot().iter())
+
+    def xml_bytes(self) -> bytes:
+        return etree.tostring(self.tree)
+
+
+class View(Queryable):
     """An lxml document of a MoX and the node each element stands for."""
 
     def __init__(self, tree: etree._ElementTree, nodes: list[Any]):
@@ -71,14 +107,42 @@ def _io_attrs(el: etree._Element, node: Any) -> None:
         el.set("dtype", getattr(outs[0].dtype, "name", str(outs[0].dtype)))
 
 
-def build_view(mox: Mox) -> View:
-    nodes: list[Any] = []
+def _below(node: Any) -> list[Any]:
+    """The nodes directly below ``node``: a Mox's children, an equation's nested computations."""
+    return list(node.children) if isinstance(node, Mox) else [s for _, s in node.subs]
 
-    def add(parent: etree._Element | None, node: Any, tag: str, param: str | None = None,
-            texted: bool = False) -> etree._Element:
+
+def calls_below(mox: Mox) -> set[int]:
+    """``id`` of every node of ``mox`` (itself included) with a call node
+    somewhere below it, found in one pass without recursion."""
+    out: set[int] = set()
+    order, stack = [], [mox]
+    while stack:
+        n = stack.pop()
+        order.append(n)
+        stack.extend(_below(n))
+    for n in reversed(order):  # children before parents
+        if any(id(c) in out or (isinstance(c, Mox) and c.kind in CALL_KINDS) for c in _below(n)):
+            out.add(id(n))
+    return out
+
+
+def build_view(mox: Mox) -> View:
+    """The XML view of ``mox``, built without recursion (any depth)."""
+    nodes: list[Any] = []
+    with_calls = calls_below(mox)
+    root_tag = "mox" if mox.kind == Kind.ROOT else mox.kind
+    root: etree._Element | None = None
+    # (parent element, node, tag, param, whether an enclosing element already shows the jaxpr text)
+    stack: list[tuple[Any, Any, str, str | None, bool]] = [(None, mox, root_tag, None, False)]
+    while stack:
+        parent, node, tag, param, texted = stack.pop()
         el = etree.Element(tag) if parent is None else etree.SubElement(parent, tag)
+        if root is None:
+            root = el
         el.set("id", str(len(nodes)))
         nodes.append(node)
+        below: list[tuple[Any, str, str | None]] = []
         if isinstance(node, Equation):
             el.set("primitive", node.name)
             # a jitted helper is named after its function: //jit[@name="relu"], as the prototype's
@@ -92,40 +156,38 @@ def build_view(mox: Mox) -> View:
                 t = _num(v)
                 if t is not None and _NAME_OK.match(k) and k not in el.attrib:
                     el.set(k, t)
-            for k, sub in node.subs:
-                add(el, sub, Kind.JAXPR, k, texted)
-            return el
-        el.set("primitive", node.kind)
-        el.set("name", node.name or node.kind)
-        el.set("path", node.path)
-        if param is not None:
-            el.set("param", param)
-        _io_attrs(el, node)
-        if node.kind in CALL_KINDS:
-            el.set("type", node.type)
-            el.set("qualtype", node.qualtype)
-            el.set("method", node.method or "")
-            if node.kind not in FN_KINDS:
-                el.set("params", str(node.num_params))
-            for k, v in node.attrs.items():
-                t = _num(v)
-                if t is not None and _NAME_OK.match(k) and k not in el.attrib:
-                    el.set(k, t)
-        if not texted and node.children and not any(
-            isinstance(n, Mox) and n.kind in CALL_KINDS for n in node.walk() if n is not node
-        ):
-            # the outermost leaf computation: its jaxpr text shows the dataflow elements leave out
-            text = pprint(node) if node.kind in (Kind.ROOT, Kind.JAXPR) else pprint(node).split("\n", 1)[1]
-            el.append(etree.Comment("\n" + textwrap.dedent(text).replace("--", "- -").rstrip("-") + "\n"))
-            texted = True
-        for c in node.children:
-            if isinstance(c, Equation):
-                add(el, c, c.name if _NAME_OK.match(c.name) else "equation", texted=texted)
-            else:
-                add(el, c, c.kind, texted=texted)
-        return el
-
-    root = add(None, mox, "mox" if mox.kind == Kind.ROOT else mox.kind)
+            below = [(sub, Kind.JAXPR, k) for k, sub in node.subs]
+        else:
+            el.set("primitive", node.kind)
+            el.set("name", node.name or node.kind)
+            el.set("path", node.path)
+            if param is not None:
+                el.set("param", param)
+            _io_attrs(el, node)
+            if node.kind in CALL_KINDS:
+                el.set("type", node.type)
+                el.set("qualtype", node.qualtype)
+                el.set("method", node.method or "")
+                if node.kind not in FN_KINDS:
+                    el.set("params", str(node.num_params))
+                for k, v in node.attrs.items():
+                    t = _num(v)
+                    if t is not None and _NAME_OK.match(k) and k not in el.attrib:
+                        el.set(k, t)
+            if not texted and node.children and id(node) not in with_calls:
+                # the outermost leaf computation: its jaxpr text shows the dataflow elements leave out
+                text = pprint(node)
+                if node.kind not in (Kind.ROOT, Kind.JAXPR):
+                    text = text.split("\n", 1)[1]
+                el.append(etree.Comment("\n" + textwrap.dedent(text).replace("--", "- -").rstrip("-") + "\n"))
+                texted = True
+            for c in node.children:
+                if isinstance(c, Equation):
+                    below.append((c, c.name if _NAME_OK.match(c.name) else "equation", None))
+                else:
+                    below.append((c, c.kind, None))
+        for n, t, k in reversed(below):
+            stack.append((el, n, t, k, texted))
     return View(etree.ElementTree(root), nodes)
 
 
@@ -137,15 +199,20 @@ def view(mox: Mox) -> View:
     return v
 
 
+def target_of(x: Any, caller: str) -> Queryable:
+    """What a query runs on: the view of a MoX, or a loaded `Document`."""
+    if isinstance(x, Mox):
+        return view(x)
+    if isinstance(x, Queryable) and isinstance(getattr(x, "tree", None), etree._ElementTree):
+        return x
+    raise YaxQueryError(f"`{caller}` expected a MoX or a Document from `yax.load_xml`, but got a "
+                        f"`{type(x).__name__}`.")
+
+
 def tree_of(x: Any, caller: str) -> tuple[etree._ElementTree, View | None]:
     """The document of a MoX (with its view) or of a loaded Document (no view)."""
-    if isinstance(x, Mox):
-        v = view(x)
-        return v.tree, v
-    tree = getattr(x, "tree", None)
-    if not isinstance(tree, etree._ElementTree):
-        raise YaxQueryError(f"`{caller}` expected a MoX or a loaded Document, but got a `{type(x).__name__}`.")
-    return tree, None
+    t = target_of(x, caller)
+    return t.tree, t if isinstance(t, View) else None
 
 
 # -- queries ---------------------------------------------------------------------------
@@ -182,37 +249,180 @@ def _hint(xpath: str) -> str:
 _compiled: dict[str, etree.XPath] = {}
 
 
-def _compile(xpath: str) -> etree.XPath:
+def _compile(xpath: str) -> str:
+    """``xpath`` in standard XPath, checked by lxml (compiling is quick and
+    bounded; evaluating is what the query process does)."""
     if not isinstance(xpath, str):
         raise YaxQueryError(f"A query must be an XPath string, but got a `{type(xpath).__name__}`.")
-    x = _compiled.get(xpath)
-    if x is None:
+    if xpath not in _compiled:
         try:
-            x = etree.XPath(normalise(xpath), namespaces=NS, smart_strings=False)
-        except (etree.XPathError, ValueError) as e:
+            _compiled[xpath] = etree.XPath(normalise(xpath), namespaces=NS, smart_strings=False)
+        except Exception as e:  # XPathSyntaxError; ValueError for text XML cannot hold (NUL, lone surrogates)
             raise YaxQueryError(
-                f"The XPath `{xpath}` is invalid: lxml reported {type(e).__name__}: {e}. {_hint(xpath)}"
+                f"The XPath `{_shown(xpath)}` is invalid: lxml reported {type(e).__name__}: {e}. {_hint(xpath)}"
             ) from None
         if len(_compiled) > 512:
             _compiled.clear()
-        _compiled[xpath] = x
-    return x
+    return normalise(xpath)
 
 
-def query(xpath: str, mox: Mox) -> Any:
+def _shown(xpath: str, n: int = 300) -> str:
+    """The query as messages quote it: at most ``n`` characters."""
+    return xpath if len(xpath) <= n else xpath[: n - 1] + "…"
+
+
+class _Stopped(Exception):
+    """The query process was stopped (time limit) or stopped by itself."""
+
+
+class Evaluator:
+    """The parent's side of `_xpath_worker`: one query process per Python
+    process, started on first use, killed when a query runs past its time
+    limit and started afresh by the next query.
+
+    Where no process can be started (a sandbox without ``subprocess``),
+    queries run in this process, without a time limit.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._sent: set[int] = set()  # documents the current process was given
+        self._local: Any = None  # the in-process fallback's documents, once a process failed to start
+        self._owner = 0  # the pid that started the process: a forked child starts its own
+        self._replies: Any = None  # the pipe the process answers on
+
+    def _start(self) -> subprocess.Popen | None:
+        if self._proc is not None and self._owner == os.getpid() and self._proc.poll() is None:
+            return self._proc
+        if self._proc is not None and self._owner == os.getpid():
+            self.stop()
+        self._proc, self._sent = None, set()
+        if self._local is not None or not sys.executable:
+            return None
+        source = pathlib.Path(worker.__file__).read_text(encoding="utf-8")
+        r, w = os.pipe()  # replies come on a pipe of their own: nothing else the child prints can mix in
+        try:
+            proc = subprocess.Popen([sys.executable, "-P", "-c", source, str(w)], stdin=subprocess.PIPE,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(w,))
+        except (OSError, ValueError):
+            os.close(r)
+            self._local = _LocalDocs()
+            return None
+        finally:
+            os.close(w)
+        self._proc, self._owner, self._replies = proc, os.getpid(), os.fdopen(r, "rb", buffering=0)
+        return proc
+
+    def stop(self) -> None:
+        """Kill the query process (the next query starts another)."""
+        proc, self._proc, self._sent = self._proc, None, set()
+        if proc is not None and self._owner == os.getpid():
+            proc.kill()
+            proc.wait()
+            proc.stdin.close()
+            self._replies.close()
+
+    def evaluate(self, target: Queryable, xpath: str, timeout: float) -> tuple:
+        """The worker's reply to ``xpath`` over ``target`` within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            proc = self._start()
+            if proc is None:
+                return self._local.answer(target, xpath)
+            data = None if target.token in self._sent else target.xml_bytes()
+            try:
+                reply = self._call(("query", target.token, xpath, data), deadline)
+                if reply[0] == "need":
+                    reply = self._call(("query", target.token, xpath, target.xml_bytes()), deadline)
+            except _Stopped:
+                code = proc.poll()
+                self.stop()
+                raise _Stopped(code) from None
+            self._sent.add(target.token)
+            return reply
+
+    def _call(self, msg: tuple, deadline: float) -> tuple:
+        body = marshal.dumps(msg)
+        try:
+            self._proc.stdin.write(struct.pack("<Q", len(body)) + body)
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise _Stopped() from None
+        head = _read(self._replies.fileno(), 8, deadline)
+        return marshal.loads(_read(self._replies.fileno(), struct.unpack("<Q", head)[0], deadline))
+
+
+def _read(fd: int, n: int, deadline: float) -> bytes:
+    parts = []
+    while n:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise _Stopped()
+        b = os.read(fd, min(n, 1 << 20))
+        if not b:
+            raise _Stopped()
+        parts.append(b)
+        n -= len(b)
+    return b"".join(parts)
+
+
+class _LocalDocs:
+    """The worker's answers computed in this process (no time limit)."""
+
+    def __init__(self) -> None:
+        self.docs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.compiled: dict = {}
+
+    def answer(self, target: Queryable, xpath: str) -> tuple:
+        doc = self.docs.get(target)
+        if doc is None:
+            doc = self.docs[target] = worker.Doc.of(target.tree)
+        return worker.answer(collections.OrderedDict({0: doc}), self.compiled, ("query", 0, xpath, None))
+
+
+_evaluator = Evaluator()
+atexit.register(_evaluator.stop)
+
+
+def _failed(xpath: str, kind: str, detail: str) -> YaxQueryError:
+    q = _shown(xpath)
+    if kind == "regex":
+        return YaxQueryError(
+            f"A regular expression in the XPath `{q}` is invalid: {detail}. The `re:` functions take Python "
+            "regular expressions; escape a special character such as `(` as `\\(`."
+        )
+    if kind == "call":
+        return YaxQueryError(
+            f"A function in the XPath `{q}` was called with the wrong arguments ({detail}). The EXSLT ones are "
+            "`re:test(string, pattern[, flags])`, `re:match(string, pattern[, flags])` and "
+            "`re:replace(string, pattern, flags, replacement)`."
+        )
+    if kind == "memory":
+        return YaxQueryError(f"The XPath `{q}` ran out of memory while being evaluated. Narrow it, e.g. "
+                             'start from `//module_call[@type="Dense"]` rather than `//*`.')
+    return YaxQueryError(f"The XPath `{q}` could not be evaluated: lxml reported {detail}. {_hint(xpath)}")
+
+
+def query(xpath: str, mox: Mox, *, timeout: float | None = None) -> Any:
     """Run an XPath 1.0 query over a MoX.
 
     Args:
       xpath: the query; EXSLT regular expressions are available as ``re:``.
-      mox: the MoX (any node: the query runs over the tree rooted there).
+      mox: the MoX (any node: the query runs over the tree rooted there), or a
+        `Document` from `yax.load_xml`.
+      timeout: seconds the query may run (default ``yax._xpath.TIMEOUT``, 10);
+        it runs in a separate process, which is stopped when they pass.
 
     Returns:
       For a node-set, the matching `Mox`/`Equation` nodes in document order
-      (attribute nodes come back as strings); for ``count()``/``sum()`` a
+      (attribute values, text and comments come back as strings; over a
+      `Document`, its lxml elements and comments); for ``count()``/``sum()`` a
       float, for string functions a str, for comparisons a bool.
 
     Raises:
-      YaxQueryError: the XPath is invalid or cannot be evaluated.
+      YaxQueryError: the XPath is invalid, cannot be evaluated, or ran past
+        ``timeout``.
 
     Example:
       >>> import jax, jax.numpy as jnp, flax.linen as nn, yax
@@ -223,28 +433,45 @@ def query(xpath: str, mox: Mox) -> Any:
       >>> yax.query('count(//*[@name="gelu"])', mox)
       1.0
     """
-    x = _compile(xpath)
-    tree, v = tree_of(mox, "query")
+    std = _compile(xpath)
+    target = target_of(mox, "query")
+    limit = TIMEOUT if timeout is None else timeout
+    if not isinstance(limit, (int, float)) or isinstance(limit, bool) or not limit > 0:
+        raise YaxQueryError(f"`timeout` must be a positive number of seconds, but got {timeout!r}.")
     try:
-        res = x(tree)
-    except etree.XPathError as e:
+        reply = _evaluator.evaluate(target, std, float(limit))
+    except _Stopped as e:
+        code = e.args[0] if e.args else None
+        if code is None:
+            raise YaxQueryError(
+                f"The XPath `{_shown(xpath)}` took longer than {limit:g} s and was stopped. A regular expression "
+                "that backtracks (`re:test(@path, \"(a+)+$\")`) or a predicate that searches the whole document "
+                "for every node (`//*[count(//*) > 1]`) can run for hours. Simplify the query, or pass a larger "
+                "`timeout` if it is only slow."
+            ) from None
         raise YaxQueryError(
-            f"The XPath `{xpath}` could not be evaluated: lxml reported {type(e).__name__}: {e}. "
-            f"{_hint(xpath)}"
+            f"The process evaluating the XPath `{_shown(xpath)}` stopped unexpectedly (exit code {code}); most "
+            "likely the query needed more memory than there is. Narrow the query; the next one starts a new "
+            "process."
         ) from None
-    if v is None:  # a loaded Document: results are its elements
-        return res
-    if isinstance(res, list):
-        out = []
-        for r in res:
-            if isinstance(r, etree._Element):
-                out.append(v.node(r))
-            elif isinstance(r, (str, bytes)):
-                out.append(r if isinstance(r, str) else r.decode())
-            else:  # text or other nodes: their string value
-                out.append(str(r))
-        return out
-    return res
+    if reply[0] == "error":
+        raise _failed(xpath, reply[1], reply[2])
+    if reply[0] == "value":
+        return reply[1]
+    elements, out = target.elements, []
+    node_of = target.node if isinstance(target, View) else None
+    for item in reply[1]:
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        el = elements[item]
+        if node_of is None:
+            out.append(el)  # a loaded Document: its own nodes
+        elif isinstance(el.tag, str):
+            out.append(node_of(el))
+        else:  # a comment (the jaxpr text of a leaf computation)
+            out.append(el.text or "")
+    return out
 
 
 # -- explain ---------------------------------------------------------------------------
@@ -267,13 +494,13 @@ def _steps(xpath: str) -> list[str]:
         elif ch in "])":
             depth -= 1
         elif ch == "/" and depth == 0 and i > 0 and xpath[i - 1] != "/":
-            prefixes.append(xpath[:i])
+            prefixes.append(i)
         i += 1
-    prefixes.append(xpath)
-    return [p for p in prefixes if p.strip("/")]
+    prefixes.append(len(xpath))
+    return [p for p in (xpath[:i] for i in prefixes[-65:]) if p.strip("/")]
 
 
-def explain(xpath: str, mox: Mox) -> str:
+def explain(xpath: str, mox: Mox, *, timeout: float | None = None) -> str:
     """Show how many nodes each location step of ``xpath`` matched, so you
     can see where a query stopped matching.
 
@@ -286,15 +513,20 @@ def explain(xpath: str, mox: Mox) -> str:
       0  //module_call[@type="Dense"]/dot_general[@primitive="x"]   <- stops matching here
     """
     _compile(xpath)
+    limit = TIMEOUT if timeout is None else timeout
+    deadline = time.monotonic() + limit  # one time limit for all the steps together
     lines, stopped = [], False
-    for p in _steps(xpath):
+    for p in _steps(xpath):  # the last 64 steps at most
         try:
-            r = query(p, mox)
+            r = query(p, mox, timeout=max(deadline - time.monotonic(), 1e-3))
         except YaxQueryError:
+            if time.monotonic() >= deadline:
+                lines.append(f"?  {_shown(p)}   <- not evaluated: the steps took longer than {limit:g} s together")
+                break
             continue
         n = len(r) if isinstance(r, list) else r
         mark = ""
         if isinstance(r, list) and not r and not stopped:
             mark, stopped = "   <- stops matching here", True
-        lines.append(f"{n}  {p}{mark}")
+        lines.append(f"{n}  {_shown(p)}{mark}")
     return "\n".join(lines)
