@@ -29,21 +29,59 @@ def _read(env: dict, a: Symbol) -> Any:
     return a.val if isinstance(a, Literal) else env[a]
 
 
+class Hooks:
+    """Callbacks `run` makes while it evaluates, for code that watches or
+    changes values on the way (`yax.capture`, patching, the NaN search). This
+    base class changes nothing; subclasses override what they need."""
+
+    def enter(self, call: Mox, values: list[Any]) -> None:
+        """A call node starts, with the values of its ``invars``."""
+
+    def leave(self, call: Mox, values: list[Any]) -> list[Any]:
+        """A call node is done: its results, or the values to bind instead."""
+        return values
+
+    def equation(self, eqn: Equation, values: list[Any]) -> list[Any]:
+        """Evaluate ``eqn`` on ``values`` (flat outputs). Override to look at
+        the results or to evaluate a nested computation another way."""
+        return bind(eqn, values)
+
+
 def run(mox: Mox, args: Sequence[Any], consts: Sequence[Any] | None = None,
-        taps: list[tuple[Mox, list[Any]]] | None = None) -> list[Any]:
+        taps: list[tuple[Mox, list[Any]]] | None = None, hooks: Hooks | None = None) -> list[Any]:
     """Evaluate a root or ``"jaxpr"`` node on flat inputs; flat outputs.
     With ``taps``, append ``(call node, its output values)`` for every call
-    evaluated at this level (not inside nested computations)."""
+    evaluated at this level (not inside nested computations); with ``hooks``,
+    call them back at every call and equation of this level."""
     env: dict = {}
     for v, c in zip(mox.constvars, mox.consts if consts is None else consts):
         env[v] = c
     for v, x in zip(mox.invars, args):
         env[v] = x
-    _exec(mox.children, env, taps)
+    _exec(mox.children, env, taps, hooks)
     return [_read(env, a) for a in mox.outvars]
 
 
-def _exec(children: Sequence[Any], env: dict, taps: list | None = None) -> None:
+def bind(c: Equation, vals: list[Any]) -> list[Any]:
+    """Bind one equation's primitive on ``vals``; its outputs as a list."""
+    try:
+        params = _bind_params(c)
+        if isinstance(params, tuple):  # older JAX: (subfuns, params)
+            subfuns, params = params
+            vals = [*subfuns, *vals]
+        if c.ctx is not None:
+            with c.ctx.manager:
+                out = c.primitive.bind(*vals, **params)
+        else:
+            out = c.primitive.bind(*vals, **params)
+    except Exception as e:
+        raise YaxEvalError(
+            f"Evaluating `{c.name}` in `{c.path or 'the root'}` failed: {type(e).__name__}: {e}"
+        ) from e
+    return list(out) if c.primitive.multiple_results else [out]
+
+
+def _exec(children: Sequence[Any], env: dict, taps: list | None = None, hooks: Hooks | None = None) -> None:
     # Without recursion: a call node opens a frame of its children, and its results are
     # bound when the frame is done, so a MoX of any depth evaluates (and traces under jit).
     stack: list[tuple[Any, Mox | None]] = [(iter(children), None)]
@@ -53,37 +91,27 @@ def _exec(children: Sequence[Any], env: dict, taps: list | None = None) -> None:
         if c is None:
             stack.pop()
             if call is not None:
-                for out, res in zip(call.outputs, call.outvars):
-                    env[out] = _read(env, res)
+                if hooks is None:
+                    for out, res in zip(call.outputs, call.outvars):
+                        env[out] = _read(env, res)
+                else:
+                    res = hooks.leave(call, [_read(env, r) for r in call.outvars])
+                    for out, x in zip(call.outputs, res):
+                        env[out] = x
                 if taps is not None:
                     taps.append((call, [env[o] for o in call.outputs]))
             continue
         if isinstance(c, Equation):
             vals = [_read(env, a) for a in c.inputs]
-            try:
-                params = _bind_params(c)
-                if isinstance(params, tuple):  # older JAX: (subfuns, params)
-                    subfuns, params = params
-                    vals = [*subfuns, *vals]
-                if c.ctx is not None:
-                    with c.ctx.manager:
-                        out = c.primitive.bind(*vals, **params)
-                else:
-                    out = c.primitive.bind(*vals, **params)
-            except Exception as e:
-                raise YaxEvalError(
-                    f"Evaluating `{c.name}` in `{c.path or 'the root'}` failed: {type(e).__name__}: {e}"
-                ) from e
-            if c.primitive.multiple_results:
-                for v, x in zip(c.outputs, out):
-                    env[v] = x
-            else:
-                env[c.outputs[0]] = out
+            for v, x in zip(c.outputs, bind(c, vals) if hooks is None else hooks.equation(c, vals)):
+                env[v] = x
         else:
             for v, x in zip(c.constvars, c.consts):  # constants a rewrite put in
                 env[v] = x
             for formal, actual in zip(c.invars, c.inputs):
                 env[formal] = _read(env, actual)
+            if hooks is not None:
+                hooks.enter(c, [env[v] for v in c.invars])
             stack.append((iter(c.children), c))
 
 
