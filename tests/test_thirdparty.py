@@ -101,6 +101,31 @@ def test_lora_on_abstract_parameters_allocates_nothing(name):
     assert "dot_general" in lowered.as_text()
 
 
+@pytest.mark.parametrize("name", ["gpt2-module", "bert-wrapper", "scanned-module"])
+def test_what_fits_is_exactly_what_sub_does(name):
+    """`misfit` with the parameters (the explorer's "what fits" menu) refuses
+    exactly what `sub` refuses, on every module call: GPT-2's `lm_head`, whose
+    kernel is the tied embedding handed to it, included."""
+    import yax.internal
+
+    c, mox = traced(name)
+    params = c.args[0]
+    verdicts = []
+    for node in yax.query("//module_call", mox):
+        why = yax.internal.misfit(yax.LoRA(rank=2), node, mox, params=params)
+        try:
+            yax.sub([node], yax.LoRA(rank=2), mox, params=params, key=jax.random.key(0))
+            done = None
+        except yax.YaxRewriteError as e:
+            done = str(e)
+        assert (why is None) == (done is None), (node.path, why, done)
+        verdicts.append(why is None)
+    assert not all(verdicts) and (any(verdicts) or name == "gpt2-module")  # GPT-2's projections are Conv1D
+    if name == "gpt2-module":
+        head = yax.query('//module_call[@name="lm_head"]', mox)[0]
+        assert "not among the model's" in yax.internal.misfit(yax.LoRA(rank=2), head, mox, params=params)
+
+
 @by_case
 def test_resubstituting_the_same_modules_changes_nothing(name):
     c, mox = traced(name)

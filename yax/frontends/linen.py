@@ -406,10 +406,25 @@ class DictVariables:
         top = next((n for n in sc.traced.root.modules() if n.module_type is type(sc.traced.module)), None)
         return tuple(top.scope or ()) if top is not None else ()
 
+    def _holds(self, coll: str, scope: tuple[str, ...], tree: Any) -> bool:
+        """Whether the model's variables hold collection ``coll`` of the module at ``scope`` (its names)."""
+        keys = self._keys(coll, scope)
+        at = _get(self.vars, keys) if keys is not None else None
+        return isinstance(at, Mapping) and isinstance(tree, Mapping) and set(tree) <= set(at)
+
     def _refuse_reinitialising(self, sc: _Scope, flat: list) -> None:
         """Every old variable would be initialised afresh although the replacement has leaves of their shapes."""
         old = {(tuple(a.shape), a.dtype) for a in jax.tree_util.tree_leaves(sc.node.var_tree or {})}
         alike = ["/".join(k.key for k in kp) for kp, a in flat if (tuple(a.shape), a.dtype) in old]
+        scope = sc.node.scope or ()
+        if alike and self._searched and not any(self._holds(coll, scope, tree)
+                                                for coll, tree in (sc.node.var_tree or {}).items()):
+            raise YaxRewriteError(
+                f"The variables of {where(sc.node)} are not among the model's: the model hands them to the "
+                "layer when it calls it (`layer.apply({'params': ...})`, as a kernel tied to an embedding), "
+                f"so a replacement with variables (`{type(sc.traced.module).__name__}`) has nowhere to keep "
+                "them. Replace it with a function of its inputs, or adapt the module that owns the weights."
+            )
         if alike:
             raise YaxRewriteError(
                 f"The replacement `{type(sc.traced.module).__name__}` for {where(sc.node)} keeps none of its "

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+import numpy as np
+
 from .. import errors, frontends
 from .._ir import Kind, Mox
 from .._map import map_mox
@@ -53,16 +56,26 @@ def _built(mox: Mox, sites: list[Site], var_maps: dict[int, dict], dropped: set)
     return map_mox(lambda n: built.get(id(n), n), mox, before=before) if built else mox
 
 
-def misfit(repl: Any, node: Any, mox: Mox, *, cast: bool = False, cache: dict | None = None) -> str | None:
+def misfit(repl: Any, node: Any, mox: Mox, *, cast: bool = False, cache: dict | None = None,
+           params: Any = None) -> str | None:
     """Why ``repl`` cannot replace ``node`` of ``mox``, or ``None`` when it
     fits: the checks `sub` runs before it changes anything (the explorer
-    offers only the replacements that fit a row). ``cache`` may be shared
-    between calls to trace each replacement once per input shapes."""
+    offers only the replacements that fit a row). With ``params`` (as `sub`
+    takes them) also where its variables would go, on abstract copies of the
+    parameters: nothing is initialised. ``cache`` may be shared between calls
+    to trace each replacement once per input shapes."""
     _, nested = locate(mox, [node])
     try:
         r = repl(node.path, node) if is_decider(repl) else repl
         if r is not node:
-            checked(node, r, cast, nested.get(id(node), ()), {} if cache is None else cache)
+            site = checked(node, r, cast, nested.get(id(node), ()), {} if cache is None else cache)
+            if params is not None:
+                abstract = jax.tree_util.tree_map(
+                    lambda x: jax.ShapeDtypeStruct(np.shape(x), getattr(x, "dtype", None) or np.asarray(x).dtype),
+                    params)
+                layout = frontends.variables(mox, abstract)
+                if layout is not None:
+                    layout.place([site], None)
     except YaxRewriteError as e:
         return str(e)
     return None
