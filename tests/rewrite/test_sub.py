@@ -201,12 +201,21 @@ def _snapshot(mox, params):
         ('count(//module_call)', jax.nn.relu, {}, "returned a float, not nodes"),
         ("//[", jax.nn.relu, {}, "is invalid"),
         ('//module_call[@name="Dense_0"]', 42, {}, "must be a MoX, an Equation, a Flax module or a function"),
+        ('//module_call[@name="Dense_0"]', lambda path, node: 1 / 0, {},
+         r"The decider `<lambda>` raised ZeroDivisionError: division by zero when asked about the module_call "
+         r"`Dense_0` at `MLP/Dense_0`"),
+        ('//module_call[@name="Dense_0"]', yax.LoRA(rank=2), {"key": "abc"}, r"`key` must be a PRNG key.*'abc'"),
+        ('//module_call[@name="Dense_0"]', yax.LoRA(rank=2), {"params": [1, 2, 3]}, r"`params` is a `list`"),
+        ('//module_call[@name="Dense_0"]', yax.LoRA(rank=2), {"params": "missing Dense_1"},
+         r"`params` lacks 2 of the variables the MoX was traced with \(first `\['params'\]\['Dense_1'\]"),
     ],
 )
 def test_bad_rewrites_raise_and_change_nothing(pattern, repl, kwargs, match):
     mox, fn, (params, x), kw = traced("mlp")
     before = _snapshot(mox, params)
     kwargs = {"params": params, **kwargs}
+    if kwargs["params"] == "missing Dense_1":
+        kwargs["params"] = {"params": {k: v for k, v in params["params"].items() if k != "Dense_1"}}
     with pytest.raises((yax.YaxRewriteError, yax.YaxQueryError), match=match):
         yax.sub(pattern, repl, mox, **kwargs)
     after = _snapshot(mox, params)

@@ -176,6 +176,14 @@ def _find(args: Any, values: Any) -> tuple[tuple, Any]:
                 f"with {getattr(v, 'shape', 'a static value')}. Pass the parameters it was traced with."
             )
     where = by_path[prefix + first][0][: -len(flat[0][0])]
+    given = {prefix + _keystr(kp) for kp, _ in flat}
+    missing = [h[len(prefix):] for h, (kp, leaf) in by_path.items()
+               if kp[: len(where)] == where and isinstance(leaf, Var) and h not in given]
+    if missing:
+        raise YaxRewriteError(
+            f"`params` lacks {len(missing)} of the variables the MoX was traced with (first `{missing[0]}`). "
+            "Pass all the variables it was traced with; `sub` returns them with the replaced modules' changed."
+        )
     return where, jax.tree_util.tree_map_with_path(lambda kp, _: by_path[prefix + _keystr(kp)][1], values)
 
 

@@ -36,10 +36,38 @@ def _plan(pattern: Any, repl: Any, mox: Mox, must_match: bool) -> tuple[list[tup
     decide = is_decider(repl)
     plan = []
     for node in targets:
-        r = repl(node.path, node) if decide else repl
+        r = _decided(repl, node) if decide else repl
         if r is not node:
             plan.append((node, r))
     return plan, nested
+
+
+def _decided(decider: Any, node: Any) -> Any:
+    """What the decider ``f(path, node)`` answers for ``node``; its errors as `YaxRewriteError`."""
+    try:
+        return decider(node.path, node)
+    except YaxRewriteError:
+        raise
+    except Exception as e:
+        raise YaxRewriteError(
+            f"The decider `{getattr(decider, '__name__', type(decider).__name__)}` raised "
+            f"{type(e).__name__}: {e} when asked about {errors.where(node)}. Fix the decider, or narrow "
+            "the pattern to the nodes it handles."
+        ) from e
+
+
+def _check_key(key: Any) -> None:
+    """``key`` is ``None`` or a PRNG key: a typed key (`jax.random.key`) or raw ``uint32[2]``."""
+    if key is None:
+        return
+    dtype, shape = getattr(key, "dtype", None), getattr(key, "shape", None)
+    if dtype is not None and (jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) or
+                              (dtype == np.uint32 and tuple(shape) == (2,))):
+        return
+    raise YaxRewriteError(
+        f"`key` must be a PRNG key (`jax.random.key(0)`), but got the {type(key).__name__} "
+        f"{str(key)[:40]!r}. It initialises the replacements' new variables."
+    )
 
 
 def _built(mox: Mox, sites: list[Site], var_maps: dict[int, dict], dropped: set) -> Mox:
@@ -66,7 +94,7 @@ def misfit(repl: Any, node: Any, mox: Mox, *, cast: bool = False, cache: dict | 
     to trace each replacement once per input shapes."""
     _, nested = locate(mox, [node])
     try:
-        r = repl(node.path, node) if is_decider(repl) else repl
+        r = _decided(repl, node) if is_decider(repl) else repl
         if r is not node:
             site = checked(node, r, cast, nested.get(id(node), ()), {} if cache is None else cache)
             if params is not None:
@@ -138,6 +166,7 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
         raise YaxRewriteError(
             f"`sub` rewrites the root MoX from `yax.make_mox`, but got {getattr(mox, 'kind', type(mox).__name__)!r}."
         )
+    _check_key(key)
     plan, nested = _plan(pattern, repl, mox, must_match)
     if not plan:  # nothing to replace (`must_match=False`, or a decider kept every match)
         return mox if params is None else (mox, params)
