@@ -7,7 +7,9 @@ The frontend that accepts ``fn`` (`yax.frontends`) says what is traced;
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -92,6 +94,19 @@ def make_mox(fn: Callable, *, static_argnums: int | Sequence[int] | None = None,
     return traced
 
 
+@contextlib.contextmanager
+def _headroom(factor: int = 2):
+    """Python's recursion limit raised ``factor`` times while tracing: the
+    hooks add frames to every nested module call (interceptor, marker), and
+    models as deep as Flax itself can run must still trace."""
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(old * factor)
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(old)
+
+
 def _traced_root(target: Callable, args: tuple, kwargs: dict, frontend: str, origin: Any,
                  dynamic: Callable[[tuple, Any], bool]) -> Any:
     flat, treedef = jax.tree_util.tree_flatten_with_path((args, kwargs))
@@ -106,7 +121,7 @@ def _traced_root(target: Callable, args: tuple, kwargs: dict, frontend: str, ori
         outs.append(packing)
         return out
 
-    with recording(frontends.hooks()) as rec:
+    with recording(frontends.hooks()) as rec, _headroom():
         try:
             closed = jax.make_jaxpr(flat_fn)(*dyn_vals)
         except YaxTraceError:

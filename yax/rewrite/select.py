@@ -48,20 +48,23 @@ def locate(mox: Mox, targets: list[Node]) -> tuple[list[Node], dict[int, tuple]]
     order: list[Node] = []
     nested: dict[int, tuple] = {}
 
-    def walk(node: Mox, chain: tuple) -> None:
+    todo: list[tuple[bool, Any, tuple]] = [(False, mox, ())]  # (is a target, node, chain); any depth
+    while todo:
+        hit, node, chain = todo.pop()
+        if hit:
+            order.append(node)
+            if chain:
+                nested[id(node)] = chain
+            continue
+        items: list[tuple[bool, Any, tuple]] = []
         for c in node.children:
             if id(c) in ids:
-                order.append(c)
-                if chain:
-                    nested[id(c)] = chain
-                continue
-            if isinstance(c, Equation):
-                for k, s in c.subs:
-                    walk(s, (*chain, (c, k)))
+                items.append((True, c, chain))
+            elif isinstance(c, Equation):
+                items.extend((False, s, (*chain, (c, k))) for k, s in c.subs)
             else:
-                walk(c, chain)
-
-    walk(mox, ())
+                items.append((False, c, chain))
+        todo.extend(reversed(items))  # tree order
     if len({id(t) for t in order}) != len(ids):
         inner = ids - {id(t) for t in order}
         outside = [t for t in targets if id(t) in inner and not any(t is n for n in mox.walk())]

@@ -96,24 +96,25 @@ def unbound(root: Mox) -> tuple[Node, Var] | None:
     root and the calls in it (a BatchNorm's updated statistics leave its call
     as root outputs), a fresh one for each nested computation."""
 
-    def block(node: Mox, bound: set) -> tuple[Node, Var] | None:
-        bound.update(node.constvars)
-        bound.update(node.invars)
-        for c in node.children:
-            for a in c.inputs:
+    # iterative (any depth): per child, check its inputs, walk into it, then bind its outputs
+    todo: list[tuple[str, Any, set]] = [("enter", root, set())]
+    while todo:
+        step, node, bound = todo.pop()
+        if step == "enter":
+            bound.update(node.constvars)
+            bound.update(node.invars)
+            todo.append(("results", node, bound))
+            for c in reversed(node.children):
+                todo.append(("bind", c, bound))
+                if isinstance(c, Equation):
+                    todo.extend(("enter", sub, set()) for _, sub in reversed(c.subs))
+                else:
+                    todo.append(("enter", c, bound))
+                todo.append(("read", c, bound))
+        elif step == "bind":
+            bound.update(node.outputs)
+        else:  # "read" a node's inputs, or the "results" of a computation
+            for a in (node.inputs if step == "read" else node.outvars):
                 if isinstance(a, Var) and a not in bound:
-                    return c, a
-            found = None
-            if isinstance(c, Equation):
-                found = next((f for _, sub in c.subs if (f := block(sub, set()))), None)
-            else:
-                found = block(c, bound)
-            if found:
-                return found
-            bound.update(c.outputs)
-        for a in node.outvars:
-            if isinstance(a, Var) and a not in bound:
-                return node, a
-        return None
-
-    return block(root, set())
+                    return node, a
+    return None
