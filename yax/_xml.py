@@ -202,13 +202,11 @@ def _short(s: str, n: int = 120) -> str:
 
 
 _DECL_ENCODING = re.compile(rb"""^<\?xml\s[^>]{0,200}?encoding\s*=\s*["']([A-Za-z][A-Za-z0-9._-]{0,40})["']""")
-# What the first bytes say about the encoding (XML 1.0, Appendix F): BOMs, then the
-# byte patterns of "<?" in encodings that are not ASCII-compatible.
+# What the first bytes say about the encoding (XML 1.0, Appendix F): BOMs; then, in
+# `_encoding`, zero bytes around the first characters (UTF-16 or UTF-32 without a BOM).
 _SNIFF = [
     (b"\x00\x00\xfe\xff", "utf-32"), (b"\xff\xfe\x00\x00", "utf-32"), (b"\xef\xbb\xbf", "utf-8-sig"),
     (b"\xfe\xff", "utf-16"), (b"\xff\xfe", "utf-16"),
-    (b"\x00\x00\x00\x3c", "utf-32-be"), (b"\x3c\x00\x00\x00", "utf-32-le"),
-    (b"\x00\x3c\x00\x3f", "utf-16-be"), (b"\x3c\x00\x3f\x00", "utf-16-le"),
 ]
 
 
@@ -218,6 +216,12 @@ def _encoding(head: bytes) -> str:
     for prefix, codec in _SNIFF:
         if head.startswith(prefix):
             return codec
+    if len(head) >= 4 and head[:4].count(0) in (2, 3):  # no BOM: ASCII characters with zero bytes around them
+        zero = [b == 0 for b in head[:4]]
+        found = {(False, True, True, True): "utf-32-le", (True, True, True, False): "utf-32-be",
+                 (False, True, False, True): "utf-16-le", (True, False, True, False): "utf-16-be"}.get(tuple(zero))
+        if found:
+            return found
     if head.startswith(b"\x4c\x6f\xa7\x94"):
         raise YaxXMLError("The document is in EBCDIC, which `load_xml` does not read; `dump_xml` writes UTF-8.")
     m = _DECL_ENCODING.match(head)

@@ -5,6 +5,10 @@ kept beside the document, so query results map back to the `Mox`/`Equation`
 objects. The view is built once per MoX (cached weakly) and is the very
 document `dump_xml` writes.
 
+Queries are evaluated in a separate process (`_xpath_worker`, which keeps a
+copy of the last few documents), so that a query that would run for hours is
+stopped after its time limit instead of holding up the kernel.
+
 Elements: ``mox`` (the root), ``jaxpr`` (a computation nested in an
 equation, with ``param`` naming the parameter), ``module_call``,
 ``method_call``, ``activation``, and one element per equation named after its
@@ -298,7 +302,9 @@ class Evaluator:
         if self._proc is not None and self._owner == os.getpid():
             self.stop()
         self._proc, self._sent = None, set()
-        if self._local is not None or not sys.executable:
+        if self._local is None and (not sys.executable or os.name != "posix"):  # select() needs POSIX pipes
+            self._local = _LocalDocs()
+        if self._local is not None:
             return None
         source = pathlib.Path(worker.__file__).read_text(encoding="utf-8")
         r, w = os.pipe()  # replies come on a pipe of their own: nothing else the child prints can mix in

@@ -9,6 +9,7 @@ from typing import Any
 
 import yax
 from yax import Equation, Mox
+from yax.internal import node_ids
 
 # Where users import things from, most familiar first.
 _HOMES = ("yax", "jax.nn", "jax.numpy", "flax.linen", "flax.nnx", "yax_widget")
@@ -59,11 +60,34 @@ def replacement_code(repl: Any) -> str | None:
 
 
 def _literal(s: str) -> str:
-    return f'"{s}"' if '"' not in s else f"'{s}'"
+    """``s`` as an XPath 1.0 string: quoted, or a ``concat`` of quoted parts
+    when it holds both kinds of quote (XPath has no escapes)."""
+    if '"' not in s:
+        return f'"{s}"'
+    if "'" not in s:
+        return f"'{s}'"
+    return "concat(" + ", \'\"\', ".join(f'"{part}"' for part in s.split('"')) + ")"
 
 
 def xpath_for(node: Any, mox: Mox) -> str:
-    """An XPath that selects exactly ``node`` in ``mox``."""
+    """An XPath that selects exactly ``node`` in ``mox``: by its path (and
+    method), else by its place among the nodes with that path, else by its
+    element id.
+
+    Raises:
+      yax.YaxInputError: ``node`` is not a node of ``mox``.
+    """
+    if not isinstance(node, (Mox, Equation)):
+        raise yax.YaxInputError(f"Expected a node of the current model, an XPath or \"query\", but got a "
+                                f"`{type(node).__name__}`.")
+    ids = node_ids(mox)
+    if id(node) not in ids:
+        kind = node.kind if isinstance(node, Mox) else f"`{node.name}` equation"
+        raise yax.YaxInputError(
+            f"The {kind} at `{node.path or 'the root'}` is not a node of the explorer's current model (it may come "
+            "from the model before a change, or from another model). Query the current one again, e.g. "
+            "`explorer.query(...)`."
+        )
     if isinstance(node, Equation):
         base = f"//*[@primitive={_literal(node.name)}][@path={_literal(node.path)}]"
     else:
@@ -73,5 +97,7 @@ def xpath_for(node: Any, mox: Mox) -> str:
     hits = yax.query(base, mox)
     if len(hits) == 1 and hits[0] is node:
         return base
-    return f"({base})[{next(i for i, n in enumerate(hits) if n is node) + 1}]"
-
+    at = next((i for i, n in enumerate(hits) if n is node), None)
+    if at is not None:
+        return f"({base})[{at + 1}]"
+    return f'//*[@id="{ids[id(node)]}"]'  # the element id: the same in any MoX traced the same way

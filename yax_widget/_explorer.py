@@ -9,11 +9,14 @@ in ``docs/widget.md``.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
+import keyword
 import pathlib
 import re
 import threading
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -66,10 +69,30 @@ class _Item:
     code: str | None  #: a Python expression for it; None: the script must define it
     kind: str
     doc: str
+    ident: str = "replacement"  #: the variable "copy as code" names it by, when code is None
 
     @property
     def expr(self) -> str:
-        return self.code or "_".join(re.findall(r"\w+", self.name)).lower() or "replacement"
+        return self.code or self.ident
+
+
+# Names the script "copy as code" writes uses itself.
+_SCRIPT_NAMES = {"jax", "yax", "mox", "params", "KEY", "nn", "jnp", "nnx", "np"}
+
+
+def _identifier(name: str, taken: set[str]) -> str:
+    """A Python variable name for a replacement registered as ``name``: valid,
+    no keyword, builtin or name of the script, and none another one has."""
+    base = "_".join(re.findall(r"\w+", name.lower()))
+    base = "".join(ch if ("a" + ch).isidentifier() else "_" for ch in base).strip("_") or "replacement"
+    if not base.isidentifier():  # it starts with a digit
+        base = "r_" + base
+    if keyword.iskeyword(base) or keyword.issoftkeyword(base) or hasattr(builtins, base) or base in _SCRIPT_NAMES:
+        base += "_"
+    ident, k = base, 2
+    while ident in taken:
+        ident, k = f"{base}_{k}", k + 1
+    return ident
 
 
 def _default_palette() -> list[tuple[str, Any]]:
@@ -156,7 +179,8 @@ class Explorer(anywidget.AnyWidget):
         self._reference: Measured | None = None  # the original's values on the example inputs
         # One worker runs the models (in order: the original's measurement, then each change's).
         # XLA compiles without holding the GIL, so the tree is rebuilt meanwhile on this thread.
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="yax-explorer")
+        # It starts on first use and stops with `close()` (or when the explorer is collected).
+        self._pool: ThreadPoolExecutor | None = None
         self._warmer: Future | None = None
         for name, repl in _default_palette():
             self.add_replacement(name, repl)
@@ -170,7 +194,22 @@ class Explorer(anywidget.AnyWidget):
             # the user looks at the tree: each substitution then runs only the modified model.
             # The worker is no daemon: a script that exits meanwhile waits for XLA rather than
             # aborting in it.
-            self._warmer = self._worker.submit(self._warm)
+            self._warmer = self._worker().submit(self._warm)
+
+    def _worker(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="yax-explorer")
+            weakref.finalize(self, _stop, self._pool)
+        return self._pool
+
+    def close(self) -> None:
+        """Close the widget, stop its worker thread and let go of the
+        original's measured values (the history stays readable)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            _stop(pool)
+        self._reference, self._warmer, self._fit_cache = None, None, {}
+        super().close()
 
     def _warm(self) -> None:
         try:
@@ -229,7 +268,8 @@ class Explorer(anywidget.AnyWidget):
         text = doc if doc is not None else (getattr(repl, "__doc__", None) or "").strip().split("\n")[0]
         if code is None:
             code = replacement_code(repl)
-        self._items[name] = _Item(name, repl, code, kind, text[:200])
+        taken = {i.ident for n, i in self._items.items() if n != name}
+        self._items[name] = _Item(name, repl, code, kind, text[:200], _identifier(name, taken))
         self._fit_cache.clear()
         self._palette = [{"name": i.name, "kind": i.kind, "doc": i.doc} for i in self._items.values()]
 
@@ -273,23 +313,34 @@ class Explorer(anywidget.AnyWidget):
         desc = f"replaced {what} with {name}"
         if item.code is None:
             code = f"# `{item.expr}`: the replacement registered as {name!r}; define it first\n{code}"
-        self._states[self._index + 1:] = [Change(desc, code, new, new_params)]
-        self._index += 1
+        self._move([*self._states[:self._index + 1], Change(desc, code, new, new_params)], self._index + 1)
         self._notice = {}
-        self._refresh()
         return desc
 
     def undo(self) -> None:
         """Go back one change (nothing happens at the original)."""
         if self._index > 0:
-            self._index -= 1
-            self._refresh()
+            self._move(self._states, self._index - 1)
 
     def redo(self) -> None:
         """Re-apply the change last undone (nothing happens at the newest)."""
         if self._index + 1 < len(self._states):
-            self._index += 1
+            self._move(self._states, self._index + 1)
+
+    def _move(self, states: list[Change], index: int) -> None:
+        """Make ``states[index]`` current and show it; if showing it fails, the
+        explorer stays where it was, so the front-end's error reply is true."""
+        before = self._states, self._index
+        self._states, self._index = states, index
+        try:
             self._refresh()
+        except BaseException:
+            self._states, self._index = before
+            try:
+                self._refresh()
+            except Exception:  # the first failure is the one to report
+                pass
+            raise
 
     def code(self) -> str:
         """The `yax.sub` calls that turn the original into the current model,
@@ -314,8 +365,10 @@ class Explorer(anywidget.AnyWidget):
         if self._query:
             try:
                 self._run_query(self._query)
-            except yax.YaxQueryError:
-                self._matches, self._selection = [], []
+            except Exception as e:  # shown as the query's error; the change itself stands
+                if not isinstance(e, yax.YaxError):
+                    self._query_error = f"The query failed with {type(e).__name__}: {e}"
+                self._matches, self._selection, self._match_owners = [], [], {}
         self._finish_compare(compared)
 
     def _run_query(self, xpath: str) -> list[Any]:
@@ -343,7 +396,7 @@ class Explorer(anywidget.AnyWidget):
         t = time.perf_counter()
         args = (self.params, *self._args[1:]) if self._has_params else self._args
         lowered = threading.Event()
-        future = self._worker.submit(self._measure, self.mox, args, lowered)
+        future = self._worker().submit(self._measure, self.mox, args, lowered)
         future.add_done_callback(lambda _: lowered.set())  # also when it fails
         if self._reference is not None:
             # Tracing and lowering hold the GIL like the tree rebuild does; XLA's compile, next, does
@@ -379,6 +432,10 @@ class Explorer(anywidget.AnyWidget):
 
     def _on_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
         _protocol.handle(self, content)
+
+
+def _stop(pool: ThreadPoolExecutor) -> None:
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _in_kernel() -> bool:

@@ -10,6 +10,7 @@ registered. A request that fails validation changes nothing.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from ._explorer import Explorer
 
 MAX_QUERY = 4000  # characters of an XPath the front-end may send
+_log = logging.getLogger("yax_widget")
 
 
 class RequestError(Exception):
@@ -46,10 +48,11 @@ def handle(ex: Explorer, content: Any) -> None:
         ex.send({"type": "error", "rid": rid, "message": str(e)})
         return
     except Exception as e:  # a bug or a failure below yax (XLA): the front-end still gets its reply
+        _log.exception("The explorer's request %r failed", str(content.get("type"))[:40])
         ex._status = {"busy": False, "message": "failed"}
-        ex.send({"type": "error", "rid": rid, "message": f"The request failed with {type(e).__name__}: {e} "
-                                                         "(the kernel's log has the traceback)."})
-        raise
+        ex.send({"type": "error", "rid": rid, "message": f"The request failed with {type(e).__name__}: "
+                                                         f"{str(e)[:500]} (the kernel's log has the traceback)."})
+        return
     ex.send({"type": "ok", "rid": rid, **reply})
 
 
