@@ -82,11 +82,18 @@ class Comparison:
 
 def _calls(node: Mox) -> Iterator[Mox]:
     """Call nodes in the order `eval_mox` finishes them (not inside nested
-    computations, whose values live in a compiled loop or branch)."""
-    for c in node.children:
-        if isinstance(c, Mox):
-            yield from _calls(c)
-            yield c
+    computations, whose values live in a compiled loop or branch). Without
+    recursion: a tree of any depth."""
+    stack = [(node, iter(node.children))]
+    while stack:
+        n, it = stack[-1]
+        c = next(it, None)
+        if c is None:
+            stack.pop()
+            if stack:  # every call below `node`, not `node` itself
+                yield n
+        elif isinstance(c, Mox):
+            stack.append((c, iter(c.children)))
 
 
 def call_keys(mox: Mox) -> dict[str, Mox]:
