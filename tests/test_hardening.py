@@ -23,7 +23,7 @@ from lxml import etree
 
 import yax
 from yax import _xpath
-from yax.internal import build_view
+from yax.internal import build_view, call_keys
 
 pytestmark = pytest.mark.core
 
@@ -277,6 +277,7 @@ def test_deep_module_calls_print_serialise_query_and_draw(deep):
     dot = yax.to_dot(deep)
     assert dot.count("subgraph cluster_") == DEPTH - 1 + 1  # the inputs and all but the innermost call
     assert not yax.diff(deep, yax.map_mox(lambda n: n, deep))
+    assert len(call_keys(deep)) == DEPTH and next(iter(call_keys(deep))) == "M" + "/m" * DEPTH  # compare's names
     assert sum(1 for _ in deep.walk()) == 2 * DEPTH + 1
 
 

@@ -65,19 +65,21 @@ def tree(mox: yax.Mox, version: int) -> dict:
     """The ``_tree`` trait: the call rows of ``mox`` in document order."""
     ids = node_ids(mox)
     rows: list[list] = []
-
-    def walk(node: yax.Mox, parent: int) -> None:
+    # (node, the row its calls hang from, its own row's parent if it is a call): no recursion, any depth
+    stack: list[tuple[yax.Mox, int, int | None]] = [(mox, -1, None)]
+    while stack:
+        node, parent, row_parent = stack.pop()
+        if row_parent is not None:
+            rows.append(call_row(node, ids, row_parent))
+        below: list[tuple[yax.Mox, int, int | None]] = []
         for c in node.children:
             if isinstance(c, yax.Equation):  # calls inside a loop or branch body belong to the enclosing call
-                for _, sub in c.subs:
-                    walk(sub, parent)
+                below.extend((sub, parent, None) for _, sub in c.subs)
             elif c.kind in CALL_KINDS:
-                rows.append(call_row(c, ids, parent))
-                walk(c, ids[id(c)])
+                below.append((c, ids[id(c)], parent))
             else:
-                walk(c, parent)
-
-    walk(mox, -1)
+                below.append((c, parent, None))
+        stack.extend(reversed(below))
     return {"version": version, "rows": rows}
 
 

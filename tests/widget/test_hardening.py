@@ -181,3 +181,19 @@ def test_the_explorer_always_says_where_it_is(model, messages):
 
 
 _EX: dict = {}
+
+
+def test_the_explorer_opens_and_changes_a_model_thousands_of_calls_deep():
+    from deep import nested_calls
+
+    ex = Explorer(nested_calls(2100))  # no example inputs: nothing to compile
+    ex.sent = []
+    ex.send = lambda content, buffers=None: ex.sent.append(content)
+    assert len(ex._tree["rows"]) == 2100 and ex._tree["rows"][-1][1] == ex._tree["rows"][-2][0]
+    for i, msg in enumerate([{"type": "query", "xpath": "//sin"}, {"type": "expand", "id": 2100},
+                             {"type": "fits", "id": 2101}, {"type": "graph", "id": None, "depth": 8},
+                             {"type": "substitute", "target": "query", "name": "ReLU"}, {"type": "code"},
+                             {"type": "undo"}, {"type": "redo"}]):
+        assert ask(ex, rid=i, **msg)["type"] == "ok", ex.sent[-1]
+    assert ex.history and yax.query("count(//sin)", ex.mox) == 0.0
+
