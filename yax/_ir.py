@@ -398,11 +398,11 @@ class Mox(_Typed):
         and activations), depth first."""
         return (n for n in self.walk() if isinstance(n, Mox) and n.kind in CALL_KINDS)
 
-    def query(self, xpath: str) -> Any:
+    def query(self, xpath: str, *, timeout: float | None = None) -> Any:
         """`yax.query(xpath, self)`: XPath 1.0 over the tree rooted here."""
         from ._xpath import query
 
-        return query(xpath, self)
+        return query(xpath, self, timeout=timeout)
 
     # -- prototype-compatible views ----------------------------------------
     def to_dict(self) -> dict[str, Any]:
