@@ -106,8 +106,8 @@ class _Source:
         self.file: Any = None
         self.start: int | None = None
         if isinstance(source, (bytes, bytearray, memoryview)):
-            self.data = memoryview(source).cast("B") if memoryview(source).contiguous else \
-                memoryview(bytes(memoryview(source)))
+            view = memoryview(source)
+            self.data = view.cast("B") if view.c_contiguous else memoryview(view.tobytes())
             self._check_size(self.data.nbytes)
         elif isinstance(source, (str, os.PathLike)):
             self.path = os.fspath(source)
