@@ -196,6 +196,9 @@ class ModuleInfo:
       scope: where its variables live: its path in the linen variables dict,
         or its attribute path in an nnx model.
       frontend: the name of the module system (``"linen"``, ``"nnx"``).
+      seen: the shapes of its traced inputs and outputs as the module saw
+        them, ``(ins, outs)``: one instance's inside ``nn.vmap``, where the
+        node's ``inputs``/``outputs`` carry the mapped axis (``None``: not recorded).
     """
 
     type: type | None = None
@@ -206,6 +209,7 @@ class ModuleInfo:
     var_tree: Any = None
     scope: tuple[str, ...] | None = None
     frontend: str | None = None
+    seen: tuple | None = dataclasses.field(default=None, repr=False, compare=False)
 
 
 _NO_INFO = ModuleInfo()
