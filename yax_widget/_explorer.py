@@ -40,6 +40,7 @@ from yax.internal import (
 
 from . import _payloads, _protocol
 from ._code import replacement_code, xpath_for
+from ._targets import hf_call
 
 STATIC = pathlib.Path(__file__).parent / "static"
 
@@ -147,6 +148,7 @@ class Explorer(anywidget.AnyWidget):
     _query = traitlets.Unicode("").tag(sync=True)      #: the current query text
     _query_error = traitlets.Unicode("").tag(sync=True)  #: the last query's error, or ""
     _matches = traitlets.List().tag(sync=True)         #: ids the last good query selected
+    _query_result = traitlets.Dict().tag(sync=True)    #: what the last good query returned (count, values, explain)
     _match_owners = traitlets.Dict().tag(sync=True)    #: matched equation id -> the call row it runs in
     _palette = traitlets.List().tag(sync=True)         #: registered replacements: name, kind, doc
     _history = traitlets.Dict().tag(sync=True)         #: change descriptions and the current index
@@ -165,6 +167,7 @@ class Explorer(anywidget.AnyWidget):
                 )
             mox = target
         else:  # an nnx module's MoX runs (state, *args) -> (out, new_state): docs/nnx.md
+            target, args = hf_call(target, args)  # a Hugging Face wrapper: its `params` become an argument
             mox, args = trace_target(target, *args, **kwargs)
         self._args, self._kwargs = args, kwargs
         params = params_argument(mox, args)  # the variables or state `yax.sub` reconciles, or None
@@ -368,7 +371,7 @@ class Explorer(anywidget.AnyWidget):
             except Exception as e:  # shown as the query's error; the change itself stands
                 if not isinstance(e, yax.YaxError):
                     self._query_error = f"The query failed with {type(e).__name__}: {e}"
-                self._matches, self._selection, self._match_owners = [], [], {}
+                self._matches, self._selection, self._match_owners, self._query_result = [], [], {}, {}
         self._finish_compare(compared)
 
     def _run_query(self, xpath: str) -> list[Any]:
@@ -386,6 +389,7 @@ class Explorer(anywidget.AnyWidget):
             self._matches = [ids[id(n)] for n in self._selection]
         else:
             self._selection, self._matches = [], []
+        self._query_result = _payloads.query_result(xpath, res, len(self._matches), self.mox)
         return res
 
     def _start_compare(self) -> tuple[Future, float] | None:
@@ -414,6 +418,8 @@ class Explorer(anywidget.AnyWidget):
         if compared is None:
             self.comparison = None
             self._comparison = {} if self._args or self._kwargs else {"message": "no example inputs to compare on"}
+            if self._status.get("message"):  # "compared in …" was about a change no longer applied
+                self._status = {"busy": False, "message": ""}
             return
         future, t = compared
         try:

@@ -118,10 +118,48 @@ def diff_marks(a: yax.Mox, b: yax.Mox) -> dict:
     return {"original": orig, "current": cur}
 
 
+# -- a query's result -----------------------------------------------------------------
+
+MAX_VALUES = 20  # values of a non-node result listed under the query box
+
+
+def _plain(v: Any) -> Any:
+    """A non-node result (a number, string or boolean) as JSON."""
+    if isinstance(v, (str, bool, int)):
+        return v
+    return float(v) if isinstance(v, float) and math.isfinite(v) else str(v)
+
+
+def query_result(xpath: str, res: Any, matched: int, mox: yax.Mox) -> dict:
+    """The ``_query_result`` trait: what the query box says about ``res``,
+    `yax.query`'s result, of which ``matched`` nodes are highlighted.
+
+    ``{"kind": "nodes", "count", "explain"?}`` for node-sets (``explain``: where
+    an empty one stops matching, `yax.explain`'s text); ``{"kind": "values",
+    "count", "values"}`` for lists of strings (``//*/@path``), the first
+    `MAX_VALUES`; ``{"kind": "value", "value"}`` for a number, string or boolean
+    (``count(...)``); ``{}`` for an empty query."""
+    if not xpath.strip():
+        return {}
+    if not isinstance(res, list):
+        return {"kind": "value", "value": _plain(res)}
+    if matched or not res:
+        out: dict = {"kind": "nodes", "count": matched}
+        if not res:
+            try:
+                out["explain"] = yax.explain(xpath, mox)
+            except Exception:  # an explanation is a hint: the empty result stands without it
+                pass
+        return out
+    return {"kind": "values", "count": len(res), "values": [short(str(_plain(v)), 200) for v in res[:MAX_VALUES]]}
+
+
 # -- the comparison -------------------------------------------------------------------
 
 def _heat(x: np.ndarray, y: np.ndarray, name: str) -> dict | None:
-    """Heatmaps of the first 2-D slice of an output, as float32 buffers."""
+    """Heatmaps of the first 2-D slice of an output, as float32 buffers, with what
+    was cut: the slice (``label``) and the subsampling (``step``: every n-th row
+    and column), so the captions say which part of the output they show."""
     if x.ndim == 0 or x.size == 0:
         return None
     lead = x.ndim - 2
@@ -136,7 +174,8 @@ def _heat(x: np.ndarray, y: np.ndarray, name: str) -> dict | None:
     def buf(a: np.ndarray) -> bytes:
         return np.ascontiguousarray(a, dtype="<f4").tobytes()
 
-    return {"label": name, "rows": int(x.shape[0]), "cols": int(x.shape[1]),
+    return {"label": name, "rows": int(x.shape[0]), "cols": int(x.shape[1]), "step": [sr, sc],
+            "whole": lead <= 0 and sr == sc == 1,
             "original": buf(x), "modified": buf(y), "diff": buf(np.abs(y - x))}
 
 
@@ -145,17 +184,22 @@ def _finite(v: float) -> float | None:
 
 
 def _output(name: str, stats: yax.Stats, x: np.ndarray, y: np.ndarray) -> dict:
-    """One output's entry: its statistics, the histogram of its differences, its heatmaps."""
+    """One output's entry: its statistics, the histogram of its differences, its heatmaps.
+
+    The histogram's ``lo``/``hi`` are the real smallest and largest difference: when
+    they are equal (an unchanged output) the front-end says so rather than drawing a
+    range; ``n`` is how many finite differences were counted, ``nonfinite`` how many
+    were NaN or infinite."""
     d = (y - x).ravel()
-    d = d[np.isfinite(d)]
+    finite = np.isfinite(d)
+    d = d[finite]
     lo, hi = (float(d.min()), float(d.max())) if d.size else (0.0, 0.0)
-    if lo == hi:
-        lo, hi = lo - 0.5, hi + 0.5
-    counts, _ = np.histogram(d, bins=HIST_BINS, range=(lo, hi))
+    counts, _ = np.histogram(d, bins=HIST_BINS, range=(lo, hi))  # numpy widens an empty range itself
     return {
         "name": name, "shape": list(x.shape),
         **{k: _finite(v) if isinstance(v, float) else v for k, v in stats.to_dict().items()},
-        "hist": {"counts": counts.tolist(), "lo": lo, "hi": hi},
+        "hist": {"counts": counts.tolist(), "lo": lo, "hi": hi, "n": int(d.size),
+                 "nonfinite": int(finite.size - d.size)},
         "heat": _heat(x, y, name),
     }
 
@@ -171,7 +215,7 @@ def comparison_state(c: yax.Comparison, mox: yax.Mox, seconds: float) -> dict:
     return {
         "allclose": c.allclose, "first_divergence": first,
         "first_divergence_id": ids[id(keys[first])] if first in keys else None,
-        "seconds": round(seconds, 3), "outputs": outputs, "boundaries": bounds,
+        "seconds": round(seconds, 3), "outputs": outputs, "boundaries": bounds, "rtol": c.rtol, "atol": c.atol,
     }
 
 

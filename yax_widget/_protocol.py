@@ -84,7 +84,7 @@ def _query(ex: Explorer, content: dict) -> dict:
         raise RequestError(f"`xpath` must be a string of at most {MAX_QUERY} characters.")
     ex._query = xpath
     if not xpath.strip():  # the box was cleared: no highlight, no error
-        ex._query_error, ex._matches, ex._selection = "", [], []
+        ex._query_error, ex._matches, ex._selection, ex._query_result = "", [], [], {}
         return {"count": 0}
     res = ex._run_query(xpath)
     return {"count": len(ex._matches) if isinstance(res, list) else _plain(res)}
@@ -100,7 +100,8 @@ def _fits(ex: Explorer, content: dict) -> dict:
     node = _node(ex, content)
     fits, refused = [], {}
     for item in ex._items.values():
-        why = misfit(item.repl, node, ex.mox, cache=ex._fit_cache)
+        # with the explorer's parameters, misfit places variables exactly as the drop's `sub` does
+        why = misfit(item.repl, node, ex.mox, cache=ex._fit_cache, params=ex.params)
         if why is None:
             fits.append(item.name)
         else:

@@ -24,3 +24,19 @@ def test_magic(shell, model):
                       ("model variables batch --query '//['", "XPath")]:
         with pytest.raises(UsageError, match=msg):
             shell.run_line_magic("yax", line)
+
+
+def test_magic_arguments_are_python_expressions(shell, model):
+    """Spaces split arguments only outside brackets and strings: a dict literal is one argument."""
+    from yax_widget._magic import split_line
+
+    assert split_line("model.module {'params': model.params} ids") == [
+        "model.module", "{'params': model.params}", "ids"]
+    assert split_line("fn x + 1 y[:, 0] f(a, b)") == ["fn", "x + 1", "y[:, 0]", "f(a, b)"]
+    assert split_line("m v --query '//a[@b=\"c d\"]'") == ["m", "v", "--query", "'//a[@b=\"c d\"]'"]
+    m, v = model
+    shell.run_line_magic("load_ext", "yax_widget")
+    shell.user_ns.update(model=m, params=v["params"], batch=IDS)
+    ex = shell.run_line_magic("yax", "model {'params': params} batch --query=//activation")
+    assert isinstance(ex, Explorer) and ex.params == {"params": v["params"]}
+    assert ex._query_result["count"] == 4 and len(ex._matches) == 4  # the magic's query is counted too
