@@ -86,3 +86,30 @@ export function ramp(t) {
   const f = x - i;
   return stops[i].map((a, k) => Math.round(a + f * (stops[i + 1][k] - a)));
 }
+
+/** The histogram's caption from `hist` (`{lo, hi, n, nonfinite}`: the real range of the
+ * differences). An unchanged output has no range to draw: it says so instead. */
+export function histCaption({ lo, hi, n, nonfinite = 0 }) {
+  const count = n === undefined ? "" : ` (${n.toLocaleString("en-US")} values)`;
+  const text = lo === hi
+    ? `modified − original: every difference is ${num(lo)}${lo === 0 ? ", unchanged" : ""}${count}`
+    : `modified − original, from ${num(lo)} to ${num(hi)}${count}`;
+  return nonfinite ? `${text}; ${nonfinite.toLocaleString("en-US")} NaN or infinite not counted` : text;
+}
+
+/** What part of an output a heatmap shows: the whole, or its first 2-D slice, every n-th
+ * row/column (`heat`: `{label, step: [rows, cols], whole}`). */
+export function heatPart({ label, step = [1, 1], whole }) {
+  if (whole) return label;
+  const every = (k, what) => (k > 1 ? `every ${k === 2 ? "2nd" : k === 3 ? "3rd" : `${k}th`} ${what}` : "");
+  const sub = [every(step[0], "row"), every(step[1], "column")].filter(Boolean).join(", ");
+  return sub ? `${label}, ${sub}` : label;
+}
+
+/** The |difference| heatmap's caption: the largest difference it shows, and, when the whole
+ * output's (the table's max|Δ|) is larger, that one too, so the two never seem to disagree. */
+export function diffCaption(shownMax, outputMax, whole) {
+  const here = `|difference| (max ${num(shownMax)}${whole ? "" : " shown"})`;
+  if (whole || outputMax === null || outputMax === undefined || !(outputMax > (shownMax ?? 0))) return here;
+  return `${here}; the whole output's max is ${num(outputMax)}, outside what is shown`;
+}

@@ -39,24 +39,60 @@ function sidePanes() {
   };
 }
 
-function layout({ query, search, buttons, status, view, palette, tabs, panes }) {
-  const toolbar = h("div", { class: "yax-toolbar" }, query.el, h("div", { class: "yax-search" }, search),
+/** The bar above the tree: the name/path filter, match navigation, expand/collapse all. */
+function treeControls() {
+  return {
+    search: h("input", { type: "search", placeholder: "filter by name or path", "aria-label": "filter rows" }),
+    prev: h("button", { class: "yax-prev-match", title: "Previous match (Shift+F3)" }, "↑"),
+    next: h("button", { class: "yax-next-match", title: "Next match (F3)" }, "↓"),
+    at: h("span", { class: "yax-match-at" }),
+    only: h("input", { type: "checkbox", class: "yax-only-matches" }),
+    expand: h("button", { class: "yax-expand-all", title: "Expand every call" }, "expand all"),
+    collapse: h("button", { class: "yax-collapse-all", title: "Collapse every call" }, "collapse all"),
+  };
+}
+
+function layout({ query, controls, buttons, status, view, palette, tabs, panes }) {
+  const c = controls;
+  const treeBar = h("div", { class: "yax-tree-bar" }, h("div", { class: "yax-search" }, c.search),
+    h("span", { class: "yax-match-nav" }, "matches", c.prev, c.next, c.at),
+    h("label", { class: "yax-only", title: "Show only the rows the query matches, and the calls around them" },
+      c.only, "only matches"),
+    c.expand, c.collapse);
+  const toolbar = h("div", { class: "yax-toolbar" }, query.el,
     buttons.undo, buttons.redo, buttons.copy, buttons.graph, status.el);
   const side = h("div", { class: "yax-side" },
     h("div", { class: "yax-section-title" }, "Replacements — drag onto a layer or the query box"),
     palette, tabs.bar, ...Object.values(panes));
   return h("div", { class: "yax-explorer" }, toolbar,
-    h("div", { class: "yax-main" }, h("div", { class: "yax-left" }, view.el, divergenceLegend()), side));
+    h("div", { class: "yax-main" }, h("div", { class: "yax-left" }, treeBar, view.el, divergenceLegend()), side));
 }
 
-function connectButtons({ buttons, request, failed, change, tabs, panes, view }) {
+function connectControls({ controls: c, view }) {
+  c.search.addEventListener("input", () => view.setFilter(c.search.value));
+  const step = (k) => {
+    const at = view.stepMatch(k);
+    c.at.textContent = at ? `${at[0]} of ${at[1]}` : "";
+  };
+  c.prev.addEventListener("click", () => step(-1));
+  c.next.addEventListener("click", () => step(1));
+  view.el.addEventListener("keydown", (e) => {
+    if (e.key === "F3") { e.preventDefault(); step(e.shiftKey ? -1 : 1); }
+  });
+  c.only.addEventListener("change", () => view.setOnlyMatches(c.only.checked));
+  c.expand.addEventListener("click", () => view.expandAll());
+  c.collapse.addEventListener("click", () => view.collapseAll());
+}
+
+function connectButtons({ buttons, request, failed, change, tabs, panes, view, code }) {
   buttons.undo.addEventListener("click", () => request("undo", {}, change).catch(failed));
   buttons.redo.addEventListener("click", () => request("redo", {}, change).catch(failed));
   buttons.copy.addEventListener("click", async () => {
     try {
-      const { code } = await request("code");
+      const reply = await request("code");
       tabs.show("Code");
-      await showCode(panes.Code, code);
+      code.shown = true;
+      await showCode(panes.Code, reply.code, { copy: true });
     } catch (err) {
       failed(err);
     }
@@ -69,8 +105,28 @@ function connectButtons({ buttons, request, failed, change, tabs, panes, view })
 }
 
 /** What each trait's change updates: {trait: handler}. */
-function traitHandlers({ model, view, query, status, panes, buttons, palette, root, search }) {
-  const matches = () => view.showMatches(model.get("_matches") || [], model.get("_match_owners") || {});
+function traitHandlers({ model, view, query, status, panes, buttons, palette, root, controls, request, code }) {
+  const matches = () => {
+    controls.at.textContent = "";
+    return view.showMatches(model.get("_matches") || [], model.get("_match_owners") || {});
+  };
+  const compare = () => {
+    const color = getComputedStyle(root).getPropertyValue("--yax-accent") || "#1976d2";
+    const { items = [], index = 0 } = model.get("_history") || {};
+    renderCompare(panes.Compare, model.get("_comparison") || {},
+      { color, busy: status.busy(), undone: items.length > 0 && index === 0 });
+  };
+  // the code pane, once shown, follows the history (undo, redo, a new change): never a stale script
+  const refreshCode = async () => {
+    if (!code.shown) return;
+    const version = ++code.version;
+    try {
+      const reply = await request("code");
+      if (version === code.version) await showCode(panes.Code, reply.code, { copy: false });
+    } catch (err) {
+      panes.Code.replaceChildren(h("div", { class: "yax-error" }, err.message));
+    }
+  };
   const diff = () => {
     const original = buildTree(treeRows(model.get("_original_tree")));
     renderDiff(panes.Diff, original, view.tree, model.get("_diff") || {});
@@ -78,7 +134,7 @@ function traitHandlers({ model, view, query, status, panes, buttons, palette, ro
   };
   return {
     _tree: () => {
-      view.setRows(treeRows(model.get("_tree")), search.value);
+      view.setRows(treeRows(model.get("_tree")), controls.search.value);
       matches();
       diff();
     },
@@ -86,6 +142,7 @@ function traitHandlers({ model, view, query, status, panes, buttons, palette, ro
     _match_owners: matches,
     _query: query.syncText,
     _query_error: query.syncError,
+    _query_result: query.syncResult,
     _palette: () => palette.replaceChildren(...paletteItems(model.get("_palette") || [])),
     _history: () => {
       const history = model.get("_history") || {};
@@ -93,10 +150,13 @@ function traitHandlers({ model, view, query, status, panes, buttons, palette, ro
       buttons.undo.disabled = index === 0;
       buttons.redo.disabled = index >= items.length;
       renderHistory(panes.History, history);
+      compare();
+      refreshCode();
     },
     _status: () => {
       status.update();
       root.classList.toggle("yax-busy", status.busy());
+      compare(); // "compiling…" while a change is compared
     },
     _notice: () => {
       const n = model.get("_notice") || {};
@@ -104,8 +164,7 @@ function traitHandlers({ model, view, query, status, panes, buttons, palette, ro
     },
     _diff: diff,
     _comparison: () => {
-      const color = getComputedStyle(root).getPropertyValue("--yax-accent") || "#1976d2";
-      renderCompare(panes.Compare, model.get("_comparison") || {}, { color });
+      compare();
       view.relayout(); // the rows' divergence colours
     },
   };
@@ -133,10 +192,11 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS }) {
   const view = new TreeView({ model, request, onFailure: failed, onSubstitute: substitute,
     onMatchesShown: (ids) => { root.dataset.matchIds = ids.join(","); } });
   const query = createQueryBox({ model, request, onFailure: failed, onDrop: (name) => substitute("query", name) });
-  const search = h("input", { type: "search", placeholder: "filter by name", "aria-label": "filter rows" });
+  const controls = treeControls();
   const buttons = toolbarButtons();
   const palette = h("div", { class: "yax-palette" });
-  const root = layout({ query, search, buttons, status, view, palette, tabs, panes });
+  const code = { shown: false, version: 0 }; // has the code pane been filled; its latest request
+  const root = layout({ query, controls, buttons, status, view, palette, tabs, panes });
   el.append(root);
 
   async function substitute(target, name) {
@@ -151,9 +211,9 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS }) {
     }
   }
 
-  search.addEventListener("input", () => view.setFilter(search.value));
-  connectButtons({ buttons, request, failed, change, tabs, panes, view });
-  const sync = traitHandlers({ model, view, query, status, tabs, panes, buttons, palette, root, search });
+  connectControls({ controls, view });
+  connectButtons({ buttons, request, failed, change, tabs, panes, view, code });
+  const sync = traitHandlers({ model, view, query, status, tabs, panes, buttons, palette, root, controls, request, code });
   for (const [trait, f] of Object.entries(sync)) on(`change:${trait}`, f);
 
   view.setRows(treeRows(model.get("_tree")), "");

@@ -1,9 +1,29 @@
-// The XPath box: sends a `query` request as the user types (debounced), shows the match
-// count and `_query_error`, follows `_query` when Python sets it, and takes palette drops
-// (a drop replaces every match).
+// The XPath box: sends a `query` request as the user types (debounced), shows what the query
+// returned (`_query_result`: a match count, a value, a list of strings; where an empty result
+// stops matching) and `_query_error`, follows `_query` when Python sets it, and takes palette
+// drops (a drop replaces every match).
 import { h } from "./dom.js";
 
 export const DEBOUNCE_MS = 40;
+
+const plural = (n, one, many) => `${n.toLocaleString("en-US")} ${n === 1 ? one : many}`;
+
+/** What the box says about a `_query_result`: `{text, title, explain}` (`explain`: `yax.explain`'s
+ * text for an empty node-set, shown under the box). */
+export function resultText(r) {
+  if (!r || !r.kind) return { text: "", title: "", explain: "" };
+  if (r.kind === "value") {
+    const v = typeof r.value === "string" ? JSON.stringify(r.value) : String(r.value);
+    return { text: `= ${v.length > 40 ? `${v.slice(0, 39)}…` : v}`, title: `the query's value: ${v}`, explain: "" };
+  }
+  if (r.kind === "values") {
+    const more = r.count > r.values.length ? `\n… and ${r.count - r.values.length} more` : "";
+    return { text: `${plural(r.count, "value", "values")} (not nodes: nothing to highlight)`,
+      title: r.values.join("\n") + more, explain: "" };
+  }
+  return { text: plural(r.count, "match", "matches"), title: "",
+    explain: r.count === 0 && r.explain ? `No node matches. Where the query stops matching (yax.explain):\n${r.explain}` : "" };
+}
 
 /**
  * `request(type, payload)` sends a request (requests.js); `onFailure(err)` shows a failure
@@ -15,12 +35,24 @@ export function createQueryBox({ model, request, onFailure, onDrop, debounceMs =
     spellcheck: "false", "aria-label": "XPath query" });
   const count = h("span", { class: "yax-count" });
   const error = h("div", { class: "yax-query-error", role: "alert" });
-  const el = h("div", { class: "yax-query" }, h("div", { class: "yax-query-row" }, input, count), error);
+  const explain = h("pre", { class: "yax-query-explain", style: { display: "none" } });
+  const el = h("div", { class: "yax-query" }, h("div", { class: "yax-query-row" }, input, count), error, explain);
+
+  /** `_query_result` changed: the count (or value) and, for an empty result, where it stops matching. */
+  function syncResult() {
+    const r = resultText(model.get("_query_result"));
+    if (model.get("_query_error")) r.explain = "";
+    else {
+      count.textContent = r.text;
+      count.title = r.title;
+    }
+    explain.textContent = r.explain;
+    explain.style.display = r.explain ? "" : "none";
+  }
 
   async function run() {
     try {
-      const reply = await request("query", { xpath: input.value });
-      count.textContent = input.value.trim() ? `${reply.count} match${reply.count === 1 ? "" : "es"}` : "";
+      await request("query", { xpath: input.value }); // the count comes with `_query_result`
     } catch (err) {
       // An invalid query's message is shown under the box already (`_query_error`, set before
       // the reply); any other failure (a timeout, a malformed request) goes to the status area.
@@ -58,7 +90,9 @@ export function createQueryBox({ model, request, onFailure, onDrop, debounceMs =
       error.style.display = msg ? "" : "none";
       input.classList.toggle("yax-invalid", !!msg);
       if (msg) count.textContent = "";
+      syncResult();
     },
+    syncResult,
     dispose() { clearTimeout(timer); },
   };
 }

@@ -3,7 +3,7 @@
 import { callRecord, equationRecord } from "./rows.js";
 
 /** Build the tree from call rows: `byId` (id -> node), `roots`, each node a row's record
- * (rows.js) with `children` and `depth`. */
+ * (rows.js) with `children`, `depth` and `path` (names from the top, "Model/Block_0/Dense_0"). */
 export function buildTree(rows) {
   const byId = new Map();
   const roots = [];
@@ -13,8 +13,10 @@ export function buildTree(rows) {
     const p = byId.get(node.parent);
     if (p) {
       node.depth = p.depth + 1;
+      node.path = `${p.path}/${node.name}`;
       p.children.push(node);
     } else {
+      node.path = node.name;
       roots.push(node);
     }
   }
@@ -44,19 +46,54 @@ export function ancestorsOf(ids, parentOf) {
   return out;
 }
 
-/** Nodes kept by a name filter: those whose name or type contain the
- * text (case-insensitive), and their ancestors. `null` when no filter. */
+/** Nodes kept by a name filter: those whose name, type or path contain the text
+ * (case-insensitive; "layer/3/attention" finds that call by its path), and their
+ * ancestors. `null` when no filter. */
 export function filterKeep(tree, text) {
   const t = (text || "").trim().toLowerCase();
   if (!t) return null;
   const keep = new Set();
   for (const node of tree.byId.values()) {
-    if (`${node.name} ${node.type}`.toLowerCase().includes(t)) {
+    if (`${node.name} ${node.type}`.toLowerCase().includes(t) || (node.path || "").toLowerCase().includes(t)) {
       keep.add(node.id);
       for (const a of ancestorsOf([node.id], (i) => tree.byId.get(i)?.parent)) keep.add(a);
     }
   }
   return keep;
+}
+
+/** The calls to keep for "only matches": the calls matched or running a matched equation
+ * (`owners`: `_match_owners`), and their ancestors. */
+export function matchKeep(tree, ids, owners) {
+  const calls = ids.map((id) => ownerOf(id, tree, owners)).filter((x) => x !== undefined && tree.byId.has(x));
+  const keep = new Set(calls);
+  for (const a of ancestorsOf(calls, (i) => tree.byId.get(i)?.parent)) keep.add(a);
+  return keep;
+}
+
+/** Both filters at once: nodes kept by each (`null`: that filter is off). */
+export function bothKept(a, b) {
+  if (!a) return b;
+  if (!b) return a;
+  return new Set([...a].filter((x) => b.has(x)));
+}
+
+/** Ids of every call with children or equations: "expand all". */
+export function allExpandable(tree) {
+  const out = new Set();
+  for (const node of tree.byId.values()) if (expandable(node)) out.add(node.id);
+  return out;
+}
+
+/** Index in `visible` of the next (`step` 1) or previous (-1) row in `set` after position
+ * `from` (-1: none yet), wrapping around; -1 when there is none. */
+export function nextIndex(visible, set, from, step) {
+  const n = visible.length;
+  for (let k = 1; k <= n; k++) {
+    const i = (((from < 0 && step < 0 ? 0 : from) + step * k) % n + n) % n;
+    if (set.has(visible[i].id)) return i;
+  }
+  return -1;
 }
 
 /** The flat list of visible nodes, in document order: children of expanded

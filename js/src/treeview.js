@@ -6,8 +6,8 @@ import { h } from "./dom.js";
 import { compact, divergenceColor, divergenceLevel, num } from "./format.js";
 import { fitsMenu } from "./panes/palette.js";
 import {
-  ancestorsOf, buildTree, equationNodes, expandable, expandedByPath, filterKeep, initialExpanded, ownerOf,
-  visibleRows,
+  allExpandable, ancestorsOf, bothKept, buildTree, equationNodes, expandable, expandedByPath, filterKeep,
+  initialExpanded, matchKeep, nextIndex, ownerOf, visibleRows,
 } from "./tree.js";
 
 export const ROW_H = 22;
@@ -62,7 +62,10 @@ export class TreeView {
     this.tree = buildTree([]);
     this.expanded = new Set();
     this.eqs = new Map();      // call id -> equation nodes
-    this.keep = null;          // the name filter's ids, or null
+    this.keep = null;          // the ids both filters keep, or null
+    this.filterText = "";      // the name/path filter
+    this.onlyMatches = false;  // keep only the query's matches (and their ancestors)
+    this.owners = {};          // `_match_owners`
     this.selected = null;      // selected row id
     this.fits = null;          // {id, fits, refused}: the menu at a row
     this.notice = null;        // {id, message}: a refusal's reason at a row
@@ -99,6 +102,11 @@ export class TreeView {
     const to = Math.min(visible.length, Math.ceil((el.scrollTop + el.clientHeight) / ROW_H) + OVERSCAN);
     const look = this.look();
     const out = [];
+    if (!visible.length && this.keep) {
+      out.push(h("div", { class: "yax-hint yax-empty" }, this.onlyMatches && !this.matchSet.size
+        ? "Nothing to show: the query matches no row (untick “only matches”)."
+        : `No row matches the filter “${this.filterText}” (it looks in names, types and paths).`));
+    }
     for (let i = from; i < to; i++) out.push(rowElement(visible[i], i, look));
     const at = this.fits ? this.indexOf(this.fits.id) : -1;
     if (at >= 0) {
@@ -159,12 +167,48 @@ export class TreeView {
     this.eqs = new Map();
     this.selected = null;
     this.fits = null;
-    this.keep = filterKeep(this.tree, filterText);
+    this.filterText = filterText;
+    this.updateKeep();
+  }
+
+  /** The rows both filters keep (the name/path filter, "only matches"). */
+  updateKeep() {
+    this.keep = bothKept(filterKeep(this.tree, this.filterText),
+      this.onlyMatches ? matchKeep(this.tree, [...this.matchSet], this.owners) : null);
   }
 
   setFilter(text) {
-    this.keep = filterKeep(this.tree, text);
+    this.filterText = text;
+    this.updateKeep();
     this.relayout();
+  }
+
+  setOnlyMatches(on) {
+    this.onlyMatches = on;
+    this.updateKeep();
+    this.relayout();
+  }
+
+  /** Expand every call (equations load when a call is opened by hand or matched). */
+  expandAll() {
+    this.expanded = allExpandable(this.tree);
+    this.relayout();
+  }
+
+  collapseAll() {
+    this.expanded = new Set();
+    this.relayout();
+  }
+
+  /** Select the next (`step` 1) or previous (-1) highlighted row and scroll to it; returns
+   * its position among the visible matches as `[k, n]` (1-based), or null when none is visible. */
+  stepMatch(step) {
+    const i = nextIndex(this.visible, this.matchSet, this.indexOf(this.selected), step);
+    if (i < 0) return null;
+    this.select(this.visible[i].id, false);
+    this.scrollTo(i);
+    const shown = this.visible.filter((n) => this.matchSet.has(n.id));
+    return [shown.indexOf(this.visible[i]) + 1, shown.length];
   }
 
   /** Highlight `ids` (`_matches`): expand their ancestors, load the equations of calls whose
@@ -173,6 +217,8 @@ export class TreeView {
     const version = ++this.matchVersion;
     const { byId } = this.tree;
     this.matchSet = new Set(ids);
+    this.owners = owners;
+    if (this.onlyMatches) this.updateKeep();
     const calls = ids.map((id) => ownerOf(id, this.tree, owners)).filter((x) => x !== undefined);
     for (const a of ancestorsOf(calls, (i) => byId.get(i)?.parent)) this.expanded.add(a);
     const withEqs = [...new Set(ids.filter((id) => !byId.has(id)).map((id) => owners[String(id)]))]

@@ -59,7 +59,7 @@ function initialState(layers = 2) {
     _palette: [{ name: "identity", kind: "function", doc: "x -> x" }, { name: "relu", kind: "function", doc: "" },
       { name: "LoRA r=4", kind: "module", doc: "" }],
     _history: { items: [], index: 0 }, _diff: { original: {}, current: {} }, _comparison: {},
-    _status: { busy: false, message: "" }, _notice: {},
+    _status: { busy: false, message: "" }, _notice: {}, _query_result: {},
   };
 }
 
@@ -76,6 +76,7 @@ const PYTHON = {
     model.set("_query_error", "");
     model.set("_match_owners", {});
     model.set("_matches", ids);
+    model.set("_query_result", msg.xpath.trim() ? { kind: "nodes", count: ids.length } : {});
     return { type: "ok", count: ids.length };
   },
   expand: (msg) => ({ type: "ok", rows: [
@@ -381,6 +382,106 @@ scenario("the graph button lays out the graph with Graphviz in the pane", async 
   await until(() => $(".yax-graph svg"), "the SVG", 20_000);
   assert.deepEqual(model.requests("graph"), [{ type: "graph", id: 3, depth: 1 }]);
   assert.equal($(".yax-graph svg").querySelectorAll("g.node").length, 3);
+});
+
+scenario("while a change compiles the compare pane says so; back at the original it says that", async (mount) => {
+  const { model, $ } = await mount();
+  const pane = () => $(".yax-compare");
+  assert.match(pane().textContent, /Drag a replacement/);
+  model.set("_status", { busy: true, message: "compiling and comparing…" });
+  assert.match(pane().textContent, /Compiling and comparing the modified model/);
+  model.set("_history", { items: ["replaced gelu with relu"], index: 1 });
+  model.set("_comparison", { allclose: true, first_divergence: null, seconds: 0.1, rtol: 1e-5, atol: 1e-6,
+    outputs: [{ name: "out", shape: [4], max_abs: 0, mean_abs: 0, rel: 0, cosine: 1, allclose: true,
+      hist: { counts: [0, 4, 0], lo: 0, hi: 0, n: 4, nonfinite: 0 },
+      heat: { label: "out", rows: 1, cols: 4, step: [1, 1], whole: true, original: floats32(4, () => 1),
+        modified: floats32(4, () => 1), diff: floats32(4, () => 0) } }], boundaries: {} });
+  model.set("_status", { busy: false, message: "compared in 0.10 s" });
+  assert.ok(!pane().classList.contains("yax-stale"));
+  assert.match(pane().querySelector(".yax-hist-fig").textContent, /every difference is 0, unchanged/);
+  assert.doesNotMatch(pane().textContent, /0\.500/); // no range was made up
+  assert.match($$heat(pane())[2], /\|difference\| \(max 0\)/);
+  // a second change: the previous comparison stays, marked stale, under "compiling"
+  model.set("_status", { busy: true, message: "compiling and comparing…" });
+  assert.ok(pane().classList.contains("yax-stale"));
+  assert.match(pane().firstChild.textContent, /Compiling and comparing/);
+  // undone to the original: no stale comparison, no stale "compared in"
+  model.set("_history", { items: ["replaced gelu with relu"], index: 0 });
+  model.set("_comparison", {});
+  model.set("_status", { busy: false, message: "" });
+  assert.match(pane().textContent, /Back at the original model/);
+  assert.equal($(".yax-status").textContent, "");
+});
+
+function $$heat(pane) { return [...pane.querySelectorAll(".yax-heat-fig figcaption")].map((e) => e.textContent); }
+
+scenario("the code pane follows the history once shown; Copy as code says whether it copied", async (mount) => {
+  let n = 0;
+  const { model, $ } = await mount({ handlers: { code: () => ({ type: "ok", code: n ? `# change ${n}` : "# no changes" }) } });
+  click($(".yax-copy"));
+  await until(() => $(".yax-code"), "the code");
+  assert.match($(".yax-copied").textContent, /Copied to the clipboard|clipboard is not available/);
+  n = 1;
+  model.set("_history", { items: ["a"], index: 1 });
+  await until(() => $(".yax-code").textContent === "# change 1", "the code after a change");
+  n = 0;
+  model.set("_history", { items: ["a"], index: 0 }); // undone: the pane no longer shows the undone call
+  await until(() => $(".yax-code").textContent === "# no changes", "the code after undo");
+});
+
+scenario("the count follows `_query_result`: a value, strings, an empty result with its explanation", async (mount) => {
+  const { model, $ } = await mount();
+  model.set("_query_result", { kind: "value", value: 51 });
+  assert.equal($(".yax-count").textContent, "= 51");
+  model.set("_query_result", { kind: "values", count: 3, values: ["a", "b", "c"] });
+  assert.match($(".yax-count").textContent, /3 values/);
+  model.set("_query_result", { kind: "nodes", count: 0, explain: "0  //x   <- stops matching here" });
+  assert.equal($(".yax-count").textContent, "0 matches");
+  assert.match($(".yax-query-explain").textContent, /stops matching here/);
+  assert.notEqual($(".yax-query-explain").style.display, "none");
+  model.set("_query_result", { kind: "nodes", count: 16 });
+  assert.equal($(".yax-query-explain").style.display, "none");
+  model.set("_matches", []); // the matches were all replaced: Python says 0 and the box follows
+  model.set("_query_result", { kind: "nodes", count: 0 });
+  assert.equal($(".yax-count").textContent, "0 matches");
+});
+
+scenario("next/previous match, only matches, expand and collapse all, filter by path", async (mount) => {
+  const { model, $, $$, names } = await mount({ layers: 3 });
+  model.set("_matches", [3, 8, 13]);
+  await frame(); await frame();
+  click($(".yax-next-match"));
+  await frame();
+  assert.equal($(".yax-row.yax-selected").dataset.id, "3");
+  assert.equal($(".yax-match-at").textContent, "1 of 3");
+  click($(".yax-next-match"));
+  await frame();
+  assert.equal($(".yax-row.yax-selected").dataset.id, "8");
+  click($(".yax-prev-match")); click($(".yax-prev-match"));
+  await frame();
+  assert.equal($(".yax-row.yax-selected").dataset.id, "13"); // wrapped around
+  const only = $(".yax-only-matches");
+  only.checked = true;
+  only.dispatchEvent(new window.Event("change"));
+  await frame();
+  assert.deepEqual(names(), ["Transformer", "Block_0", "Dense_0", "Block_1", "Dense_0", "Block_2", "Dense_0"]);
+  only.checked = false;
+  only.dispatchEvent(new window.Event("change"));
+  click($(".yax-collapse-all"));
+  await frame();
+  assert.deepEqual(names(), ["Transformer"]);
+  click($(".yax-expand-all"));
+  await frame();
+  assert.equal($$(".yax-row").length, 16);
+  const search = $(".yax-search input");
+  search.value = "Block_1/gelu";
+  search.dispatchEvent(new window.Event("input"));
+  await frame();
+  assert.deepEqual(names(), ["Transformer", "Block_1", "gelu"]);
+  search.value = "layer/3/attention";
+  search.dispatchEvent(new window.Event("input"));
+  await frame();
+  assert.match($(".yax-empty").textContent, /No row matches the filter “layer\/3\/attention”/);
 });
 
 scenario("the cleanup it returns stops listening to the model", async (mount) => {

@@ -1,11 +1,20 @@
-// The code pane: the `yax.sub` calls reproducing the current model, also put on the clipboard.
+// The code pane: the script reproducing the current model; "Copy as code" also puts it on the
+// clipboard and says whether that worked.
 import { h } from "../dom.js";
 
-export async function showCode(pane, code) {
-  pane.replaceChildren(h("pre", { class: "yax-code" }, code));
+/** Show `code` in `pane`; with `copy`, put it on the clipboard and confirm (or say why not). */
+export async function showCode(pane, code, { copy = false } = {}) {
+  const note = h("div", { class: "yax-hint yax-copied" });
+  pane.replaceChildren(note, h("pre", { class: "yax-code" }, code));
+  if (!copy) {
+    note.textContent = "The script reproducing the current model (Copy as code puts it on the clipboard).";
+    return;
+  }
   try {
-    await navigator.clipboard?.writeText(code);
+    if (!navigator.clipboard) throw new Error("no clipboard in this page");
+    await navigator.clipboard.writeText(code);
+    note.textContent = "✓ Copied to the clipboard: paste it into a cell.";
   } catch {
-    // the clipboard needs permission; the code is shown either way
+    note.textContent = "The clipboard is not available here (it needs permission): select the code below and copy it.";
   }
 }

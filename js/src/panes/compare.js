@@ -1,7 +1,7 @@
 // The compare pane: the verdict, per-output statistics, the histogram of the differences and
 // the heatmaps of original, modified and |difference| (from `_comparison`, docs/widget.md).
 import { h } from "../dom.js";
-import { bounds, extent, floats, histogramBars, num, ramp } from "../format.js";
+import { bounds, diffCaption, extent, floats, heatPart, histCaption, histogramBars, num, ramp } from "../format.js";
 
 const HIST_W = 280;
 const HIST_H = 80;
@@ -24,22 +24,27 @@ function histCanvas(hist, color) {
   const canvas = h("canvas", { class: "yax-hist", width: HIST_W, height: HIST_H });
   const ctx = canvas.getContext("2d");
   ctx.fillStyle = color;
-  for (const b of histogramBars(hist.counts, HIST_W, HIST_H)) ctx.fillRect(b.x, b.y, b.w, b.h);
-  return h("figure", { class: "yax-hist-fig" }, canvas,
-    h("figcaption", {}, `modified − original, from ${num(hist.lo)} to ${num(hist.hi)}`));
+  // one value everywhere has no range to spread over: a single bar in the middle, and the caption says so
+  const counts = hist.lo === hist.hi ? [0, hist.counts.reduce((a, b) => a + b, 0), 0] : hist.counts;
+  for (const b of histogramBars(counts, HIST_W, HIST_H)) ctx.fillRect(b.x, b.y, b.w, b.h);
+  return h("figure", { class: "yax-hist-fig" }, canvas, h("figcaption", {}, histCaption(hist)));
 }
 
-function heatmaps(heat) {
+function heatmaps(heat, outputMax) {
   const a = floats(heat.original);
   const b = floats(heat.modified);
   const d = floats(heat.diff);
   const [lo, hi] = extent([...extent(a), ...extent(b)]);
   const [dlo, dhi] = extent(d);
   const dmax = (bounds(d) || [])[1]; // the caption says the real maximum, not the widened one
-  return h("div", { class: "yax-heats" },
-    heatCanvas(a, heat.rows, heat.cols, lo, hi, `original ${heat.label}`),
-    heatCanvas(b, heat.rows, heat.cols, lo, hi, "modified"),
-    heatCanvas(d, heat.rows, heat.cols, Math.min(0, dlo), dhi, `|difference| (max ${num(dmax)})`));
+  const whole = heat.whole ?? true;
+  return h("div", {},
+    h("div", { class: "yax-hint yax-heat-part" }, `heatmaps of ${heatPart({ ...heat, whole })}`),
+    h("div", { class: "yax-heats" },
+      heatCanvas(a, heat.rows, heat.cols, lo, hi, "original"),
+      heatCanvas(b, heat.rows, heat.cols, lo, hi, "modified"),
+      heatCanvas(d, heat.rows, heat.cols, Math.min(0, dlo), dhi === dlo ? dlo + 1 : dhi,
+        diffCaption(dmax, outputMax, whole))));
 }
 
 function statsTable(outputs) {
@@ -49,20 +54,35 @@ function statsTable(outputs) {
       h("td", {}, num(o.rel)), h("td", {}, num(o.cosine)), h("td", {}, o.allclose ? "✓" : "✗"))));
 }
 
-/** Fill `pane` from a `_comparison` value; `color` draws the histogram's bars. */
-export function renderCompare(pane, c, { color = "#1976d2" } = {}) {
+const HINT = "Drag a replacement onto a layer (or the query box) to compare the modified model with the original.";
+
+/** What the pane says when there is no comparison to show: `busy`: a change is being
+ * compiled and compared; `undone`: changes exist but the model is back at the original. */
+function emptyHint(c, { busy, undone }) {
+  if (busy) return "Compiling and comparing the modified model…";
+  if (c.message) return c.message;
+  if (undone) return "Back at the original model: nothing to compare. Redo, or drag a replacement onto a layer.";
+  return HINT;
+}
+
+/** Fill `pane` from a `_comparison` value; `color` draws the histogram's bars; `busy`: a
+ * newer change is being compared (what is shown is the previous one); `undone`: see above. */
+export function renderCompare(pane, c, { color = "#1976d2", busy = false, undone = false } = {}) {
+  pane.classList.toggle("yax-stale", !!(busy && c.outputs));
   if (!c.outputs) {
-    pane.replaceChildren(h("div", { class: "yax-hint" },
-      c.message || "Drag a replacement onto a layer to compare the modified model with the original."));
+    pane.replaceChildren(h("div", { class: `yax-hint${busy ? " yax-comparing" : ""}` }, emptyHint(c, { busy, undone })));
     return;
   }
   const verdict = h("div", { class: `yax-verdict ${c.allclose ? "yax-ok" : "yax-differs"}` },
     c.allclose ? "✓ outputs allclose to the original" : "✗ outputs differ from the original",
     c.first_divergence ? h("div", {}, "first divergence: ", h("code", {}, c.first_divergence)) : null,
-    h("div", { class: "yax-hint" }, `compiled and compared in ${c.seconds} s`));
+    h("div", { class: "yax-hint" }, `compiled and compared in ${c.seconds} s`
+      + (c.rtol !== undefined ? ` · allclose: |Δ| ≤ ${num(c.atol)} + ${num(c.rtol)}·|original|` : "")));
   const plots = c.outputs.map((o) => h("div", { class: "yax-output" },
     h("div", { class: "yax-section-title" }, `${o.name} [${o.shape.join(", ")}]`),
     histCanvas(o.hist, color),
-    o.heat ? heatmaps(o.heat) : null));
-  pane.replaceChildren(verdict, statsTable(c.outputs), ...plots);
+    o.heat ? heatmaps(o.heat, o.max_abs) : null));
+  const comparing = busy ? h("div", { class: "yax-hint yax-comparing" },
+    "Compiling and comparing the modified model… (below: the previous comparison)") : null;
+  pane.replaceChildren(...[comparing, verdict, statsTable(c.outputs), ...plots].filter(Boolean));
 }
