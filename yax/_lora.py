@@ -157,7 +157,7 @@ def merge_lora(mox: Mox, params: Any) -> tuple[Mox, Any]:
         keys = layout._keys("params", n.scope)
         p = _get(merged, keys)
         layer = n.attrs["base"](parent=None)
-        n_stack = p["lora_a"].ndim - 2  # layers stacked by `nn.scan` lead each leaf
+        n_stack = p["lora_a"].ndim - 2  # layers (`nn.scan`) and instances (`nn.vmap`) lead each leaf
         in_axes = _kernel_axes(layer, p["kernel"].ndim - n_stack)
         delta = functools.partial(_delta, in_axes=in_axes, scale=n.attrs["alpha"] / n.attrs["rank"])
         for _ in range(n_stack):

@@ -51,6 +51,8 @@ class CallInfo:
     info: ModuleInfo = ModuleInfo()
     sig: Signature = Signature()
     module: Any = dataclasses.field(default=None, repr=False)  # the module object, while it runs
+    #: shapes of the traced inputs and outputs as the call saw them (one instance's inside `nn.vmap`)
+    seen: tuple | None = None
 
 
 class Recorder:
@@ -102,6 +104,7 @@ def marked_call(call: CallInfo, fn: Callable, args: tuple, kwargs: dict,
     cid = next(rec._ids)
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_leaf)
     ins, _ = Packing.from_leaves(treedef, leaves, is_traced)
+    seen_in = tuple(tuple(np.shape(leaves[i])) for i in ins.dyn)
     _mark(f"yax_in_{cid}", leaves, ins.dyn)
     args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
     rec.calls[cid] = call
@@ -113,6 +116,7 @@ def marked_call(call: CallInfo, fn: Callable, args: tuple, kwargs: dict,
     leaves, treedef = jax.tree_util.tree_flatten(out, is_leaf=is_leaf)
     outs, _ = Packing.from_leaves(treedef, leaves, is_traced)
     call.sig = Signature(ins, outs)
+    call.seen = (seen_in, tuple(tuple(np.shape(leaves[i])) for i in outs.dyn))
     _mark(f"yax_out_{cid}", leaves, outs.dyn)
     return jax.tree_util.tree_unflatten(treedef, leaves)
 

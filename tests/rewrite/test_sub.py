@@ -1,6 +1,8 @@
 """yax.sub on linen models and functions, and the recipes users come for, each
 checked against the real thing (a hand-modified model, apply); refusals change nothing."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,7 @@ from helpers import DENSE_MLP, traced
 from models import CNN, KEY, Shared, Transformer
 
 import yax
+import yax.internal
 
 pytestmark = pytest.mark.core
 
@@ -266,28 +269,126 @@ def test_variables_inside_scan_bodies_are_stacked_per_layer():
 class Ensemble(nn.Module):
     """Three Dense heads stacked by `nn.vmap` (`variable_axes`), averaged."""
 
+    in_axes: int | None = None
+    variable_axis: int = 0
+    lora: bool = False  # the adapted model written by hand: `nn.vmap` of the adapter
+
     @nn.compact
     def __call__(self, x):
-        heads = nn.vmap(nn.Dense, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=None,
-                        out_axes=0, axis_size=3)(8, name="heads")
+        cls, kw = (nn.Dense, {"features": 8})
+        if self.lora:
+            cls, kw = yax.LoRA, {"rank": 2, "base": functools.partial(nn.Dense, 8)}
+        heads = nn.vmap(cls, variable_axes={"params": self.variable_axis}, split_rngs={"params": True},
+                        in_axes=self.in_axes, out_axes=0, axis_size=3)(**kw, name="heads")
         return nn.Dense(2)(heads(x).mean(0))
 
 
-def test_modules_mapped_by_nn_vmap():
-    """`nn.vmap` over stacked variables: the heads evaluate and swap for
-    functions, and a per-instance module replacement is refused, saying why."""
+@pytest.mark.parametrize("in_axes, shape", [(None, (4, 5)), (0, (3, 4, 5))])
+def test_lora_on_modules_mapped_by_nn_vmap(in_axes, shape):
+    """LoRA on heads stacked by `nn.vmap`: new leaves stacked per head and
+    initialised with split keys, the heads' own leaves untouched; it starts
+    equal, computes what `nn.vmap` of the adapter computes (each head with its
+    own update), trains under jit/grad and merges back per head."""
+    x = jnp.linspace(-1, 1, np.prod(shape)).reshape(shape)
+    m = Ensemble(in_axes=in_axes)
+    params = m.init(KEY, x)
+    mox = yax.make_mox(m.apply)(params, x)
+    np.testing.assert_allclose(yax.eval_mox(mox, params, x), m.apply(params, x), rtol=1e-6)
+    assert yax.internal.misfit(yax.LoRA(rank=2), yax.query('//module_call[@name="heads"]', mox)[0], mox, params=params) is None
+    new, lp = yax.sub('//module_call[@name="heads"]', yax.LoRA(rank=2), mox, params=params, key=KEY)
+    heads = lp["params"]["heads"]
+    assert {k: v.shape for k, v in heads.items()} == {"kernel": (3, 5, 8), "bias": (3, 8), "lora_a": (3, 5, 2),
+                                                      "lora_b": (3, 2, 8)}
+    assert heads["kernel"] is params["params"]["heads"]["kernel"] and heads["bias"] is params["params"]["heads"]["bias"]
+    assert not np.allclose(heads["lora_a"][0], heads["lora_a"][1]) and not np.any(heads["lora_b"])  # split keys
+    np.testing.assert_array_equal(yax.eval_mox(new, lp, x), m.apply(params, x))  # starts exactly equal
+    # a trained adapter: what `nn.vmap` of the adapter computes, each head changed by its own update
+    b = jax.random.normal(jax.random.key(1), (3, 2, 8))
+    trained = {"params": {**lp["params"], "heads": {**heads, "lora_b": b}}}
+    hand = Ensemble(in_axes=in_axes, lora=True)
+    out = yax.eval_mox(new, trained, x)
+    np.testing.assert_allclose(out, hand.apply(trained, x), rtol=1e-5, atol=1e-6)
+    kernels = heads["kernel"] + jnp.einsum("hir,hro->hio", heads["lora_a"], b) * 2.0  # alpha / rank = 4 / 2
+    each = [(x if in_axes is None else x[h]) @ kernels[h] + heads["bias"][h] for h in range(3)]
+    np.testing.assert_allclose(out, nn.Dense(2).apply({"params": params["params"]["Dense_0"]},
+                                                      jnp.stack(each).mean(0)), rtol=1e-5, atol=1e-6)
+    # jit and grad: each head's adapter gets its own gradient
+    loss = lambda p: jnp.sum(yax.eval_mox(new, p, x) ** 2)  # noqa: E731
+    np.testing.assert_allclose(jax.jit(loss)(trained), jnp.sum(out ** 2), rtol=1e-5)
+    g = jax.grad(loss)(trained)["params"]["heads"]["lora_b"]
+    assert g.shape == (3, 2, 8) and all(np.any(g[h]) for h in range(3))
+    # merged back per head: the original model with merged kernels
+    merged, mp = yax.merge_lora(new, trained)
+    assert not yax.query('//module_call[@type="LoRA"]', merged)
+    assert jax.tree_util.tree_structure(mp) == jax.tree_util.tree_structure(params)
+    np.testing.assert_allclose(mp["params"]["heads"]["kernel"], kernels, rtol=1e-6)
+    np.testing.assert_allclose(yax.eval_mox(merged, mp, x), out, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(m.apply(mp, x), out, rtol=1e-5, atol=1e-6)
+
+
+class _Block(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.relu(nn.Dense(8)(x))
+
+
+class _ScannedHeads(nn.Module):
+    """Two scanned layers, each three `nn.vmap`-stacked blocks holding a Dense."""
+
+    @nn.compact
+    def __call__(self, x):
+        def layer(mdl, h, _):
+            heads = nn.vmap(_Block, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=None,
+                            out_axes=0, axis_size=3)(name="heads")
+            return heads(h).mean(0)[..., :5], None
+
+        x, _ = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True}, length=2)(self, x, None)
+        return x
+
+
+def test_lora_inside_nn_vmap_inside_nn_scan():
+    """A Dense inside blocks stacked by `nn.vmap`, inside `nn.scan` layers:
+    new leaves stacked per layer, then per block; starts equal; merges back."""
+    x = jnp.linspace(-1, 1, 20).reshape(4, 5)
+    m = _ScannedHeads()
+    params = m.init(KEY, x)
+    mox = yax.make_mox(m.apply)(params, x)
+    new, lp = yax.sub('//module_call[@type="Dense"]', yax.LoRA(rank=2), mox, params=params, key=KEY)
+    (dense,) = jax.tree_util.tree_leaves(lp, is_leaf=lambda d: isinstance(d, dict) and "lora_a" in d)[:1]
+    assert dense["lora_a"].shape == (2, 3, 5, 2) and dense["kernel"].shape == (2, 3, 5, 8)
+    np.testing.assert_array_equal(yax.eval_mox(new, lp, x), m.apply(params, x))
+    trained = jax.tree_util.tree_map_with_path(
+        lambda kp, v: v + 0.1 if "lora_b" in jax.tree_util.keystr(kp) else v, lp)
+    out = yax.eval_mox(new, trained, x)
+    assert not np.allclose(out, m.apply(params, x))
+    merged, mp = yax.merge_lora(new, trained)
+    np.testing.assert_allclose(m.apply(mp, x), out, rtol=1e-5, atol=1e-6)
+
+
+def test_modules_mapped_by_nn_vmap_functions_and_refusals():
+    """A function replaces the whole mapped call (it sees the mapped axis);
+    what yax cannot map like the original (variables stacked along another
+    axis) is refused by `sub` and `misfit` alike, changing nothing."""
     x = jnp.linspace(-1, 1, 20).reshape(4, 5)
     m = Ensemble()
     params = m.init(KEY, x)
     mox = yax.make_mox(m.apply)(params, x)
-    np.testing.assert_allclose(yax.eval_mox(mox, params, x), m.apply(params, x), rtol=1e-6)
-    before = str(mox), jax.tree_util.tree_map(np.asarray, params)
-    with pytest.raises(yax.YaxRewriteError, match=r"f32\[3,4,8\]. The node's output has one axis more: .*`nn.vmap`"):
-        yax.sub('//module_call[@name="heads"]', yax.LoRA(rank=2), mox, params=params, key=KEY)
-    assert str(mox) == before[0] and leaves_equal(params, before[1])
     zeroed = yax.sub('//module_call[@name="heads"]', lambda h: jnp.zeros((3, 4, 8)), mox)
     np.testing.assert_allclose(yax.eval_mox(zeroed, params, x), nn.Dense(2).apply(
         {"params": params["params"]["Dense_0"]}, jnp.zeros((4, 8))), rtol=1e-6)
+    with pytest.raises(yax.YaxRewriteError, match=r"f32\[3,4,8\]. The node's output has one axis more: .*`jax.vmap`"):
+        yax.sub('//module_call[@name="heads"]', lambda h: jnp.zeros((4, 8)), mox)
+
+    m = Ensemble(variable_axis=1)
+    params = m.init(KEY, x)
+    assert params["params"]["heads"]["kernel"].shape == (5, 3, 8)
+    mox = yax.make_mox(m.apply)(params, x)
+    before = str(mox), jax.tree_util.tree_map(np.asarray, params)
+    node = yax.query('//module_call[@name="heads"]', mox)[0]
+    with pytest.raises(yax.YaxRewriteError, match=r"inside `nn.vmap`, with variables stacked along axis 1"):
+        yax.sub(node, yax.LoRA(rank=2), mox, params=params, key=KEY)
+    assert "stacked along axis 1" in yax.internal.misfit(yax.LoRA(rank=2), node, mox, params=params)
+    assert str(mox) == before[0] and leaves_equal(params, before[1])
 
 
 def test_nodes_from_another_mox_are_refused():

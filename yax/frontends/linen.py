@@ -102,6 +102,7 @@ def _interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: Any) ->
         type=type(module), method=method, attrs=_fields(module), defaults=frontend.defaults(type(module)),
         num_params=_count(variables.get("params", {})), var_tree=_abstract(dict(variables)),
         scope=tuple(module.path) if module.scope is not None else None, frontend=frontend.name,
+        seen=call.seen,
     )
     return out
 
@@ -216,6 +217,12 @@ def _empty_dict(args: Any) -> tuple[tuple, Any]:
     )
 
 
+def _holds_leaf(v: Any, shape: tuple[int, ...]) -> bool:
+    """Whether ``v`` is the var of a leaf of ``shape``, maybe stacked along
+    leading axes (layers of ``nn.scan``, instances of ``nn.vmap``)."""
+    return isinstance(v, Var) and v.shape[len(v.shape) - len(shape):] == tuple(shape)
+
+
 def _layout(d: Any, nodes: list[Mox]) -> bool | None:
     """Whether the dict ``d`` (of vars) is the bare ``params`` collection
     (``True``), the variables dict of ``apply`` (``False``), or neither
@@ -227,10 +234,10 @@ def _layout(d: Any, nodes: list[Mox]) -> bool | None:
                 continue
             rest = [k.key for k in leaf[0]]
             v = _get(d, (coll, *n.scope, *rest))
-            if isinstance(v, Var) and v.shape == leaf[1].shape:
+            if _holds_leaf(v, leaf[1].shape):
                 return False
             v = _get(d, (*n.scope, *rest)) if coll == "params" else None
-            if isinstance(v, Var) and v.shape == leaf[1].shape:
+            if _holds_leaf(v, leaf[1].shape):
                 return True
     return None
 
@@ -330,6 +337,25 @@ class DictVariables:
             return (*scope, *rest) if coll == "params" else None
         return (coll, *scope, *rest)
 
+    def held(self, node: Any) -> dict[str, Any] | None:
+        """The shapes of the module call ``node``'s variables as the model
+        holds them (``{collection: tree}``, stacked by ``nn.scan``/``nn.vmap``),
+        or ``None`` where yax cannot find them."""
+        self._search()
+        if not isinstance(node, Mox) or node.scope is None or not node.var_tree:
+            return None
+        out = {}
+        for coll, tree in node.var_tree.items():
+            keys = self._keys(coll, node.scope)
+            at = _get(self.vars, keys) if keys is not None else None
+            if not isinstance(at, Mapping):
+                return None
+            try:
+                out[coll] = jax.tree_util.tree_map(lambda _, v: jax.ShapeDtypeStruct(v.shape, v.dtype), tree, dict(at))
+            except (ValueError, TypeError):  # the model holds other leaves there
+                return None
+        return out
+
     def place(self, sites: list[Any], key: Any, keep: Any = None) -> dict[int, dict[Var, Var]]:
         """Decide, per replaced module scope, which var each variable of the
         replacements is (kept leaves reuse the old var), initialise new leaves
@@ -370,9 +396,10 @@ class DictVariables:
             self._keep(sc, scope, flat, is_module)
             self._check_placeable(sc, flat)
         tvars = t.root.invars[: t.n_vars]
-        for tv, (kp, _) in zip(tvars, flat):
+        for tv, (kp, a) in zip(tvars, flat):
             # inside nested computations a new variable is a root input of its own, stacked per scan
-            new = Var((*sc.stack, *tv.shape), tv.dtype, tv.weak_type) if site.chain else tv
+            # (`a` is one instance's: ``nn.vmap``'s axis is in ``tv`` and in ``sc.stack``)
+            new = Var((*sc.stack, *a.shape), tv.dtype, tv.weak_type) if site.chain else tv
             sc.canon.setdefault(_keystr(kp), new)
         return {tv: sc.canon[_keystr(kp)] for tv, (kp, _) in zip(tvars, flat)
                 if sc.canon[_keystr(kp)] is not tv or site.chain}
@@ -477,7 +504,8 @@ class DictVariables:
                     "(a `jax.random.key`) to initialise them."
                 )
             needed = tuple(j for j, (kp, _) in enumerate(flat) if _keystr(kp) not in sc.kept)
-            xs = [jnp.zeros(a.shape, a.dtype) for a in sc.node.inputs]
+            how = sc.traced.mapped  # inside `nn.vmap`: one instance's inputs
+            xs = [jnp.zeros(a.shape, a.dtype) for a in (how.instance(sc.node.inputs) if how else sc.node.inputs)]
             init = _init(sc.traced.module, needed, sc.traced.call, sc.traced.key)
             for j, x in zip(needed, _stacked(init, sc.stack, jax.random.fold_in(key, i), xs)):
                 fresh[j] = x
@@ -558,15 +586,31 @@ class LinenFrontend(Frontend):
         }
         return module.clone(**fill) if fill else module
 
-    def trace_replacement(self, module: Any, avals: list, call: Callable) -> tuple[Mox, Any, int]:
+    def trace_replacement(self, module: Any, avals: list, call: Callable, mapped: Any = None) -> tuple[Mox, Any, int]:
+        """``module`` traced on ``avals``; with ``mapped`` (the replaced call runs
+        inside ``nn.vmap``, `yax.rewrite.replacement.Mapped`) under ``jax.vmap``
+        the same way: on one instance's inputs, its variables stacked (or
+        broadcast) as the original's. The variables returned are one instance's."""
         from .._trace import make_mox
 
         def apply(v: Any, *xs: Any) -> Any:
             a, k = call(xs)
             return module.apply(v, *a, **k)
 
-        var_avals = jax.eval_shape(lambda *xs: _initialised(module, call, jax.random.key(0), xs), *avals)
-        return make_mox(apply)(var_avals, *avals), var_avals, 0
+        one = avals if mapped is None else mapped.instance(avals)
+        var_avals = jax.eval_shape(lambda *xs: _initialised(module, call, jax.random.key(0), xs), *one)
+        if mapped is None:
+            return make_mox(apply)(var_avals, *avals), var_avals, 0
+        stacked = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(mapped.stacked(a.shape), a.dtype), var_avals)
+        leaves = lambda v, *xs: jax.tree_util.tree_leaves(apply(v, *xs))  # noqa: E731
+        each = jax.vmap(leaves, in_axes=(mapped.var_axis, *mapped.in_axes), out_axes=list(mapped.out_axes),
+                        axis_size=mapped.size)
+
+        def vmapped(v: Any, *xs: Any) -> Any:
+            return each(v, *xs)
+
+        vmapped.__name__ = vmapped.__qualname__ = type(module).__name__
+        return make_mox(vmapped)(stacked, *avals), var_avals, 0
 
     def variables(self, mox: Mox, params: Any) -> Any:
         if params is not None and not isinstance(params, Mapping):

@@ -8,6 +8,7 @@ run the same checks, so they never disagree about what fits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -70,6 +71,22 @@ def _check_key(key: Any) -> None:
     )
 
 
+def _held(mox: Mox, layout: Any) -> Callable[[Any], Any]:
+    """``held(node)``: the shapes of a module's variables as the model holds them
+    (``{collection: tree}``, or ``None``), asked of the variables layout (made
+    without parameters when none is given, on first use): how `nn.vmap` stacks
+    a module's variables is read from them."""
+    box = [layout]
+
+    def held(node: Any) -> Any:
+        if box[0] is None:
+            box[0] = frontends.variables(mox, None)
+        ask = getattr(box[0], "held", None)
+        return ask(node) if ask is not None else None
+
+    return held
+
+
 def _built(mox: Mox, sites: list[Site], var_maps: dict[int, dict], dropped: set) -> Mox:
     """The tree with every site's replacement spliced in; variables read inside
     nested computations passed down to them, dropped ones no longer passed."""
@@ -96,14 +113,16 @@ def misfit(repl: Any, node: Any, mox: Mox, *, cast: bool = False, cache: dict | 
     try:
         r = _decided(repl, node) if is_decider(repl) else repl
         if r is not node:
-            site = checked(node, r, cast, nested.get(id(node), ()), {} if cache is None else cache)
+            layout = None
             if params is not None:
                 abstract = jax.tree_util.tree_map(
                     lambda x: jax.ShapeDtypeStruct(np.shape(x), getattr(x, "dtype", None) or np.asarray(x).dtype),
                     params)
                 layout = frontends.variables(mox, abstract)
-                if layout is not None:
-                    layout.place([site], None)
+            site = checked(node, r, cast, nested.get(id(node), ()), {} if cache is None else cache,
+                           _held(mox, layout))
+            if layout is not None:
+                layout.place([site], None)
     except YaxRewriteError as e:
         return str(e)
     return None
@@ -171,14 +190,15 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
     if not plan:  # nothing to replace (`must_match=False`, or a decider kept every match)
         return mox if params is None else (mox, params)
     # Trace and check every replacement before building anything.
-    cache: dict = {}
-    sites: list[Site] = [checked(node, r, cast, nested.get(id(node), ()), cache) for node, r in plan]
     layout = frontends.variables(mox, params)
     if layout is None:
         raise YaxRewriteError(
             f"`params` is a `{type(params).__name__}`, which no module system of this MoX holds its variables "
             "in. Pass the variables the MoX was traced with (the first argument of `model.apply`, or an nnx state)."
         )
+    cache: dict = {}
+    held = _held(mox, layout)
+    sites: list[Site] = [checked(node, r, cast, nested.get(id(node), ()), cache, held) for node, r in plan]
     new = _built(mox, sites, layout.place(sites, key, keep), getattr(layout, "dropped", set)())
     result = layout.finish(new, sites)
     root = result[0] if isinstance(result, tuple) else result

@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import inspect
 import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -39,6 +40,7 @@ class Traced:
     frontend: str | None = None   # the module's frontend
     call: Any = None              # xs -> (args, kwargs): how the replacement is called on the node's inputs
     key: Any = None               # equal for replacements that compute and initialise the same (`fingerprint`)
+    mapped: Mapped | None = None  # how the replacement was mapped like the node's module (`nn.vmap`)
 
     @property
     def outvars(self) -> tuple:
@@ -60,7 +62,102 @@ class Site:
     traced: Traced
     casts: tuple = ((), {})
     chain: tuple = ()            # (equation, parameter) pairs from the root down to the node
-    stack: tuple[int, ...] = ()  # the leading axes its variables have at the root (one per scan)
+    stack: tuple[int, ...] = ()  # the leading axes its variables have at the root (one per scan, then nn.vmap's)
+
+
+@dataclasses.dataclass(frozen=True)
+class Mapped:
+    """How a module call runs inside ``nn.vmap``: the axis each of the node's
+    inputs and outputs carries (``None``: not mapped), how many instances,
+    and the axis its variables are stacked along at the node's level
+    (``None``: broadcast, one set shared by all instances). A replacement
+    module is traced under ``jax.vmap`` the same way, on one instance's inputs."""
+
+    size: int
+    in_axes: tuple[int | None, ...]
+    out_axes: tuple[int | None, ...]
+    var_axis: int | None
+
+    def instance(self, avals: Sequence[Any]) -> list[jax.ShapeDtypeStruct]:
+        """One instance's avals of the node's inputs."""
+        return [jax.ShapeDtypeStruct(a.shape if k is None else a.shape[:k] + a.shape[k + 1:], a.dtype)
+                for a, k in zip(avals, self.in_axes)]
+
+    def stacked(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """A variable's shape at the node's level, from one instance's."""
+        k = self.var_axis
+        return tuple(shape) if k is None else (*shape[:k], self.size, *shape[k:])
+
+
+def _inserted(small: tuple[int, ...], big: tuple[int, ...]) -> list[int]:
+    """The axes ``k`` with ``big == small[:k] + (n,) + small[k:]``."""
+    if len(big) != len(small) + 1:
+        return []
+    return [k for k in range(len(big)) if big[:k] + big[k + 1:] == small]
+
+
+def _unmappable(node: Node, why: str) -> YaxRewriteError:
+    return YaxRewriteError(
+        f"{errors.where(node).capitalize()} runs inside `nn.vmap`, {why}. yax maps a replacement module like "
+        "the original over one axis, with variables stacked along axis 0 (`variable_axes={'params': 0}`) or "
+        "broadcast. Replace the module that calls the `nn.vmap`, or use a function of the node's inputs."
+    )
+
+
+def mapped(node: Node, chain: tuple, held: Callable | None) -> Mapped | None:
+    """How the module call ``node`` is mapped by ``nn.vmap``, told by the
+    shapes its module saw (``info.seen``) against the node's, and by its
+    variables as the model holds them (``held(node)``: ``{collection: tree of
+    shapes}`` at the root, scans' layer axes first); ``None`` when it is not
+    mapped. Refuses what yax cannot map the same way."""
+    seen = getattr(getattr(node, "info", None), "seen", None)
+    if not isinstance(node, Mox) or seen is None:
+        return None
+    ins, outs = seen
+    atoms = (*node.inputs, *node.outputs)
+    if len(ins) != len(node.inputs) or len(outs) != len(node.outputs):
+        return None
+    pairs = [(tuple(s), tuple(a.shape)) for s, a in zip((*ins, *outs), atoms)]
+    if all(s == b for s, b in pairs):
+        return None
+    axes: list[int | None] = []
+    for s, b in pairs:
+        ks = _inserted(s, b)
+        if s != b and not ks:
+            raise _unmappable(node, f"seeing {type_str(jax.ShapeDtypeStruct(s, atoms[len(axes)].dtype))} where "
+                                    f"the call has {type_str(atoms[len(axes)])} (more than one mapped axis)")
+        axes.append(None if s == b else ks[0])  # ambiguous (equal neighbouring sizes): flax's default, the first
+    sizes = {b[k] for (_, b), k in zip(pairs, axes) if k is not None}
+    if len(sizes) != 1:
+        raise _unmappable(node, f"with mapped axes of sizes {sorted(sizes)}")
+    size = sizes.pop()
+    var_axis = _var_axis(node, chain, held, size) if node.var_tree else None
+    n = len(node.inputs)
+    return Mapped(size, tuple(axes[:n]), tuple(axes[n:]), var_axis)
+
+
+def _var_axis(node: Mox, chain: tuple, held: Callable | None, size: int) -> int | None:
+    """The axis the node's variables are stacked along at its level (``None``: broadcast)."""
+    root = held(node) if held is not None else None
+    if root is None:
+        raise _unmappable(node, "and yax cannot find its variables among the model's to tell how they are "
+                                "mapped (pass `params=`)")
+    lead = len(thread.stack(chain, node)) if chain else 0  # layer axes of enclosing scans
+    found = set()
+    for coll, tree in node.var_tree.items():
+        outer = root.get(coll)
+        if outer is None:
+            raise _unmappable(node, f"and yax cannot find its `{coll}` among the model's variables")
+        for a, b in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(outer)):
+            s, b = tuple(a.shape), tuple(b.shape)[lead:]
+            ks = [k for k in _inserted(s, b) if b[k] == size]
+            found.add(None if s == b else (ks[0] if ks else "?"))
+    if len(found) != 1 or "?" in found:
+        raise _unmappable(node, "with variables stacked along different axes, or not along the mapped one")
+    axis = found.pop()
+    if axis not in (None, 0):
+        raise _unmappable(node, f"with variables stacked along axis {axis}")
+    return axis
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -217,12 +314,14 @@ def _conventions(node: Node, module: Any) -> list[Called]:
     return [structured, Called()] if module is not None else [Called(), structured]
 
 
-def _trace_one(repl: Any, module: Any, fe: Any, avals: list, call: Any) -> Traced:
+def _trace_one(repl: Any, module: Any, fe: Any, avals: list, call: Any, how: Mapped | None = None) -> Traced:
     from .._trace import make_mox
 
     if module is not None:
-        root, var_avals, n_state = fe.trace_replacement(module, avals, call)
-        return Traced(root, len(jax.tree_util.tree_leaves(var_avals)), module, var_avals, n_state, fe.name, call)
+        extra = {} if how is None else {"mapped": how}  # only frontends whose calls `nn.vmap` maps get it
+        root, var_avals, n_state = fe.trace_replacement(module, avals, call, **extra)
+        return Traced(root, len(jax.tree_util.tree_leaves(var_avals)), module, var_avals, n_state, fe.name, call,
+                      mapped=how)
 
     def fn(*xs: Any) -> Any:
         a, k = call(xs)
@@ -232,7 +331,7 @@ def _trace_one(repl: Any, module: Any, fe: Any, avals: list, call: Any) -> Trace
     return Traced(make_mox(fn if call.packing is not None else repl)(*avals), call=call)
 
 
-def _trace(repl: Any, module: Any, fe: Any, node: Node, avals: list) -> Traced:
+def _trace(repl: Any, module: Any, fe: Any, node: Node, avals: list, how: Mapped | None) -> Traced:
     if isinstance(repl, Mox):
         return Traced(repl)
     if isinstance(repl, Equation):
@@ -241,7 +340,7 @@ def _trace(repl: Any, module: Any, fe: Any, node: Node, avals: list) -> Traced:
     first = None
     for call in _conventions(node, module):
         try:
-            return _trace_one(repl, module, fe, avals, call)
+            return _trace_one(repl, module, fe, avals, call, how)
         except YaxRewriteError:
             raise
         except Exception as e:
@@ -249,10 +348,14 @@ def _trace(repl: Any, module: Any, fe: Any, node: Node, avals: list) -> Traced:
     raise first
 
 
-def trace(repl: Any, node: Node, cache: dict[tuple, tuple[Any, Traced]]) -> Traced:
+def trace(repl: Any, node: Node, cache: dict[tuple, tuple[Any, Traced]], chain: tuple = (),
+          held: Callable | None = None) -> Traced:
     """The replacement traced on the node's input avals, with fresh vars for
     this site; ``cache`` (one per `sub` call) keeps traces by replacement,
-    avals and call structure, so 96 equal replacements trace once per shape."""
+    avals and call structure, so 96 equal replacements trace once per shape.
+    A module replacing a call that ``nn.vmap`` maps is mapped the same way
+    (`mapped`; ``chain`` and ``held`` tell where its variables are stacked);
+    a function sees the whole mapped call."""
     given, repl = repl, _cut(repl)
     _validate(repl)
     avals = _avals(node.inputs)
@@ -260,18 +363,19 @@ def trace(repl: Any, node: Node, cache: dict[tuple, tuple[Any, Traced]]) -> Trac
     module = fe.fill(repl, node) if fe is not None else None
     if module is not None and not fe.owns(module):  # filled as another system's module (LoRA on nnx)
         fe = frontends.of_replacement(module)
+    mapping = mapped(node, chain, held) if module is not None else None
     # A module completed from the node (a clone) is shared by equal ones; others by identity.
     by_id = module is None or module is given
     sig = getattr(node, "sig", None)
     how = (str(sig.ins.tree), repr(sig.ins.static)) if sig is not None else ()
     fp = fingerprint(module) if module is not None else id(given)
-    key = (id(given) if by_id else fp, tuple((a.shape, str(a.dtype)) for a in avals), how)
+    key = (id(given) if by_id else fp, tuple((a.shape, str(a.dtype)) for a in avals), how, mapping)
     hit = cache.get(key)
     if hit is not None and (not by_id or hit[0] is given):
         return dataclasses.replace(hit[1], root=fresh(hit[1].root))
     what = type(module).__name__ if module is not None else _name(repl)
     try:
-        t = _trace(repl, module, fe, node, avals)
+        t = _trace(repl, module, fe, node, avals, mapping)
     except YaxRewriteError:
         raise
     except Exception as e:
@@ -280,7 +384,7 @@ def trace(repl: Any, node: Node, cache: dict[tuple, tuple[Any, Traced]]) -> Trac
             "A module replacement is called like the original call (same arguments, arrays in place); "
             "a function with the node's array inputs, positionally, or else like the original call."
         ) from None
-    t = dataclasses.replace(t, key=(fp, how))
+    t = dataclasses.replace(t, key=(fp, how, mapping))
     cache[key] = (given, t)
     return dataclasses.replace(t, root=fresh(t.root))
 
@@ -299,8 +403,7 @@ def check(t: Traced, node: Node, repl: Any) -> None:
 def _vmapped(node: Node, found: tuple, expected: tuple) -> bool:
     """Whether the node looks mapped by ``nn.vmap``: a module with variables
     whose output is the replacement's with one more axis."""
-    return bool(getattr(node, "var_tree", None)) and any(
-        expected[:k] + expected[k + 1:] == found for k in range(len(expected)))
+    return bool(getattr(node, "var_tree", None)) and bool(_inserted(found, expected))
 
 
 def fit(t: Traced, node: Node, repl: Any, cast: bool) -> tuple[tuple[Equation, ...], dict[int, Var]]:
@@ -317,9 +420,9 @@ def fit(t: Traced, node: Node, repl: Any, cast: bool) -> tuple[tuple[Equation, .
             continue
         hint = "Pass `cast=True` to cast outputs back to the node's dtypes." if a.shape == b.shape else ""
         if not hint and _vmapped(node, a.shape, b.shape):
-            hint = ("The node's output has one axis more: the module is likely mapped by `nn.vmap` over "
-                    "stacked variables (`variable_axes`), where yax cannot replace one instance at a time yet. "
-                    "Replace the module that calls the `nn.vmap`, or use a function of the node's inputs.")
+            hint = ("The node's output has one axis more: the module is likely mapped by `nn.vmap`. A function "
+                    "replacement is called on the whole mapped call (map it yourself with `jax.vmap`); a module "
+                    "replacement is mapped like the original.")
         raise errors.does_not_fit(_name(repl), node, i, type_str(a), type_str(b), hint)
     if not casts:
         return (), {}
@@ -329,13 +432,16 @@ def fit(t: Traced, node: Node, repl: Any, cast: bool) -> tuple[tuple[Equation, .
     return tuple(body.children), {i: v for (i, _), v in zip(casts, c.outvars)}
 
 
-def checked(node: Node, r: Any, cast: bool, chain: tuple, cache: dict) -> Site:
+def checked(node: Node, r: Any, cast: bool, chain: tuple, cache: dict, held: Callable | None = None) -> Site:
     """``r`` traced on ``node``'s inputs after every check `sub` makes
     before it changes anything; raises `YaxRewriteError`. ``chain`` leads to
     a node inside nested computations, where new variables are passed down
-    (`yax.rewrite.thread`)."""
-    t = trace(r, node, cache)
+    (`yax.rewrite.thread`); ``held(node)``, the shapes of a module's
+    variables in the model (``{collection: tree}``), tells how ``nn.vmap`` maps them."""
+    t = trace(r, node, cache, chain, held)
     check(t, node, r)
     casts = fit(t, node, r, cast)
     stack = thread.stack(chain, node) if t.n_vars and chain else ()
+    if t.n_vars and t.mapped is not None and t.mapped.var_axis == 0:
+        stack = (*stack, t.mapped.size)  # one slice per instance, inside the layers of enclosing scans
     return Site(node, r, t, casts, chain, stack)
