@@ -4,6 +4,10 @@ The public API is re-exported here; everything else is private.
 """
 
 from ._activations import ACTIVATIONS as ACTIVATIONS
+from ._capture import NonFinite as NonFinite
+from ._capture import capture as capture
+from ._capture import first_nonfinite as first_nonfinite
+from ._capture import patch as patch
 from ._compare import Comparison as Comparison
 from ._compare import Stats as Stats
 from ._compare import compare as compare
@@ -32,6 +36,7 @@ from ._xml import load_xml as load_xml
 from ._xml import to_xml as to_xml
 from ._xpath import explain as explain
 from ._xpath import query as query
+from .errors import YaxCaptureError as YaxCaptureError
 from .errors import YaxDependencyError as YaxDependencyError
 from .errors import YaxError as YaxError
 from .errors import YaxEvalError as YaxEvalError

@@ -58,6 +58,17 @@ class YaxRewriteError(YaxError):
         super().__init__(message, *args)
 
 
+class YaxCaptureError(YaxError):
+    """`capture`, `patch` or `first_nonfinite` was refused before anything ran.
+
+    Raised when the pattern matches no node (the message shows `explain`'s
+    account of where it stopped matching), when a matched node runs where its
+    values cannot be brought out (inside a ``while`` loop, one branch of a
+    ``cond``, or a custom derivative rule), or when a patch does not fit the
+    node it replaces (which key, expected vs found shape and dtype).
+    """
+
+
 class YaxXMLError(YaxError):
     """A document given to `load_xml` is malformed, too large, or unsafe.
 
@@ -148,4 +159,15 @@ def dangling(where_: str, window: str = "") -> YaxRewriteError:
         f"After the rewrite, {where_} would read a value that no longer exists:{shown}Most likely it is a "
         "variable of a replaced module that this call shares (another method of the module, or another call "
         "of it). Replace all calls of that module together, or keep variables with the same names and shapes."
+    )
+
+
+def nothing_matched(pattern: object, explained: str, what: str) -> YaxCaptureError:
+    """``capture``'s or ``patch``'s pattern selected no node whose values exist;
+    ``what`` is the function's name, ``explained`` `yax.explain`'s account."""
+    shown = f"The pattern `{pattern}`" if isinstance(pattern, str) else "The pattern (an empty list of nodes)"
+    how = f" How each step of it matched:\n{explained}\n" if explained else " "
+    return YaxCaptureError(
+        f"{shown} matched no call or equation, so `{what}` would have no values to work on.{how}Try `yax.query` "
+        "to see what matches, e.g. `//module_call[@type=\"Dense\"]`, `//activation` or `//dot_general`."
     )

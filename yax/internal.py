@@ -10,7 +10,10 @@ Contents:
   fit checks       `misfit`, `is_decider`, `is_module`
   measuring        `Measured`, `measure`, `compare_measured`, `paired_outputs`,
                    `compiled_programs`
-  call keys        `call_keys` (compare's boundary names), `keyed` (diff's)
+  call keys        `call_keys` (compare's boundary names), `keyed` (diff's), `capture_keys`
+                   (the keys `capture` gives every call and equation)
+  values           `ValueStats` (statistics of one array), `capture_programs` (the jitted
+                   programs `capture`/`patch` keep per MoX, with their trace counts)
   tracing          `trace_target` (a MoX and the arguments it is evaluated with),
                    `params_argument` (which of them `yax.sub`'s ``params=`` takes)
 """
@@ -19,6 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._capture import ValueStats as ValueStats
+from ._capture import capture_keys as capture_keys
+from ._capture import capture_programs as capture_programs
 from ._compare import Measured as Measured
 from ._compare import call_keys as call_keys
 from ._compare import compare_measured as compare_measured
