@@ -40,7 +40,7 @@ from yax.internal import (
 
 from . import _payloads, _protocol
 from ._code import replacement_code, xpath_for
-from ._targets import hf_call
+from ._targets import hf_call, opening_lines, target_kind
 
 STATIC = pathlib.Path(__file__).parent / "static"
 
@@ -159,6 +159,7 @@ class Explorer(anywidget.AnyWidget):
 
     def __init__(self, target: Any, *args: Any, key: Any = None, warm: bool | None = None, **kwargs: Any):
         super().__init__()
+        given = target
         if isinstance(target, Mox):
             if target.kind != "root":
                 raise yax.YaxInputError(
@@ -170,6 +171,8 @@ class Explorer(anywidget.AnyWidget):
             target, args = hf_call(target, args)  # a Hugging Face wrapper: its `params` become an argument
             mox, args = trace_target(target, *args, **kwargs)
         self._args, self._kwargs = args, kwargs
+        self._target_kind = target_kind(given, target, mox)  # how "copy as code" makes `mox` again
+        self._names: list[str] | None = None  # the expressions `%yax` was given: the script's names
         params = params_argument(mox, args)  # the variables or state `yax.sub` reconciles, or None
         self._has_params = params is not None
         self._key = jax.random.key(0) if key is None else key
@@ -351,7 +354,8 @@ class Explorer(anywidget.AnyWidget):
         lines = [c.code for c in self.history]
         if not lines:
             return "# no changes: the model is the original"
-        head = ["import jax", "import yax", ""]
+        head = ["import jax", "import yax", "",
+                *opening_lines(self._target_kind, self._names, len(self._args), self._kwargs, self._has_params), ""]
         if any("KEY" in line for line in lines):
             head.insert(2, f"KEY = {_key_code(self._key)}")
         return "\n".join(head + lines)

@@ -40,3 +40,54 @@ def hf_call(target: Any, args: tuple) -> tuple[Any, tuple]:
 
     call.__name__ = call.__qualname__ = type(target).__name__
     return call, (params, *args)
+
+
+def target_kind(target: Any, traced: Any, mox: Any) -> str:
+    """How the explorer's model was given, for the opening lines of "copy as code":
+    ``mox`` (a MoX), ``hf`` (a Hugging Face wrapper object, see `hf_call`), ``nnx``, or
+    ``call`` (a linen module or a function: ``yax.make_mox(target)(*args)``)."""
+    if target is mox:
+        return "mox"
+    if traced is not target:
+        return "hf"
+    return "nnx" if getattr(mox, "frontend", None) == "nnx" else "call"
+
+
+def _literal(v: Any) -> str:
+    return repr(v) if v is None or isinstance(v, (bool, int, float, str)) else "..."
+
+
+def opening_lines(kind: str, names: list[str] | None, n_args: int, kwargs: dict, has_params: bool) -> list[str]:
+    """The lines of "copy as code" that make ``mox`` and ``params`` as the explorer
+    was opened, so the script runs as pasted. ``names``: the expressions the
+    model and its inputs were given as (``%yax`` knows them); without them the
+    usual names are written, with a comment saying to rename them.
+
+    Example:
+      >>> opening_lines("call", ["net", "v", "x"], 2, {}, True)
+      ['mox = yax.make_mox(net)(v, x)', 'params = v']
+    """
+    if kind in ("hf", "nnx"):
+        n_args -= 1  # the wrapper's params, the nnx state: the explorer put them first
+    guessed = names is None
+    if guessed:
+        plain = kind == "call" and not has_params  # a function of arrays
+        first = "variables" if has_params and kind == "call" else None
+        rest = ["x" if plain else "batch"] + [f"input{i}" for i in range(2, n_args + 1)]
+        inputs = ([first] if first else []) + rest
+        names = ["fn" if plain else {"hf": "model", "nnx": "net", "mox": "mox0"}.get(kind, "model"), *inputs[:n_args]]
+    target, inputs = names[0], list(names[1:])
+    kw = "".join(f", {k}={_literal(v)}" for k, v in kwargs.items())
+    call = f"({', '.join(inputs)}{kw})"
+    if kind == "mox":
+        lines = [f"mox = {target}"] + ([f"params = {inputs[0]}"] if has_params and inputs else [])
+    elif kind == "hf":
+        lines = [f"mox = yax.make_mox(lambda params, *inputs: {target}(*inputs, params=params))"
+                 f"({target}.params, {', '.join(inputs)}{kw})", f"params = {target}.params"]
+    elif kind == "nnx":
+        lines = ["from flax import nnx", f"mox = yax.make_mox({target}){call}", f"params = nnx.state({target})"]
+    else:
+        lines = [f"mox = yax.make_mox({target}){call}"] + ([f"params = {inputs[0]}"] if has_params and inputs else [])
+    if guessed:
+        lines.insert(0, f"# {', '.join(f'`{n}`' for n in names)}: what was given to Explorer(...); use your names")
+    return lines

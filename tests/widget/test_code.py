@@ -20,7 +20,7 @@ def test_copy_as_code_reproduces_the_current_model(model):
     ex.substitute("//activation[@name='gelu']", "SiLU")
     code = ask(ex, rid=1, type="code")["code"]
     assert "yax.LoRA(rank=2, alpha=2.0)" in code and "jax.nn.silu" in code
-    ns = {"mox": yax.make_mox(m.apply)(v, IDS), "params": v}
+    ns = {"model": m, "variables": v, "batch": IDS}  # the names the script makes `mox` and `params` from
     exec(code, ns)
     np.testing.assert_array_equal(yax.eval_mox(ns["mox"], ns["params"], IDS), yax.eval_mox(ex.mox, ex.params, IDS))
     assert str(ns["mox"]) == str(ex.mox)
@@ -44,7 +44,8 @@ def test_plain_function_explorer():
     ex.substitute(ex.mox.modules().__next__(), "Double it!")
     assert "# `double_it`: the replacement registered as 'Double it!'; define it first\nmox = yax.sub(" in ex.code()
     assert ex.code().endswith(", double_it, mox)")
-    ns = {"mox": yax.make_mox(f)(x), "double_it": lambda x: 2 * x}
+    assert "mox = yax.make_mox(fn)(x)" in ex.code()
+    ns = {"fn": f, "x": x, "double_it": lambda x: 2 * x}
     exec(ex.code(), ns)
     np.testing.assert_array_equal(yax.eval_mox(ns["mox"], x), yax.eval_mox(ex.mox, x))
     assert not ex.comparison.allclose

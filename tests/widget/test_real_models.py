@@ -134,3 +134,29 @@ def test_query_result_names_what_a_query_returned(model):
     assert ex._status == {"busy": False, "message": ""} and ex._comparison == {}
     ask(ex, rid=5, type="query", xpath="  ")
     assert ex._query_result == {}
+
+
+def test_copy_as_code_runs_as_pasted(shell, model):
+    """The script makes `mox` and `params` as the explorer was opened (with the names typed in
+    `%yax`, or the usual ones for `Explorer(...)`), then applies the changes: pasted, it runs."""
+    from thirdparty import IDS as ids
+    from thirdparty import _hf
+
+    m, v = model
+    shell.run_line_magic("load_ext", "yax_widget")
+    shell.user_ns.update(net=m, weights=v, tokens=ids % 64)
+    ex = shell.run_line_magic("yax", "net weights tokens")
+    ex.substitute("//activation[@name='gelu']", "ReLU")
+    ns = {"net": m, "weights": v, "tokens": ids % 64}
+    exec(ex.code(), ns)  # noqa: S102 - the script the user would paste
+    assert str(ns["mox"]) == str(ex.mox)
+    hf = _hf("bert")
+    ex = Explorer(hf, ids, warm=False)
+    ex.add_replacement("LoRA r=2", yax.LoRA(rank=2))
+    ex.substitute('//module_call[@name="query"]', "LoRA r=2")
+    code = ex.code()
+    assert "what was given to Explorer(...)" in code, code
+    ns = {"model": hf, "batch": ids}
+    exec(code, ns)  # noqa: S102
+    assert str(ns["mox"]) == str(ex.mox)
+    assert jax.tree_util.tree_structure(ns["params"]) == jax.tree_util.tree_structure(ex.params)
