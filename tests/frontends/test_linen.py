@@ -102,3 +102,22 @@ def test_prototype_names():
     yax.dump_xml(mox, two)
     assert "\n    <module_call" in four.getvalue() and "\n  <module_call" in two.getvalue()
     assert yax.load_xml(four.getvalue().encode()).tree.getroot().tag == "mox"
+
+
+def test_a_module_name_holding_a_slash_is_its_name():
+    """Flax allows ``name="a/b"``: the node's name is the whole name (not ``b``), so a query by
+    name finds it and `sub` places the new variables under that name."""
+
+    class M(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3, name="a/b")(x)
+
+    x = jnp.ones((2, 4))
+    variables = M().init(KEY, x)
+    mox = yax.make_mox(M().apply)(variables, x)
+    (node,) = yax.query('//module_call[@name="a/b"]', mox)
+    assert node.path == "M/a/b" and node.scope == ("a/b",)
+    new, params = yax.sub(node, yax.LoRA(rank=2), mox, params=variables, key=KEY)
+    assert keys(params["params"]["a/b"]) == ["['bias']", "['kernel']", "['lora_a']", "['lora_b']"]
+    np.testing.assert_allclose(yax.eval_mox(new, params, x), M().apply(variables, x), rtol=1e-6)

@@ -533,3 +533,23 @@ def test_replace_modules_instance_shared_and_errors():
         yax.replace_modules(scan, '//module_call[@type="Linear"][@out_features=64]',
                             nnx.Linear(32, 64, rngs=nnx.Rngs(0)), *args)
     assert type(mlp.fc1) is nnx.Linear and mlp.fc1.out_features == 16
+
+
+def test_a_key_holding_a_slash_is_the_name_and_scope():
+    """A module under an ``nnx.Dict`` key ``"a/b"``: the node's name is the key, its scope
+    the keys down to it, so a query by name finds it and `sub` puts LoRA there."""
+
+    class M(nnx.Module):
+        def __init__(self):
+            self.heads = nnx.Dict({"a/b": nnx.Linear(4, 3, rngs=nnx.Rngs(0))})
+
+        def __call__(self, x):
+            return self.heads["a/b"](x)
+
+    m, x = M(), jnp.ones((2, 4))
+    mox = yax.make_mox(m)(x)
+    (node,) = yax.query('//module_call[@name="a/b"]', mox)
+    assert node.path == "M/heads/a/b" and node.scope == ("heads", "a/b")
+    new, state = yax.sub(node, yax.LoRA(rank=2), mox, params=nnx.state(m), key=jax.random.key(1))
+    assert state["heads"]["a/b"]["lora"]["lora_b"][...].shape == (2, 3)
+    np.testing.assert_allclose(yax.eval_mox(new, state, x)[0], m(x), rtol=1e-6)

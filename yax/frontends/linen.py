@@ -86,7 +86,7 @@ def _interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: Any) ->
         return next_fun(*args, **kwargs)  # `super().__call__(x)`: part of the same call
     path = _path(module, rec)
     call = CallInfo(kind=Kind.METHOD_CALL if same else Kind.MODULE_CALL, path=path,
-                    name=path.rsplit("/", 1)[-1], module=module,
+                    name=module.path[-1] if module.path else path.rsplit("/", 1)[-1], module=module,
                     info=ModuleInfo(type=type(module), method=method))  # read by nested calls
     # fields and attributes set in `setup` (`self.act = ACT2FN["gelu"]`) alike
     undo = _activations.swapped([(module, k) for k in vars(module)], getattr, object.__setattr__)

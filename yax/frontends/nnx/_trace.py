@@ -60,27 +60,28 @@ def _key(k: Any) -> str:
     return str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
 
 
-def stamp(root: Any, path: str, tr: _Trace) -> None:
-    """Give every module of ``root``'s graph not stamped in this trace its path:
+def stamp(root: Any, path: str, tr: _Trace, keys: tuple[str, ...] = ()) -> None:
+    """Give every module of ``root``'s graph not stamped in this trace its path
+    and its keys below the root (``root``'s: ``keys``; a key may hold ``/``):
     the first path to it in nnx's graph order (attributes sorted by name,
     depth first), as in ``nnx.iter_graph`` and ``nnx.split``'s state."""
     nnx = flax_nnx()
     seen: set[int] = set()
 
-    def visit(node: Any, p: str) -> None:
+    def visit(node: Any, p: str, ks: tuple[str, ...]) -> None:
         if id(node) in seen:
             return
         seen.add(id(node))
         if isinstance(node, nnx.Module):
             old = vars(node).get(_STAMP)
             if old is None or old[0] != tr.token:
-                object.__setattr__(node, _STAMP, (tr.token, p))
+                object.__setattr__(node, _STAMP, (tr.token, p, ks))
                 tr.stamped.append(node)
         for k, v in sorted(vars(node).items(), key=lambda kv: _order(kv[0])):
             if is_graph_type(type(v)):
-                visit(v, f"{p}/{k}")
+                visit(v, f"{p}/{k}", (*ks, str(k)))
 
-    visit(root, path)
+    visit(root, path, keys)
 
 
 def _order(k: str) -> tuple:
@@ -95,27 +96,31 @@ def _unstamp(tr: _Trace) -> None:
     tr.stamped.clear()
 
 
-def _path(module: Any, rec: Recorder, tr: _Trace) -> str:
+def _path(module: Any, rec: Recorder, tr: _Trace) -> tuple[str, tuple[str, ...]]:
+    """The module's path in this trace and its keys below the root (its
+    scope; the last one is its name)."""
     st = vars(module).get(_STAMP)
     if st is not None and st[0] == tr.token:
-        return st[1]
+        return st[1], st[2]
     # Not stamped: the outermost module of functional code (``merge(g, s)(x)``),
     # or one made during the trace. Find it under its caller if it is there.
     name = type(module).__name__
-    path = name
+    path, scope = name, ()
     if rec.stack:
         cid, parent = rec.stack[-1]
         ppath = rec.calls[cid].path
-        path = f"{ppath}/{name}"
+        st = vars(parent).get(_STAMP) if parent is not None else None
+        pscope = st[2] if st is not None and st[0] == tr.token else tuple(ppath.split("/")[1:])
+        path, scope = f"{ppath}/{name}", (*pscope, name)
         if parent is not None:
             for keys, node in flax_nnx().graph.iter_graph(parent):
                 if node is module and keys:
-                    path = "/".join([ppath, *map(_key, keys)])
+                    path, scope = "/".join([ppath, *map(_key, keys)]), (*pscope, *map(_key, keys))
                     break
     elif rec.root_name is None:
         rec.root_name = name
-    stamp(module, path, tr)
-    return path
+    stamp(module, path, tr, scope)
+    return path, scope
 
 
 # -- what a call node records -----------------------------------------------------------
@@ -198,9 +203,9 @@ def _wrap(name: str, fn: Callable) -> Callable:
         same = bool(rec.stack) and rec.stack[-1][1] is self
         if same and rec.calls[rec.stack[-1][0]].info.method == name:
             return fn(self, *args, **kwargs)  # `super().__call__(x)`: part of the same call
-        path = _path(self, rec, tr)
+        path, scope = _path(self, rec, tr)
         call = CallInfo(kind=Kind.METHOD_CALL if same else Kind.MODULE_CALL, path=path,
-                        name=path.rsplit("/", 1)[-1], module=self,
+                        name=scope[-1] if scope else path, module=self,
                         info=ModuleInfo(type=type(self), method=name))  # read by nested calls
         undo = _activations.swapped(_activation_holders(self), _dict_get, _dict_put)
         try:
@@ -210,7 +215,7 @@ def _wrap(name: str, fn: Callable) -> Callable:
         _, n, tree = _collect(self, tr.memo, tr.sizes)
         call.info = ModuleInfo(type=type(self), method=name, attrs=module_attrs(self),
                                defaults=init_defaults(type(self)), num_params=n, var_tree=tree,
-                               scope=tuple(path.split("/")[1:]), frontend=NAME)
+                               scope=scope, frontend=NAME)
         return out
 
     method.__yax_method__ = fn  # type: ignore[attr-defined]
