@@ -36,7 +36,7 @@ def test_the_docs_build_and_document_every_public_name(tmp_path):
     assert build.returncode == 0, f"the docs build failed:\n{build.stdout[-5000:]}\n{build.stderr[-5000:]}"
 
     # every notebook ran to the end without an error, and its page shows the outputs
-    assert {"recipes.ipynb", "explorer.ipynb"} <= {p.name for p in NOTEBOOKS}
+    assert {"recipes.ipynb", "inside.ipynb", "explorer.ipynb"} <= {p.name for p in NOTEBOOKS}
     for path in NOTEBOOKS:
         nb = nbformat.read(tmp_path / "jupyter_execute" / "notebooks" / path.name, as_version=4)
         code = [c for c in nb.cells if c.cell_type == "code"]

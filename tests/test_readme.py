@@ -3,6 +3,7 @@
 import pathlib
 import re
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.core
@@ -24,6 +25,8 @@ def test_readme_tour_runs(capsys):
     assert "\n1.0\n" in out
     assert "<- stops matching here" in out
     assert "first_divergence='MLP/gelu'" in out
+    assert "{'MLP/Dense_0': (4, 16), 'MLP/gelu': (4, 16), 'MLP/Dense_1': (4, 2)}\nNone\n" in out
+    np.testing.assert_allclose(scope["y0"], np.broadcast_to(scope["params"]["params"]["Dense_1"]["bias"], (4, 2)))
     assert [r[3] for r in scope["ex"]._tree["rows"]] == ["MLP", "Dense_0", "gelu", "Dropout_0", "Dense_1"]
     assert "['Net/fc1', 'Net/fc2']" in out
     assert type(scope["lora_net"].fc2).__name__ == "LoRALinear" and type(scope["net"].fc2).__name__ == "Linear"
