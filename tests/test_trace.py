@@ -245,3 +245,50 @@ def test_jitted_eval_compiles_to_the_same_hlo(traced):
         return collections.Counter(re.findall(r"= \S+ (\w[\w-]*)\(", text))
 
     assert ops(lambda *a: yax.eval_mox(mox, *a, **kwargs)) == ops(lambda *a: fn(*a, **kwargs))
+
+
+def test_equal_constants_are_held_once():
+    """Per-layer constant tables (Hugging Face Llama's rotary sin/cos) are held
+    once, numpy tables and jax arrays alike; tables that differ in one byte,
+    or in the sign of a zero, stay apart."""
+
+    def table(flip=False, neg_zero=False):
+        t = np.sin(np.arange(4096, dtype=np.float32) / 7).reshape(64, 64)
+        if flip:
+            t[-1, -1] += 1
+        if neg_zero:
+            t[0, 0] = -0.0
+        return t
+
+    on_device = [jax.device_put(table() * 2) for _ in range(6)]  # equal jax arrays, distinct objects
+
+    class Layer(nn.Module):
+        i: int
+        flip: bool = False
+        neg_zero: bool = False
+
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(64)(x) * table(self.flip, self.neg_zero) + on_device[self.i]
+
+    class Stack(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            for i in range(4):
+                x = Layer(i)(x)
+            x = Layer(4, flip=True)(x)
+            return Layer(5, neg_zero=True)(x)
+
+    m, x = Stack(), jnp.ones((64, 64))
+    v = m.init(jax.random.key(0), x)
+    mox = yax.make_mox(m.apply)(v, x)
+    closed = jax.make_jaxpr(m.apply)(v, x)
+    assert len(closed.consts) == len(mox.consts) == 12  # every constant keeps its variable
+    assert len({id(c) for c in closed.consts}) == 12
+    # the numpy table, the flipped one, the -0.0 one, and the jax array
+    assert len({id(c) for c in mox.consts}) == 4
+    assert sum(isinstance(c, jax.Array) for c in {id(c): c for c in mox.consts}.values()) == 1
+    flipped = [c for c in mox.consts if np.asarray(c)[-1, -1] == table(flip=True)[-1, -1]]
+    assert len(flipped) == 1
+    assert close(yax.eval_mox(mox, v, x), m.apply(v, x), tol=0)
+    assert close(jax.jit(lambda *a: yax.eval_mox(mox, *a))(v, x), m.apply(v, x), tol=1e-6)

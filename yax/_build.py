@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.extend.core as jcore
+import numpy as np
 
 from ._ir import Equation, Kind, Literal, ModuleInfo, Mox, Packing, Signature, Symbol, Var
 from ._record import MARKER_RE, CallInfo, Recorder
@@ -21,10 +23,57 @@ def _marker(eqn: Any) -> tuple[str, int] | None:
     return kind, int(cid)
 
 
+class _SharedConsts:
+    """Equal constant arrays as one object.
+
+    Models build constant tables per layer (Hugging Face Llama's rotary
+    sin/cos tables: 4 MB in each of 32 layers at 7B); the jaxpr holds every
+    copy, the MoX holds one. Arrays are equal when type, shape, dtype, weak
+    type and every byte are (so ``-0.0`` and NaN payloads stay apart); a sample
+    of bytes spread over the array picks the candidates, so distinct arrays
+    of one shape are rarely compared in full. Arrays on devices other than
+    the CPU are left alone (comparing them would copy them to the host).
+    """
+
+    MIN_BYTES = 1024  # smaller ones cost more to compare than they hold
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple, list[tuple[Any, np.ndarray]]] = {}
+
+    def __call__(self, c: Any) -> Any:
+        host = _host_bytes(c, self.MIN_BYTES)
+        if host is None:
+            return c
+        step = max(1, host.size // 256)
+        key = (type(c), np.shape(c), str(c.dtype), getattr(c, "weak_type", None), host[::step].tobytes())
+        kept = self.seen.setdefault(key, [])
+        for d, d_host in kept:
+            if np.array_equal(host, d_host):
+                return d
+        kept.append((c, host))
+        return c
+
+
+def _host_bytes(c: Any, min_bytes: int) -> np.ndarray | None:
+    """``c``'s bytes as a flat uint8 array without copying, or ``None`` for
+    what is not compared (small, object or extended dtype such as PRNG keys,
+    not on the CPU)."""
+    if not hasattr(c, "__array__") or not isinstance(getattr(c, "dtype", None), np.dtype):
+        return None
+    if isinstance(c, jax.Array) and (
+            not c.is_fully_addressable or any(d.platform != "cpu" for d in c.devices())):
+        return None
+    c = np.asarray(c)  # the plain ndarray in JAX's typed constants (a subclass or a wrapper)
+    if c.nbytes < min_bytes or c.dtype.hasobject or not c.flags.c_contiguous:
+        return None
+    return c.reshape(-1).view(np.uint8)
+
+
 class _Converter:
     def __init__(self, rec: Recorder):
         self.rec = rec
         self.vars: dict[Any, Var] = {}
+        self.shared = _SharedConsts()
 
     def var(self, v: Any) -> Var:
         out = self.vars.get(v)
@@ -93,7 +142,7 @@ class _Converter:
 
     def sub(self, value: Any, path: str) -> tuple[Mox, bool]:
         if isinstance(value, jcore.ClosedJaxpr):
-            jaxpr, consts = value.jaxpr, tuple(value.consts)
+            jaxpr, consts = value.jaxpr, tuple(map(self.shared, value.consts))
         else:
             jaxpr, consts = value, ()
         constvars, invars, children, outvars, marked = self.jaxpr(jaxpr, consts, path)
@@ -130,8 +179,9 @@ def build(closed: Any, rec: Recorder, ins: Packing, outs: Packing, *, name: str,
           origin: Any = None) -> Mox:
     """The root MoX of a traced function."""
     conv = _Converter(rec)
-    constvars, invars, children, outvars, _ = conv.jaxpr(closed.jaxpr, tuple(closed.consts), "")
-    return _block(Kind.ROOT, constvars, invars, children, outvars, tuple(closed.consts), name=name,
+    consts = tuple(map(conv.shared, closed.consts))
+    constvars, invars, children, outvars, _ = conv.jaxpr(closed.jaxpr, consts, "")
+    return _block(Kind.ROOT, constvars, invars, children, outvars, consts, name=name,
                   sig=Signature(ins, outs), frontend=frontend, origin=origin)
 
 
