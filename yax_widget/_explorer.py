@@ -102,6 +102,7 @@ def _default_palette() -> list[tuple[str, Any]]:
     return [
         ("GELU", jax.nn.gelu), ("ReLU", jax.nn.relu), ("SiLU", jax.nn.silu), ("tanh", jnp.tanh),
         ("sigmoid", jax.nn.sigmoid), ("identity", jax.nn.identity),
+        ("LoRA r=4", yax.LoRA(rank=4)),  # Dense, DenseGeneral, Einsum and nnx Linear layers
     ]
 
 
@@ -156,6 +157,7 @@ class Explorer(anywidget.AnyWidget):
     _comparison = traitlets.Dict().tag(sync=True)      #: the last comparison, with binary heatmaps
     _status = traitlets.Dict({"busy": False, "message": ""}).tag(sync=True)  #: busy flag and message
     _notice = traitlets.Dict().tag(sync=True)          #: a refused replacement's reason, at its row
+    _compare_base = traitlets.Unicode("original").tag(sync=True)  #: compare with "original" or "previous"
 
     def __init__(self, target: Any, *args: Any, key: Any = None, warm: bool | None = None, **kwargs: Any):
         super().__init__()
@@ -183,6 +185,7 @@ class Explorer(anywidget.AnyWidget):
         self._fit_cache: dict = {}
         self.comparison: yax.Comparison | None = None
         self._reference: Measured | None = None  # the original's values on the example inputs
+        self._base_values: tuple[Mox, Measured] | None = None  # a previous state's, for "previous"
         # One worker runs the models (in order: the original's measurement, then each change's).
         # XLA compiles without holding the GIL, so the tree is rebuilt meanwhile on this thread.
         # It starts on first use and stops with `close()` (or when the explorer is collected).
@@ -214,7 +217,7 @@ class Explorer(anywidget.AnyWidget):
         pool, self._pool = self._pool, None
         if pool is not None:
             _stop(pool)
-        self._reference, self._warmer, self._fit_cache = None, None, {}
+        self._reference, self._warmer, self._fit_cache, self._base_values = None, None, {}, None
         super().close()
 
     def _warm(self) -> None:
@@ -333,6 +336,34 @@ class Explorer(anywidget.AnyWidget):
         if self._index + 1 < len(self._states):
             self._move(self._states, self._index + 1)
 
+    def compare_with(self, base: str) -> None:
+        """Compare the current model with ``"original"`` (the default) or with
+        ``"previous"``: the state just before it in the history, so the
+        comparison shows what the last change alone did. Compares again now.
+
+        Example:
+          >>> import jax, jax.numpy as jnp, flax.linen as nn
+          >>> from yax_widget import Explorer
+          >>> m = nn.Sequential([nn.Dense(4), nn.relu, nn.Dense(2)]); x = jnp.ones((1, 3))
+          >>> ex = Explorer(m, m.init(jax.random.key(0), x), x)
+          >>> _ = ex.substitute('//activation', "GELU"); _ = ex.substitute('//activation', "GELU")
+          >>> ex.compare_with("previous"); ex.comparison.allclose  # GELU again changes nothing
+          True
+        """
+        if base not in ("original", "previous"):
+            raise yax.YaxInputError(f"`compare_with` takes \"original\" or \"previous\", not {base!r}.")
+        self._compare_base = base
+        self._finish_compare(self._start_compare())
+
+    def goto(self, index: int) -> None:
+        """Make state ``index`` of the history current (0: the original; the
+        changes after it stay, to redo), as a click on a history item does."""
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(self._states):
+            raise yax.YaxInputError(f"`goto` takes a state of the history, 0 (the original) to "
+                                    f"{len(self._states) - 1}, not {index!r}.")
+        if index != self._index:
+            self._move(self._states, index)
+
     def _move(self, states: list[Change], index: int) -> None:
         """Make ``states[index]`` current and show it; if showing it fails, the
         explorer stays where it was, so the front-end's error reply is true."""
@@ -396,36 +427,46 @@ class Explorer(anywidget.AnyWidget):
         self._query_result = _payloads.query_result(xpath, res, len(self._matches), self.mox)
         return res
 
-    def _start_compare(self) -> tuple[Future, float] | None:
-        """Start comparing the current model with the original on the worker."""
+    def _start_compare(self) -> tuple[Future, float, str] | None:
+        """Start comparing the current model with the original (or the previous
+        state, `compare_with`) on the worker."""
         if self._index == 0 or not (self._args or self._kwargs):
             return None
+        previous = self._compare_base == "previous" and self._index >= 2  # before the first: the original
+        base = self._states[self._index - 1] if previous else None
         self._status = {"busy": True, "message": "compiling and comparing…"}
         t = time.perf_counter()
         args = (self.params, *self._args[1:]) if self._has_params else self._args
         lowered = threading.Event()
-        future = self._worker().submit(self._measure, self.mox, args, lowered)
+        future = self._worker().submit(self._measure, self.mox, args, lowered, base)
         future.add_done_callback(lambda _: lowered.set())  # also when it fails
         if self._reference is not None:
             # Tracing and lowering hold the GIL like the tree rebuild does; XLA's compile, next, does
             # not: the tree is rebuilt during the compile. (Before the original is measured, the
             # tree goes first: that measurement takes longer than the tree.)
             lowered.wait()
-        return future, t
+        return future, t, "previous" if previous else "original"
 
-    def _measure(self, mox: Mox, args: tuple, lowered: threading.Event) -> yax.Comparison:
-        _, idx = paired_outputs(self.original, mox)
-        ref = self._original_values()
-        return compare_measured(self.original, mox, ref, measure(mox, args, self._kwargs, idx, lowered=lowered))
+    def _measure(self, mox: Mox, args: tuple, lowered: threading.Event, base: Change | None = None) -> yax.Comparison:
+        if base is None:
+            _, idx = paired_outputs(self.original, mox)
+            ref = self._original_values()
+            return compare_measured(self.original, mox, ref, measure(mox, args, self._kwargs, idx, lowered=lowered))
+        base_idx, idx = paired_outputs(base.mox, mox)
+        cached = self._base_values  # the last base measured: stepping forward measures each state once more
+        if cached is None or cached[0] is not base.mox:
+            base_args = (base.params, *self._args[1:]) if self._has_params else self._args
+            cached = self._base_values = (base.mox, measure(base.mox, base_args, self._kwargs, base_idx))
+        return compare_measured(base.mox, mox, cached[1], measure(mox, args, self._kwargs, idx, lowered=lowered))
 
-    def _finish_compare(self, compared: tuple[Future, float] | None) -> None:
+    def _finish_compare(self, compared: tuple[Future, float, str] | None) -> None:
         if compared is None:
             self.comparison = None
             self._comparison = {} if self._args or self._kwargs else {"message": "no example inputs to compare on"}
             if self._status.get("message"):  # "compared in …" was about a change no longer applied
                 self._status = {"busy": False, "message": ""}
             return
-        future, t = compared
+        future, t, base = compared
         try:
             c = future.result()
         except Exception as e:  # the change stands; its comparison says why it could not be made
@@ -435,7 +476,7 @@ class Explorer(anywidget.AnyWidget):
             return
         self.comparison = c
         seconds = time.perf_counter() - t
-        self._comparison = _payloads.comparison_state(c, self.mox, seconds)
+        self._comparison = {**_payloads.comparison_state(c, self.mox, seconds), "base": base}
         self._status = {"busy": False, "message": f"compared in {seconds:.2f} s"}
 
     # -- requests from the front-end: answered in _protocol -------------------------------

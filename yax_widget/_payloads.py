@@ -45,17 +45,22 @@ def _fields(attrs: Mapping[str, Any], n: int) -> str:
 # -- the module tree ------------------------------------------------------------------
 
 def call_row(node: yax.Mox, ids: Mapping[int, int], parent: int) -> list:
-    """The tree row of a call node: the one place its columns are laid out."""
+    """The tree row of a call node: the one place its columns are laid out.
+
+    A helper method (``method_call``: ``_split_heads`` called inside its module's
+    own call) is named by its method, and its module's fields and parameters,
+    which the enclosing call's row shows, are not shown (nor counted) again."""
+    helper = node.kind == "method_call" and bool(node.method)
     return [
         ids[id(node)],                        # 0 id: the node's index in the XML view
         parent,                               # 1 parent: the nearest enclosing call row's id, -1 at the top
         node.kind,                            # 2 kind: module_call, method_call, activation, function
-        node.name,                            # 3 name: the last path component
+        f"{node.name}.{node.method}" if helper else node.name,  # 3 name: the last path component (.method)
         node.type,                            # 4 type: the class or function name
-        _fields(key_attrs(node), 100),        # 5 attrs: the fields that differ from their defaults (shown)
+        "" if helper else _fields(key_attrs(node), 100),  # 5 attrs: the fields that differ from their defaults
         _types(node.inputs),                  # 6 in: the input types, space-separated
         _types(node.outputs),                 # 7 out: the output types
-        node.num_params,                      # 8 params: the parameter count
+        0 if helper else node.num_params,     # 8 params: the parameter count (a helper's are its module's)
         sum(isinstance(e, yax.Equation) for e in node.children),  # 9 neq: equations run directly in it
         _fields(node.attrs, 400),             # 10 fields: every field (the row's tooltip)
     ]

@@ -135,6 +135,23 @@ def _redo(ex: Explorer, content: dict) -> dict:
     return {}
 
 
+def _goto(ex: Explorer, content: dict) -> dict:
+    index = content.get("index")
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(ex._states):
+        raise RequestError(f"`index` must be a state of the history, 0 to {len(ex._states) - 1}, "
+                           f"not {str(index)[:40]!r}.")
+    ex.goto(index)
+    return {}
+
+
+def _compare_base(ex: Explorer, content: dict) -> dict:
+    base = content.get("base")
+    if base not in ("original", "previous"):
+        raise RequestError(f"`base` must be \"original\" or \"previous\", not {str(base)[:40]!r}.")
+    ex.compare_with(base)
+    return {}
+
+
 def _code(ex: Explorer, content: dict) -> dict:
     return {"code": ex.code()}
 
@@ -149,5 +166,5 @@ def _graph(ex: Explorer, content: dict) -> dict:
 
 HANDLERS: dict[str, Callable[[Explorer, dict], dict]] = {
     "query": _query, "expand": _expand, "fits": _fits, "substitute": _substitute,
-    "undo": _undo, "redo": _redo, "code": _code, "graph": _graph,
+    "undo": _undo, "redo": _redo, "goto": _goto, "compare_base": _compare_base, "code": _code, "graph": _graph,
 }

@@ -5,7 +5,7 @@ import { h } from "./dom.js";
 import { showCode } from "./panes/code.js";
 import { renderCompare } from "./panes/compare.js";
 import { renderDiff } from "./panes/diff.js";
-import { showGraph } from "./panes/graph.js";
+import { createGraphPane } from "./panes/graph.js";
 import { renderHistory } from "./panes/history.js";
 import { paletteItems } from "./panes/palette.js";
 import { createTabs } from "./panes/tabs.js";
@@ -13,7 +13,7 @@ import { createQueryBox } from "./querybox.js";
 import { createRequests, DEFAULT_TIMEOUT_MS } from "./requests.js";
 import { treeRows } from "./rows.js";
 import { createStatus } from "./status.js";
-import { buildTree } from "./tree.js";
+import { buildTree, pathOf } from "./tree.js";
 import { divergenceLegend, TreeView } from "./treeview.js";
 
 // Python replies to a change (substitute, undo, redo) once the changed model is compiled,
@@ -84,28 +84,33 @@ function connectControls({ controls: c, view }) {
   c.collapse.addEventListener("click", () => view.collapseAll());
 }
 
-function connectButtons({ buttons, request, failed, change, tabs, panes, view, code }) {
+/** The selected call's id, or null (the whole model) when none or an equation is selected. */
+function selectedCall(view) {
+  return view.selected !== null && view.tree.byId.has(view.selected) ? view.selected : null;
+}
+
+function connectButtons({ buttons, request, failed, change, tabs, panes, view, code, graph }) {
   buttons.undo.addEventListener("click", () => request("undo", {}, change).catch(failed));
   buttons.redo.addEventListener("click", () => request("redo", {}, change).catch(failed));
   buttons.copy.addEventListener("click", async () => {
     try {
       const reply = await request("code");
+      code.shown = true; // before the tab shows: it would fetch the script again, without the copy
       tabs.show("Code");
-      code.shown = true;
       await showCode(panes.Code, reply.code, { copy: true });
     } catch (err) {
       failed(err);
     }
   });
   buttons.graph.addEventListener("click", () => {
-    tabs.show("Graph");
-    const id = view.selected !== null && view.tree.byId.has(view.selected) ? view.selected : null;
-    showGraph(panes.Graph, request, id); // a failure is shown in the pane
+    if (tabs.current() === "Graph") graph.show(selectedCall(view)); // drawn again on demand
+    else tabs.show("Graph"); // which draws the selected call
   });
 }
 
 /** What each trait's change updates: {trait: handler}. */
-function traitHandlers({ model, view, query, status, panes, buttons, palette, root, controls, request, code }) {
+function traitHandlers({ model, view, query, status, panes, buttons, palette, root, controls, refreshCode, graph, tabs,
+  request, failed, change }) {
   const matches = () => {
     controls.at.textContent = "";
     return view.showMatches(model.get("_matches") || [], model.get("_match_owners") || {});
@@ -114,29 +119,23 @@ function traitHandlers({ model, view, query, status, panes, buttons, palette, ro
     const color = getComputedStyle(root).getPropertyValue("--yax-accent") || "#1976d2";
     const { items = [], index = 0 } = model.get("_history") || {};
     renderCompare(panes.Compare, model.get("_comparison") || {},
-      { color, busy: status.busy(), undone: items.length > 0 && index === 0 });
-  };
-  // the code pane, once shown, follows the history (undo, redo, a new change): never a stale script
-  const refreshCode = async () => {
-    if (!code.shown) return;
-    const version = ++code.version;
-    try {
-      const reply = await request("code");
-      if (version === code.version) await showCode(panes.Code, reply.code, { copy: false });
-    } catch (err) {
-      panes.Code.replaceChildren(h("div", { class: "yax-error" }, err.message));
-    }
+      { color, busy: status.busy(), undone: items.length > 0 && index === 0,
+        pathOf: (id) => pathOf(view.tree, id), onPick: (id) => view.reveal(id),
+        base: model.get("_compare_base") || "original",
+        onBase: (base) => request("compare_base", { base }, change).catch(failed) });
   };
   const diff = () => {
     const original = buildTree(treeRows(model.get("_original_tree")));
     renderDiff(panes.Diff, original, view.tree, model.get("_diff") || {});
     view.schedule(); // the rows' marks
+    graph.redraw();
   };
   return {
     _tree: () => {
       view.setRows(treeRows(model.get("_tree")), controls.search.value);
       matches();
       diff();
+      if (tabs.current() === "Graph") graph.show(null); // the ids are the new model's
     },
     _matches: matches,
     _match_owners: matches,
@@ -149,7 +148,7 @@ function traitHandlers({ model, view, query, status, panes, buttons, palette, ro
       const { items = [], index = 0 } = history;
       buttons.undo.disabled = index === 0;
       buttons.redo.disabled = index >= items.length;
-      renderHistory(panes.History, history);
+      renderHistory(panes.History, history, (index) => request("goto", { index }, change).catch(failed));
       compare();
       refreshCode();
     },
@@ -163,9 +162,11 @@ function traitHandlers({ model, view, query, status, panes, buttons, palette, ro
       if (n.message) view.showNotice(n.id, n.message);
     },
     _diff: diff,
+    _compare_base: compare,
     _comparison: () => {
       compare();
       view.relayout(); // the rows' divergence colours
+      graph.redraw();
     },
   };
 }
@@ -188,14 +189,45 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS }) {
   const change = { timeoutMs: timeoutMs * CHANGE_TIMEOUT_FACTOR };
 
   const panes = sidePanes();
-  const tabs = createTabs(panes);
+  const code = { shown: false, version: 0 }; // has the code pane been filled; its latest request
+  // the code pane, once shown, follows the history (undo, redo, a new change): never a stale script
+  const refreshCode = async () => {
+    if (!code.shown) return;
+    const version = ++code.version;
+    try {
+      const reply = await request("code");
+      if (version === code.version) await showCode(panes.Code, reply.code, { copy: false });
+    } catch (err) {
+      panes.Code.replaceChildren(h("div", { class: "yax-error" }, err.message));
+    }
+  };
+  // no tab is blank: the graph and the code fill themselves when their tab is shown
+  const onShow = (title) => {
+    if (title === "Graph" && (graph.current() !== selectedCall(view) || !panes.Graph.querySelector("svg"))) {
+      graph.show(selectedCall(view));
+    }
+    if (title === "Code" && !code.shown) {
+      code.shown = true;
+      refreshCode();
+    }
+  };
+  const tabs = createTabs(panes, onShow);
   const view = new TreeView({ model, request, onFailure: failed, onSubstitute: substitute,
-    onMatchesShown: (ids) => { root.dataset.matchIds = ids.join(","); } });
+    onMatchesShown: (ids) => { root.dataset.matchIds = ids.join(","); },
+    onSelect: () => {
+      if (tabs.current() === "Graph") graph.show(selectedCall(view));
+    } });
+  const look = () => {
+    const c = model.get("_comparison") || {};
+    return { boundaries: c.boundaries || {}, firstDivergence: c.first_divergence_id,
+      marks: (model.get("_diff") || {}).current || {} };
+  };
+  const graph = createGraphPane({ el: panes.Graph, request, look,
+    onPick: (id) => view.reveal(id) });
   const query = createQueryBox({ model, request, onFailure: failed, onDrop: (name) => substitute("query", name) });
   const controls = treeControls();
   const buttons = toolbarButtons();
   const palette = h("div", { class: "yax-palette" });
-  const code = { shown: false, version: 0 }; // has the code pane been filled; its latest request
   const root = layout({ query, controls, buttons, status, view, palette, tabs, panes });
   el.append(root);
 
@@ -212,8 +244,9 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS }) {
   }
 
   connectControls({ controls, view });
-  connectButtons({ buttons, request, failed, change, tabs, panes, view, code });
-  const sync = traitHandlers({ model, view, query, status, tabs, panes, buttons, palette, root, controls, request, code });
+  connectButtons({ buttons, request, failed, change, tabs, panes, view, code, graph });
+  const sync = traitHandlers({ model, view, query, status, tabs, panes, buttons, palette, root, controls, refreshCode, graph,
+    request, failed, change });
   for (const [trait, f] of Object.entries(sync)) on(`change:${trait}`, f);
 
   view.setRows(treeRows(model.get("_tree")), "");

@@ -96,18 +96,32 @@ export function nextIndex(visible, set, from, step) {
   return -1;
 }
 
-/** The flat list of visible nodes, in document order: children of expanded
- * nodes (equations after the calls they belong to, from `eqs`: id -> nodes). */
+/** `calls` and `eqs` (each in document order) merged by id: ids are positions in the XML view,
+ * so this is program order (an equation between two calls is listed between them). */
+export function inProgramOrder(calls, eqs) {
+  if (!eqs.length) return calls;
+  const out = [];
+  let j = 0;
+  for (const c of calls) {
+    while (j < eqs.length && eqs[j].id < c.id) out.push(eqs[j++]);
+    out.push(c);
+  }
+  return out.concat(eqs.slice(j));
+}
+
+/** The flat list of visible nodes, in document order: children of expanded nodes, with
+ * their equations (`eqs`: id -> nodes) in program order among the calls. Without recursion. */
 export function visibleRows(tree, expanded, eqs = new Map(), keep = null) {
   const out = [];
-  const visit = (node) => {
-    if (keep && !keep.has(node.id)) return;
+  const stack = [...tree.roots].reverse();
+  while (stack.length) {
+    const node = stack.pop();
+    if (keep && !keep.has(node.id)) continue;
     out.push(node);
-    if (!(expanded.has(node.id) || (keep && node.children.some((c) => keep.has(c.id))))) return;
-    for (const c of node.children) visit(c);
-    if (!keep) for (const e of eqs.get(node.id) || []) out.push(e);
-  };
-  for (const r of tree.roots) visit(r);
+    if (node.eq || !(expanded.has(node.id) || (keep && node.children.some((c) => keep.has(c.id))))) continue;
+    const below = keep ? node.children : inProgramOrder(node.children, eqs.get(node.id) || []);
+    for (let i = below.length - 1; i >= 0; i--) stack.push(below[i]);
+  }
   return out;
 }
 

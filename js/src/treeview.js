@@ -39,7 +39,9 @@ export function rowElement(node, i, look) {
   h("span", { class: "yax-shapes" }, `${node.ins} → ${node.outs}`),
   node.params ? h("span", { class: "yax-params" }, compact(node.params)) : null,
   look.firstDivergence === node.id
-    ? h("span", { class: "yax-first", title: "outputs start to differ here" }, "◆ first divergence") : null);
+    ? h("span", { class: "yax-first", title: "outputs start to differ here" }, "◆ first divergence") : null,
+  look.selected === node.id && !node.eq
+    ? h("button", { class: "yax-replace", title: "What fits here (Enter, or double-click the row)" }, "replace…") : null);
 }
 
 /** The legend of the rows' divergence colours. */
@@ -55,10 +57,11 @@ export class TreeView {
   /**
    * `request(type, payload)`: requests.js; `onFailure(err)`: show a failed request;
    * `onSubstitute(target, name)`: what a drop or a pick in the fits menu does;
-   * `onMatchesShown(ids)`: the highlight of `showMatches` is on screen.
+   * `onMatchesShown(ids)`: the highlight of `showMatches` is on screen; `onSelect(id)`: a row
+   * was selected (the graph pane follows the selection).
    */
-  constructor({ model, request, onFailure, onSubstitute, onMatchesShown }) {
-    Object.assign(this, { model, request, onFailure, onSubstitute, onMatchesShown });
+  constructor({ model, request, onFailure, onSubstitute, onMatchesShown, onSelect = () => {} }) {
+    Object.assign(this, { model, request, onFailure, onSubstitute, onMatchesShown, onSelect });
     this.tree = buildTree([]);
     this.expanded = new Set();
     this.eqs = new Map();      // call id -> equation nodes
@@ -111,18 +114,22 @@ export class TreeView {
     const at = this.fits ? this.indexOf(this.fits.id) : -1;
     if (at >= 0) {
       const { id } = this.fits;
-      out.push(this.below(at, fitsMenu(this.fits, {
+      out.push(this.near(at, fitsMenu(this.fits, {
         onPick: (name) => this.onSubstitute(id, name),
         onClose: () => { this.fits = null; this.schedule(); },
       })));
     }
-    if (this.notice) out.push(this.below(this.indexOf(this.notice.id), this.noticeElement()));
+    if (this.notice) out.push(this.near(this.indexOf(this.notice.id), this.noticeElement()));
     this.spacer.replaceChildren(...out);
   }
 
-  /** Place an overlay just below row `i` (at the top when -1). */
-  below(i, el) {
-    el.style.top = `${(i + 1) * ROW_H}px`;
+  /** Place an overlay at row `i` (at the top when -1): below it, or above it when the row is in
+   * the lower half of the tree's view, so that the tree's bottom edge never cuts it off. */
+  near(i, el) {
+    const y = i * ROW_H - this.el.scrollTop;
+    const above = i >= 0 && y > this.el.clientHeight / 2;
+    el.classList.toggle("yax-above", above);
+    el.style.top = `${above ? i * ROW_H : (i + 1) * ROW_H}px`;
     return el;
   }
 
@@ -237,6 +244,16 @@ export class TreeView {
     });
   }
 
+  /** Select call `id`, opening its ancestors, and scroll to it (from the graph or the compare pane). */
+  reveal(id) {
+    const { byId } = this.tree;
+    if (!byId.has(id)) return;
+    for (const a of ancestorsOf([id], (i) => byId.get(i)?.parent)) this.expanded.add(a);
+    this.relayout();
+    this.select(id, false);
+    this.scrollTo(this.indexOf(id));
+  }
+
   showNotice(id, message) {
     this.notice = { id, message };
     this.schedule();
@@ -278,10 +295,12 @@ export class TreeView {
 
   /** Select a row; with `openMenu`, offer what fits it (a `fits` request). */
   async select(id, openMenu) {
+    const moved = this.selected !== id;
     this.selected = id;
     this.fits = null;
     if (this.notice && this.notice.id !== id) this.notice = null; // a refusal's reason goes once the user moves on
     this.schedule();
+    if (moved) this.onSelect(id);
     if (!openMenu) return;
     try {
       const reply = await this.request("fits", { id });
@@ -294,12 +313,14 @@ export class TreeView {
     }
   }
 
+  /** A click selects a row (the graph follows it); its "replace…" button, a double-click or
+   * Enter offer what fits. */
   onClick(e) {
     const row = e.target.closest(".yax-row");
     if (!row) return;
     const id = Number(row.dataset.id);
     if (e.target.closest(".yax-toggle")) this.toggle(id);
-    else this.select(id, true);
+    else this.select(id, !!e.target.closest(".yax-replace") || e.detail === 2);
   }
 
   /** Arrows move the selection, right/left expand and collapse (left again goes to the

@@ -84,7 +84,7 @@ const PYTHON = {
     equationRow({ id: 20000 + msg.id, primitive: "add", ins: "f32[2,16,64]", outs: "f32[2,16,64]" })] }),
   fits: () => ({ type: "ok", fits: ["identity", "relu"], refused: { "LoRA r=4": "`LoRA` replaces a Dense layer." } }),
   code: () => ({ type: "ok", code: "mox = yax.sub('//gelu', jax.nn.relu, mox)" }),
-  graph: () => ({ type: "ok", dot: 'digraph { rankdir=LR; "yax-1" [label="Dense"]; x -> "yax-1" -> y }' }),
+  graph: () => ({ type: "ok", dot: 'digraph { rankdir=LR; n1 [id="yax-3", label="Dense"]; x -> n1 -> y }' }),
 };
 
 class FakeModel {
@@ -284,10 +284,15 @@ scenario("undo and redo send their requests; the buttons and the history follow 
   assert.equal(status().textContent, "");
 });
 
-scenario("clicking a row offers what fits; picking one substitutes it", async (mount) => {
+scenario("a click selects a row; its replace button offers what fits; picking one substitutes it", async (mount) => {
   const { model, $, $$, row } = await mount({ handlers: { substitute: () => ({ type: "ok", description: "ok" }) } });
   $('.yax-tab[data-tab="History"]').dispatchEvent(new window.MouseEvent("click"));
   click(row(3).querySelector(".yax-name"));
+  await frame();
+  assert.ok(row(3).classList.contains("yax-selected"));
+  assert.equal($(".yax-fits"), null); // selecting (to graph it, say) opens no menu
+  assert.deepEqual(model.requests("fits"), []);
+  click(row(3).querySelector(".yax-replace"));
   await until(() => $(".yax-fits"), "the fits menu");
   assert.ok(row(3).classList.contains("yax-selected"));
   assert.deepEqual(model.requests("fits"), [{ type: "fits", id: 3 }]);
@@ -382,6 +387,70 @@ scenario("the graph button lays out the graph with Graphviz in the pane", async 
   await until(() => $(".yax-graph svg"), "the SVG", 20_000);
   assert.deepEqual(model.requests("graph"), [{ type: "graph", id: 3, depth: 1 }]);
   assert.equal($(".yax-graph svg").querySelectorAll("g.node").length, 3);
+});
+
+scenario("the Graph tab draws the selected call by itself; it zooms; a box selects its row", async (mount) => {
+  const { model, $, row } = await mount();
+  click(row(3).querySelector(".yax-name"));
+  click($('.yax-tab[data-tab="Graph"]')); // no button needed
+  await until(() => $(".yax-graph svg"), "the SVG", 20_000);
+  assert.deepEqual(model.requests("graph"), [{ type: "graph", id: 3, depth: 1 }]);
+  const scale = () => Number($(".yax-graph-view").dataset.scale);
+  const s0 = scale();
+  click($(".yax-zoom-in"));
+  assert.ok(scale() > s0);
+  click($(".yax-zoom-out"));
+  assert.equal(scale().toFixed(3), s0.toFixed(3));
+  $(".yax-graph-depth").value = "2";
+  $(".yax-graph-depth").dispatchEvent(new window.Event("change"));
+  await until(() => model.requests("graph").length === 2, "the deeper graph");
+  assert.deepEqual(model.requests("graph")[1], { type: "graph", id: 3, depth: 2 });
+  await until(() => $(".yax-graph svg g.node[data-row]"), "the deeper SVG", 20_000);
+  // selecting another row while the graph is shown draws that one
+  click(row(1).querySelector(".yax-name"));
+  await until(() => model.requests("graph").length === 3, "the graph of the new selection");
+  assert.equal(model.requests("graph")[2].id, 1);
+  await until(() => $(".yax-graph svg g.node[data-row]"), "its SVG", 20_000);
+  // a click on a box selects its row (the fake graph's box is row 3)
+  await frame();
+  assert.equal($(".yax-row.yax-selected").dataset.id, "1");
+  click($(".yax-graph svg g.node[data-row] text"));
+  await frame();
+  assert.equal($(".yax-row.yax-selected").dataset.id, "3");
+});
+
+scenario("history items go to their state; the compare pane compares with the step before on request", async (mount) => {
+  const { model, $, $$ } = await mount({ handlers: { goto: () => ({ type: "ok" }), compare_base: () => ({ type: "ok" }) } });
+  model.set("_history", { items: ["replaced gelu with relu", "replaced relu with tanh"], index: 2 });
+  click($('.yax-tab[data-tab="History"]'));
+  assert.deepEqual($$(".yax-history-item").map((e) => e.dataset.index), ["0", "1", "2"]);
+  click($('.yax-history-item[data-index="2"]')); // the current one: nothing to do
+  click($('.yax-history-item[data-index="1"]'));
+  await until(() => model.requests("goto").length, "the goto request");
+  assert.deepEqual(model.requests("goto"), [{ type: "goto", index: 1 }]);
+  click($('.yax-tab[data-tab="Compare"]'));
+  const select = $(".yax-compare-base");
+  assert.equal(select.value, "original");
+  select.value = "previous";
+  select.dispatchEvent(new window.Event("change"));
+  await until(() => model.requests("compare_base").length, "the compare_base request");
+  assert.deepEqual(model.requests("compare_base"), [{ type: "compare_base", base: "previous" }]);
+  model.set("_compare_base", "previous");
+  model.set("_comparison", { allclose: false, first_divergence: "Transformer/Block_0/gelu", first_divergence_id: 4,
+    seconds: 0.1, rtol: 1e-5, atol: 1e-6, base: "previous",
+    outputs: [{ name: "out", shape: [4], max_abs: 1, mean_abs: 0.5, rel: 0.1, cosine: 0.9, allclose: false,
+      hist: { counts: [1, 0, 3], lo: -1, hi: 1, n: 4, nonfinite: 0 }, heat: null }],
+    boundaries: { 3: { rel: 0, max_abs: 0, allclose: true }, 4: { rel: 0.04, max_abs: 0.5, allclose: false } } });
+  assert.match($(".yax-compare .yax-verdict").textContent, /differ from the previous step/);
+  assert.equal($(".yax-compare-base").value, "previous");
+  // the per-call table, in program order; a click selects the call's row
+  assert.deepEqual($$(".yax-boundaries tr.yax-boundary").map((r) => r.dataset.id), ["3", "4"]);
+  assert.equal($(".yax-boundaries tr.yax-first-row").dataset.id, "4");
+  click($(".yax-boundaries tr.yax-first-row"));
+  await frame();
+  assert.equal($(".yax-row.yax-selected").dataset.id, "4");
+  // the histogram's axis: its real ends and 0
+  assert.deepEqual($$(".yax-hist-axis .yax-tick").map((t) => t.textContent), ["-1.00", "1.00", "0"]);
 });
 
 scenario("while a change compiles the compare pane says so; back at the original it says that", async (mount) => {

@@ -27,12 +27,17 @@ test("buildTree links children in document order with depths", () => {
   assert.equal(t.byId.get(2).fields, "");
 });
 
-test("visibleRows follows the expanded set; equations come after the calls", () => {
+test("visibleRows follows the expanded set; equations in program order among the calls", () => {
   const t = buildTree(ROWS);
   assert.deepEqual(visibleRows(t, new Set()).map((n) => n.id), [1]);
   assert.deepEqual(visibleRows(t, new Set([1])).map((n) => n.id), [1, 2, 7]);
   const eqs = new Map([[1, equationNodes(t.byId.get(1), [equationRow({ id: 100, primitive: "add" })])]]);
   assert.deepEqual(visibleRows(t, new Set([1, 2]), eqs).map((n) => n.id), [1, 2, 3, 6, 7, 100]);
+  // ids are document order: an equation run between two calls is listed between them (GPT-2's
+  // gelu equations sit between c_fc and c_proj, not after c_proj)
+  const mid = new Map([[2, equationNodes(t.byId.get(2), [equationRow({ id: 5, primitive: "mul" }),
+    equationRow({ id: 6.5, primitive: "add" })])]]);
+  assert.deepEqual(visibleRows(t, new Set([1, 2]), mid).map((n) => n.id), [1, 2, 3, 5, 6, 6.5, 7]);
   const eq = eqs.get(1)[0];
   assert.equal(eq.depth, 1);
   assert.equal(eq.name, "add");

@@ -135,11 +135,14 @@ def _steps(nb: Notebook) -> None:
     assert " 1 False True" in nb.run(2)
     shot(nb, "05-refused")
 
-    # click-to-substitute: the menu offers what fits
+    # click-to-substitute: a click selects the row (no menu), its "replace…" button offers what fits
     drops = type_query(root, "//module_call[@type='Dropout']")
     assert len(drops) == 4
     drop = drops[0]
     root.locator(f'.yax-row[data-id="{drop}"]').click()
+    root.locator(f'.yax-row.yax-selected[data-id="{drop}"]').wait_for()
+    assert root.locator(".yax-fits").count() == 0
+    root.locator(f'.yax-row[data-id="{drop}"] .yax-replace').click()
     menu = root.locator(".yax-fits")
     menu.wait_for(state="visible")
     assert root.locator(".yax-notice").count() == 0  # the refusal's reason went once another row was chosen

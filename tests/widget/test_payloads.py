@@ -20,13 +20,17 @@ def test_tree_rows_are_the_call_nodes_with_their_parents(model):
     by_id = {r[0]: r for r in rows}
     for r in rows:
         node = nodes[r[0]]
-        assert (r[2], r[3], r[4]) == (node.kind, node.name, node.type)
-        assert r[8] == node.num_params
+        if node.kind == "method_call":  # a helper method: named by its method, its module's params not again
+            assert (r[3], r[5], r[8]) == (f"{node.name}.{node.method}", "", 0) and by_id[r[1]][8] == node.num_params
+        else:
+            assert (r[3], r[8]) == (node.name, node.num_params)
+        assert (r[2], r[4]) == (node.kind, node.type)
         if r[1] >= 0:  # the parent row is the nearest enclosing call
             parent = nodes[r[1]]
             assert node.path.startswith(parent.path) and r[1] in by_id
         else:
             assert node.path == "Transformer"
+    assert any(r[2] == "method_call" for r in rows)  # the model has helper methods: the case above ran
     dense = next(r for r in rows if r[4] == "Dense")
     assert "features=" in dense[5] and dense[6].startswith("f32[") and dense[9] > 0
     # the row shows what differs from the defaults; the tooltip text has every field

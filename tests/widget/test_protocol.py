@@ -47,13 +47,57 @@ def test_a_replacement_that_does_not_fit_is_refused_at_its_row(model):
     fits = ask(ex, rid=1, type="fits", id=i)
     assert "GELU" in fits["fits"] and "identity" in fits["fits"] and "half" not in fits["fits"]
     assert "f32[2,8,16] but the node's is f32[2,8,32]" in fits["refused"]["half"]
-    dense = yax.query('//module_call[@name="Dense_0"]', ex.mox)[0]  # 32 -> 64: no activation fits
-    assert ask(ex, rid=1, type="fits", id=view(ex.mox).ids[id(dense)])["fits"] == []
+    dense = yax.query('//module_call[@name="Dense_0"]', ex.mox)[0]  # 32 -> 64: no activation fits, LoRA does
+    assert ask(ex, rid=1, type="fits", id=view(ex.mox).ids[id(dense)])["fits"] == ["LoRA r=4"]
     before = snapshot(ex)
     reply = ask(ex, rid=2, type="substitute", target=i, name="half")
     assert reply["type"] == "error" and "Nothing was changed" in reply["message"]
     assert ex._notice["id"] == i and ex._notice["message"] == reply["message"]
     assert snapshot(ex) == before and ex.history == []
+
+
+def test_goto_moves_to_a_state_of_the_history_and_keeps_the_later_ones(model):
+    ex = explorer(model)
+    ex.substitute("//activation[@name='gelu']", "ReLU")
+    ex.substitute("//module_call[@type='Dropout']", "identity")
+    states = [c.mox for c in ex._states]
+    assert ask(ex, rid=1, type="goto", index=1)["type"] == "ok"
+    assert ex.mox is states[1] and ex._history == {"items": ex._history["items"], "index": 1}
+    assert len(yax.query("//activation[@name='relu']", ex.mox)) == 2
+    assert ex.comparison is not None and not ex.comparison.allclose  # compared like an undo's state
+    assert ask(ex, rid=2, type="goto", index=0)["type"] == "ok" and ex.mox is ex.original and ex.comparison is None
+    assert ask(ex, rid=3, type="goto", index=2)["type"] == "ok" and ex.mox is states[2]
+    before = snapshot(ex)
+    for bad in (3, -1, True, "1", None):
+        reply = ask(ex, rid=4, type="goto", index=bad)
+        assert reply["type"] == "error" and "`index` must be a state of the history, 0 to 2" in reply["message"]
+    assert snapshot(ex) == before
+
+
+def test_compare_with_the_previous_step_shows_what_the_last_change_did(model):
+    from .helpers import IDS
+
+    ex = explorer(model)
+    ex.substitute("//activation[@name='gelu']", "ReLU")
+    ex.substitute("//activation[@name='relu']", "tanh")
+    vs_original = ex.comparison
+    assert ask(ex, rid=1, type="compare_base", base="previous")["type"] == "ok"
+    assert ex._compare_base == "previous" and ex._comparison["base"] == "previous"
+    prev, cur = ex._states[1], ex._states[2]
+    want = yax.compare(prev.mox, cur.mox, prev.params, IDS, new_params=cur.params)
+    got = ex.comparison
+    assert [s.max_abs for s in got.outputs.values()] == [s.max_abs for s in want.outputs.values()]
+    assert got.first_divergence == want.first_divergence and got.boundaries.keys() == want.boundaries.keys()
+    assert [s.max_abs for s in got.outputs.values()] != [s.max_abs for s in vs_original.outputs.values()]
+    # the first change's previous state is the original
+    ex.undo()
+    assert ex._comparison["base"] == "original" and not ex.comparison.allclose
+    ex.redo()
+    assert ex._comparison["base"] == "previous"
+    assert ask(ex, rid=2, type="compare_base", base="original")["type"] == "ok"
+    assert ex._comparison["base"] == "original" and ex.comparison.first_divergence == vs_original.first_divergence
+    reply = ask(ex, rid=3, type="compare_base", base="last")
+    assert reply["type"] == "error" and "`base` must be" in reply["message"]
 
 
 def test_graph_and_expand(model):

@@ -1,7 +1,9 @@
 // The compare pane: the verdict, per-output statistics, the histogram of the differences and
 // the heatmaps of original, modified and |difference| (from `_comparison`, docs/widget.md).
 import { h } from "../dom.js";
-import { bounds, diffCaption, extent, floats, heatPart, histCaption, histogramBars, num, ramp } from "../format.js";
+import {
+  bounds, diffCaption, divergenceColor, divergenceLevel, extent, floats, heatPart, histCaption, histogramBars, num, ramp,
+} from "../format.js";
 
 const HIST_W = 280;
 const HIST_H = 80;
@@ -20,6 +22,22 @@ function heatCanvas(values, rows, cols, lo, hi, label) {
   return h("figure", { class: "yax-heat-fig" }, canvas, h("figcaption", {}, label));
 }
 
+/** The ticks under the histogram: its real smallest and largest difference, and 0 when it lies
+ * between (positions in % of the width). One value everywhere: that value, in the middle. */
+export function histTicks({ lo, hi }) {
+  if (lo === hi) return [{ at: 50, text: num(lo) }];
+  const ticks = [{ at: 0, text: num(lo) }, { at: 100, text: num(hi) }];
+  const zero = (100 * (0 - lo)) / (hi - lo);
+  if (zero > 15 && zero < 85) ticks.push({ at: zero, text: "0" });
+  return ticks;
+}
+
+function axis(ticks, cls) {
+  return h("div", { class: `yax-axis ${cls}` }, ticks.map((t) => h("span", {
+    class: "yax-tick", style: { left: `${t.at}%`, transform: `translateX(${t.at === 0 ? 0 : t.at === 100 ? -100 : -50}%)` },
+  }, t.text)));
+}
+
 function histCanvas(hist, color) {
   const canvas = h("canvas", { class: "yax-hist", width: HIST_W, height: HIST_H });
   const ctx = canvas.getContext("2d");
@@ -27,7 +45,16 @@ function histCanvas(hist, color) {
   // one value everywhere has no range to spread over: a single bar in the middle, and the caption says so
   const counts = hist.lo === hist.hi ? [0, hist.counts.reduce((a, b) => a + b, 0), 0] : hist.counts;
   for (const b of histogramBars(counts, HIST_W, HIST_H)) ctx.fillRect(b.x, b.y, b.w, b.h);
-  return h("figure", { class: "yax-hist-fig" }, canvas, h("figcaption", {}, histCaption(hist)));
+  return h("figure", { class: "yax-hist-fig" }, h("div", { class: "yax-hist-box" }, canvas, axis(histTicks(hist), "yax-hist-axis")),
+    h("figcaption", {}, histCaption(hist)));
+}
+
+/** The colour scale of a heatmap: the ramp from `lo` to `hi` (the real values, not widened). */
+function colourScale(lo, hi, label) {
+  const stops = [0, 0.25, 0.5, 0.75, 1].map((t) => `rgb(${ramp(t).join(",")}) ${t * 100}%`).join(", ");
+  return h("div", { class: "yax-scale", title: `colour scale of ${label}` },
+    h("div", { class: "yax-scale-bar", style: { background: `linear-gradient(to right, ${stops})` } }),
+    axis(lo === hi ? [{ at: 50, text: num(lo) }] : [{ at: 0, text: num(lo) }, { at: 100, text: num(hi) }], "yax-scale-axis"));
 }
 
 function heatmaps(heat, outputMax) {
@@ -38,13 +65,38 @@ function heatmaps(heat, outputMax) {
   const [dlo, dhi] = extent(d);
   const dmax = (bounds(d) || [])[1]; // the caption says the real maximum, not the widened one
   const whole = heat.whole ?? true;
+  const [vlo, vhi] = bounds([...(bounds(a) || []), ...(bounds(b) || [])]) || [0, 0];
   return h("div", {},
     h("div", { class: "yax-hint yax-heat-part" }, `heatmaps of ${heatPart({ ...heat, whole })}`),
     h("div", { class: "yax-heats" },
       heatCanvas(a, heat.rows, heat.cols, lo, hi, "original"),
       heatCanvas(b, heat.rows, heat.cols, lo, hi, "modified"),
       heatCanvas(d, heat.rows, heat.cols, Math.min(0, dlo), dhi === dlo ? dlo + 1 : dhi,
-        diffCaption(dmax, outputMax, whole))));
+        diffCaption(dmax, outputMax, whole))),
+    h("div", { class: "yax-scales" }, colourScale(vlo, vhi, "original and modified"),
+      colourScale(Math.min(0, dmax ?? 0), dmax ?? 0, "|difference|")));
+}
+
+/** The module outputs compared, in program order (row ids are document order): where the
+ * difference starts and how it grows. `pathOf(id)` names a row; `onPick(id)` selects it. */
+function boundaryTable(boundaries, firstId, { pathOf, onPick }) {
+  const ids = Object.keys(boundaries).map(Number).sort((x, y) => x - y);
+  if (!ids.length) return null;
+  const MAX = 400;
+  const rows = ids.slice(0, MAX).map((id) => {
+    const b = boundaries[String(id)];
+    const level = divergenceLevel(b.rel);
+    const path = pathOf(id) || `#${id}`;
+    return h("tr", { class: `yax-boundary${id === firstId ? " yax-first-row" : ""}`, dataset: { id: String(id) },
+      onclick: () => onPick(id), title: `${path}: select this call in the tree` },
+    h("td", { class: "yax-boundary-path", style: { borderLeftColor: divergenceColor(level) } },
+      path.includes("/") ? path.slice(path.indexOf("/") + 1) : path), // below the model's own name
+    h("td", {}, num(b.rel)), h("td", {}, num(b.max_abs)), h("td", {}, b.allclose ? "✓" : "✗"));
+  });
+  return h("details", { class: "yax-boundaries", open: true },
+    h("summary", {}, `module outputs, in program order (${ids.length}${ids.length > MAX ? `, the first ${MAX} shown` : ""})`),
+    h("table", { class: "yax-stats" },
+      h("tr", {}, ["call", "rel", "max|Δ|", ""].map((t) => h("th", {}, t))), rows));
 }
 
 function statsTable(outputs) {
@@ -52,6 +104,16 @@ function statsTable(outputs) {
     h("tr", {}, ["output", "max|Δ|", "mean|Δ|", "rel", "cos", ""].map((t) => h("th", {}, t))),
     outputs.map((o) => h("tr", {}, h("td", {}, o.name), h("td", {}, num(o.max_abs)), h("td", {}, num(o.mean_abs)),
       h("td", {}, num(o.rel)), h("td", {}, num(o.cosine)), h("td", {}, o.allclose ? "✓" : "✗"))));
+}
+
+/** Compare with the original or with the state before the last change (`onBase(base)`). */
+function baseChooser(base, onBase) {
+  const select = h("select", { class: "yax-compare-base", "aria-label": "compare with" },
+    h("option", { value: "original" }, "the original"),
+    h("option", { value: "previous" }, "the step before (what the last change did)"));
+  select.value = base;
+  select.addEventListener("change", () => onBase(select.value));
+  return h("label", { class: "yax-hint yax-compare-with" }, "compare with ", select);
 }
 
 const HINT = "Drag a replacement onto a layer (or the query box) to compare the modified model with the original.";
@@ -66,23 +128,29 @@ function emptyHint(c, { busy, undone }) {
 }
 
 /** Fill `pane` from a `_comparison` value; `color` draws the histogram's bars; `busy`: a
- * newer change is being compared (what is shown is the previous one); `undone`: see above. */
-export function renderCompare(pane, c, { color = "#1976d2", busy = false, undone = false } = {}) {
+ * newer change is being compared (what is shown is the previous one); `undone`: see above;
+ * `pathOf(id)` names a tree row, `onPick(id)` selects it (the per-call table). */
+export function renderCompare(pane, c, { color = "#1976d2", busy = false, undone = false, pathOf = () => "",
+  onPick = () => {}, base = "original", onBase = null } = {}) {
   pane.classList.toggle("yax-stale", !!(busy && c.outputs));
+  const choose = onBase ? baseChooser(base, onBase) : null;
   if (!c.outputs) {
-    pane.replaceChildren(h("div", { class: `yax-hint${busy ? " yax-comparing" : ""}` }, emptyHint(c, { busy, undone })));
+    pane.replaceChildren(...[choose, h("div", { class: `yax-hint${busy ? " yax-comparing" : ""}` },
+      emptyHint(c, { busy, undone }))].filter(Boolean));
     return;
   }
+  const against = c.base === "previous" ? "the previous step" : "the original";
   const verdict = h("div", { class: `yax-verdict ${c.allclose ? "yax-ok" : "yax-differs"}` },
-    c.allclose ? "✓ outputs allclose to the original" : "✗ outputs differ from the original",
+    c.allclose ? `✓ outputs allclose to ${against}` : `✗ outputs differ from ${against}`,
     c.first_divergence ? h("div", {}, "first divergence: ", h("code", {}, c.first_divergence)) : null,
     h("div", { class: "yax-hint" }, `compiled and compared in ${c.seconds} s`
       + (c.rtol !== undefined ? ` · allclose: |Δ| ≤ ${num(c.atol)} + ${num(c.rtol)}·|original|` : "")));
   const plots = c.outputs.map((o) => h("div", { class: "yax-output" },
-    h("div", { class: "yax-section-title" }, `${o.name} [${o.shape.join(", ")}]`),
+    h("div", { class: "yax-output-title" }, `${o.name} [${o.shape.join(", ")}]`),
     histCanvas(o.hist, color),
     o.heat ? heatmaps(o.heat, o.max_abs) : null));
   const comparing = busy ? h("div", { class: "yax-hint yax-comparing" },
     "Compiling and comparing the modified model… (below: the previous comparison)") : null;
-  pane.replaceChildren(...[comparing, verdict, statsTable(c.outputs), ...plots].filter(Boolean));
+  const table = boundaryTable(c.boundaries || {}, c.first_divergence_id, { pathOf, onPick });
+  pane.replaceChildren(...[comparing, choose, verdict, statsTable(c.outputs), ...plots, table].filter(Boolean));
 }
