@@ -301,7 +301,8 @@ def test_lora_on_modules_mapped_by_nn_vmap(in_axes, shape):
                                                       "lora_b": (3, 2, 8)}
     assert heads["kernel"] is params["params"]["heads"]["kernel"] and heads["bias"] is params["params"]["heads"]["bias"]
     assert not np.allclose(heads["lora_a"][0], heads["lora_a"][1]) and not np.any(heads["lora_b"])  # split keys
-    np.testing.assert_array_equal(yax.eval_mox(new, lp, x), m.apply(params, x))  # starts exactly equal
+    # starts exactly equal to the model before the change (eager eval_mox and apply may differ by an ulp on older jax)
+    np.testing.assert_array_equal(yax.eval_mox(new, lp, x), yax.eval_mox(mox, params, x))
     # a trained adapter: what `nn.vmap` of the adapter computes, each head changed by its own update
     b = jax.random.normal(jax.random.key(1), (3, 2, 8))
     trained = {"params": {**lp["params"], "heads": {**heads, "lora_b": b}}}
