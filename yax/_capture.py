@@ -179,6 +179,26 @@ def _plan(pattern: Any, mox: Mox, what: str, forward_only: bool = False) -> _Pla
     return _Plan(targets, descend)
 
 
+def capturable_calls(mox: Mox) -> list[Mox]:
+    """The call nodes of ``mox`` whose outputs `capture` can bring out, in
+    evaluation order: every call except those inside ``while``, ``cond`` and
+    custom-derivative bodies (which `capture` refuses, saying why)."""
+    found: list[Mox] = []
+    stack: list[Any] = [iter(mox.children)]
+    while stack:
+        c = next(stack[-1], None)
+        if c is None:
+            stack.pop()
+        elif isinstance(c, Equation):
+            if _how(c, forward_only=False) in ("inline", "remat", "scan"):
+                stack.extend(iter(s.children) for _, s in reversed(c.subs))
+        else:
+            if c.kind in CALL_KINDS:
+                found.append(c)
+            stack.append(iter(c.children))
+    return found
+
+
 def _how(eqn: Equation, forward_only: bool) -> str:
     name, subs = eqn.name, eqn.subs
     if len(subs) == 1 and name in _INLINE:

@@ -13,7 +13,8 @@ Contents:
   call keys        `call_keys` (compare's boundary names), `keyed` (diff's), `capture_keys`
                    (the keys `capture` gives every call and equation)
   values           `ValueStats` (statistics of one array), `capture_programs` (the jitted
-                   programs `capture`/`patch` keep per MoX, with their trace counts)
+                   programs `capture`/`patch` keep per MoX, with their trace counts),
+                   `capturable_calls` (the calls whose values `capture` can bring out)
   tracing          `trace_target` (a MoX and the arguments it is evaluated with),
                    `params_argument` (which of them `yax.sub`'s ``params=`` takes)
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._capture import ValueStats as ValueStats
+from ._capture import capturable_calls as capturable_calls
 from ._capture import capture_keys as capture_keys
 from ._capture import capture_programs as capture_programs
 from ._compare import Measured as Measured

@@ -41,6 +41,7 @@ from yax.internal import (
 from . import _payloads, _protocol
 from ._code import replacement_code, xpath_for
 from ._targets import hf_call, opening_lines, target_kind
+from ._values import Values
 
 STATIC = pathlib.Path(__file__).parent / "static"
 
@@ -106,7 +107,7 @@ def _default_palette() -> list[tuple[str, Any]]:
     ]
 
 
-class Explorer(anywidget.AnyWidget):
+class Explorer(Values, anywidget.AnyWidget):
     """Explore a model's module tree, query it, swap layers and compare.
 
     Args:
@@ -120,6 +121,11 @@ class Explorer(anywidget.AnyWidget):
         parameters `yax.sub` reconciles.
       key: PRNG key for the parameters of inserted modules (default
         ``jax.random.key(0)``, folded with each step).
+      batches: more named inputs, ``{"clean": x, "corrupt": y}``: each
+        the arguments after the parameters (a tuple for several), of the
+        example's shapes; the UI chooses the one the values, colouring and
+        comparison use (`add_batch`, `use_batch`). Not ``inputs=``: that is
+        the usual name of a Flax module's own argument.
       warm: compile and run the original model on the example inputs in
         a background thread right away, keeping its outputs and module
         boundary values (host memory: the size of all its call outputs,
@@ -159,7 +165,8 @@ class Explorer(anywidget.AnyWidget):
     _notice = traitlets.Dict().tag(sync=True)          #: a refused replacement's reason, at its row
     _compare_base = traitlets.Unicode("original").tag(sync=True)  #: compare with "original" or "previous"
 
-    def __init__(self, target: Any, *args: Any, key: Any = None, warm: bool | None = None, **kwargs: Any):
+    def __init__(self, target: Any, *args: Any, key: Any = None, warm: bool | None = None,
+                 batches: Any = None, **kwargs: Any):
         super().__init__()
         given = target
         if isinstance(target, Mox):
@@ -177,6 +184,7 @@ class Explorer(anywidget.AnyWidget):
         self._names: list[str] | None = None  # the expressions `%yax` was given: the script's names
         params = params_argument(mox, args)  # the variables or state `yax.sub` reconciles, or None
         self._has_params = params is not None
+        self._init_values(batches)  # the named batches (_values.py)
         self._key = jax.random.key(0) if key is None else key
         self._states: list[Change] = [Change("original", "", mox, params)]
         self._index = 0

@@ -161,27 +161,34 @@ def query_result(xpath: str, res: Any, matched: int, mox: yax.Mox) -> dict:
 
 # -- the comparison -------------------------------------------------------------------
 
-def _heat(x: np.ndarray, y: np.ndarray, name: str) -> dict | None:
-    """Heatmaps of the first 2-D slice of an output, as float32 buffers, with what
-    was cut: the slice (``label``) and the subsampling (``step``: every n-th row
-    and column), so the captions say which part of the output they show."""
-    if x.ndim == 0 or x.size == 0:
-        return None
+def heat_slice(x: Any, name: str) -> tuple[Any, dict]:
+    """The part of an array a heatmap shows: its first 2-D slice, every n-th row
+    and column so that it is at most `HEAT_MAX` square; and what was cut, as the
+    captions say it (``label``: the slice, ``step``: the subsampling, ``whole``).
+    Plain indexing, so it works on numpy arrays and inside ``jax.jit`` alike."""
     lead = x.ndim - 2
     if lead > 0:
-        x, y = x[(0,) * lead], y[(0,) * lead]
+        x = x[(0,) * lead]
         name = f"{name}[{', '.join(['0'] * lead)}]"
     if x.ndim == 1:
-        x, y = x[None], y[None]
+        x = x[None]
     sr, sc = (max(1, math.ceil(n / HEAT_MAX)) for n in x.shape)
-    x, y = x[::sr, ::sc], y[::sr, ::sc]
+    return x[::sr, ::sc], {"label": name, "rows": math.ceil(x.shape[0] / sr), "cols": math.ceil(x.shape[1] / sc),
+                           "step": [sr, sc], "whole": lead <= 0 and sr == sc == 1}
 
-    def buf(a: np.ndarray) -> bytes:
-        return np.ascontiguousarray(a, dtype="<f4").tobytes()
 
-    return {"label": name, "rows": int(x.shape[0]), "cols": int(x.shape[1]), "step": [sr, sc],
-            "whole": lead <= 0 and sr == sc == 1,
-            "original": buf(x), "modified": buf(y), "diff": buf(np.abs(y - x))}
+def floats(a: Any) -> bytes:
+    """An array as a little-endian float32 buffer (how heatmaps travel)."""
+    return np.ascontiguousarray(a, dtype="<f4").tobytes()
+
+
+def _heat(x: np.ndarray, y: np.ndarray, name: str) -> dict | None:
+    """Heatmaps of the first 2-D slice of an output (`heat_slice`), as float32
+    buffers of the original, the modified and their difference."""
+    if x.ndim == 0 or x.size == 0:
+        return None
+    (xs, info), (ys, _) = heat_slice(x, name), heat_slice(y, name)
+    return {**info, "original": floats(xs), "modified": floats(ys), "diff": floats(np.abs(ys - xs))}
 
 
 def _finite(v: float) -> float | None:

@@ -9,6 +9,7 @@ import { createGraphPane } from "./panes/graph.js";
 import { renderHistory } from "./panes/history.js";
 import { paletteItems } from "./panes/palette.js";
 import { createTabs } from "./panes/tabs.js";
+import { createValues } from "./panes/values.js";
 import { createQueryBox } from "./querybox.js";
 import { createRequests, DEFAULT_TIMEOUT_MS } from "./requests.js";
 import { treeRows } from "./rows.js";
@@ -32,6 +33,7 @@ function toolbarButtons() {
 function sidePanes() {
   return {
     Compare: h("div", { class: "yax-compare" }),
+    Values: h("div", { class: "yax-values" }),
     Diff: h("div", { class: "yax-diff" }),
     History: h("div", { class: "yax-history-pane" }),
     Graph: h("div", { class: "yax-graph" }),
@@ -206,6 +208,7 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS }) {
     if (title === "Graph" && (graph.current() !== selectedCall(view) || !panes.Graph.querySelector("svg"))) {
       graph.show(selectedCall(view));
     }
+    if (title === "Values") values.shown();
     if (title === "Code" && !code.shown) {
       code.shown = true;
       refreshCode();
@@ -216,6 +219,7 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS }) {
     onMatchesShown: (ids) => { root.dataset.matchIds = ids.join(","); },
     onSelect: () => {
       if (tabs.current() === "Graph") graph.show(selectedCall(view));
+      values.select(view.selected);
     } });
   const look = () => {
     const c = model.get("_comparison") || {};
@@ -230,6 +234,9 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS }) {
   const palette = h("div", { class: "yax-palette" });
   const root = layout({ query, controls, buttons, status, view, palette, tabs, panes });
   el.append(root);
+  const values = createValues({ model, request, view, tabs, pane: panes.Values, failed, on, change,
+    color: () => getComputedStyle(root).getPropertyValue("--yax-accent") || "#1976d2" });
+  view.el.before(values.bar);
 
   async function substitute(target, name) {
     view.closeOverlays();

@@ -19,6 +19,7 @@ export function rowElement(node, i, look) {
   const b = look.boundaries[key];
   const level = b ? divergenceLevel(b.rel) : null;
   const mark = look.marks[key];
+  const ov = look.overlay && look.overlay.get(node.id); // the colouring by a statistic (panes/values.js)
   const cls = ["yax-row", node.eq ? "yax-eq" : `yax-${node.kind}`,
     look.matches.has(node.id) && "yax-match", look.selected === node.id && "yax-selected",
     mark && `yax-${mark}`, look.dropping === node.id && "yax-dropping"].filter(Boolean).join(" ");
@@ -33,6 +34,7 @@ export function rowElement(node, i, look) {
       borderLeftColor: level === null ? "transparent" : divergenceColor(level) },
   },
   toggle,
+  ov ? h("span", { class: "yax-ov", style: { background: ov.color }, title: ov.title }) : null,
   h("span", { class: "yax-name" }, node.name),
   node.type && node.type !== node.name ? h("span", { class: "yax-type" }, node.type) : null,
   node.attrs ? h("span", { class: "yax-attrs" }, node.attrs) : null,
@@ -76,6 +78,7 @@ export class TreeView {
     this.matchSet = new Set();
     this.matchVersion = 0;
     this.dragOver = null;
+    this.overlay = null;       // row id -> {color, title}: the colouring by a statistic (panes/values.js)
     this.frame = 0;
     this.spacer = h("div", { class: "yax-spacer" });
     this.el = h("div", { class: "yax-tree", tabindex: "0", role: "tree", "aria-label": "module tree" }, this.spacer);
@@ -93,7 +96,7 @@ export class TreeView {
     return {
       matches: this.matchSet, selected: this.selected, expanded: this.expanded, dropping: this.dragOver,
       boundaries: c.boundaries || {}, firstDivergence: c.first_divergence_id,
-      marks: (this.model.get("_diff") || {}).current || {},
+      marks: (this.model.get("_diff") || {}).current || {}, overlay: this.overlay,
     };
   }
 

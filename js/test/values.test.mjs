@@ -1,0 +1,34 @@
+// The values pane's pure helpers (js/src/panes/values.js): captions, the rows' colours and the
+// heatmap's pixels. What they draw in a real page is tested in tests/e2e/test_values_e2e.py.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { ramp } from "../src/format.js";
+import { heatPixels, overlayColor, valuesCaption } from "../src/panes/values.js";
+
+test("the histogram's caption says the real range, one value, or none", () => {
+  assert.equal(valuesCaption({ lo: -1.5, hi: 2, n: 1000 }), "values from -1.50 to 2.00 (1,000 finite)");
+  assert.equal(valuesCaption({ lo: 0, hi: 0, n: 12 }), "every finite value is 0 (12 values)");
+  assert.equal(valuesCaption({ lo: null, hi: null, n: 0, nonfinite: 4 }), "no finite values; 4 NaN or infinite not counted");
+  assert.match(valuesCaption({ lo: 1, hi: 3, n: 6, nonfinite: 2 }), /; 2 NaN or infinite not counted$/);
+});
+
+test("rows are coloured by their statistic: a log scale for the norm, fractions linear, non-finite red", () => {
+  const rgb = (t) => `rgb(${ramp(t).join(", ")})`;
+  assert.equal(overlayColor("norm", 1, 1, 100), rgb(0));
+  assert.equal(overlayColor("norm", 10, 1, 100), rgb(0.5)); // halfway on a log scale
+  assert.equal(overlayColor("norm", 100, 1, 100), rgb(1));
+  assert.equal(overlayColor("norm", 0, 0, 100), rgb(0)); // a zero norm at the bottom
+  assert.equal(overlayColor("zeros", 0.25, 0, 1), rgb(0.25));
+  assert.equal(overlayColor("nonfinite", 0, 0, 1), "hsl(120, 45%, 45%)");
+  assert.equal(overlayColor("nonfinite", 0.01, 0, 1), "hsl(0, 80%, 50%)");
+  assert.equal(overlayColor("norm", null, 0, 1), null); // no value computed: no colour
+});
+
+test("a heatmap paints NaN and Inf apart from the smallest value", () => {
+  const { px, bad } = heatPixels(Float32Array.from([0, 1, Infinity, NaN]), 2, 2);
+  assert.equal(bad, 2);
+  assert.deepEqual([...px.slice(0, 3)], ramp(0));
+  assert.deepEqual([...px.slice(4, 7)], ramp(1));
+  assert.deepEqual([...px.slice(8, 11)], [230, 30, 60]);
+  assert.deepEqual([...px.slice(12, 15)], [230, 30, 60]);
+});

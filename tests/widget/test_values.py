@@ -1,0 +1,220 @@
+"""The explorer's values (issue 13, explorer part): a row's statistics,
+histogram and heatmap computed on the device; the tree painted by a
+statistic; named batches that the values and the comparison use; the first
+NaN. Every number is checked against numpy on the values `yax.capture`
+gives (itself tested against Flax's own intermediates)."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from models import ScannedTransformer
+
+import yax
+from yax.internal import capturable_calls, capture_keys, node_ids
+from yax_widget import Explorer
+from yax_widget import _values as values_module
+
+from .helpers import IDS, ask, explorer
+
+
+def _numpy_stats(x: np.ndarray) -> dict:
+    f = np.asarray(x, np.float64)
+    fin = f[np.isfinite(f)]
+    return {"min": fin.min(), "max": fin.max(), "mean": fin.mean(), "std": fin.std(), "norm": np.sqrt((fin ** 2).sum()),
+            "zeros": int((f == 0).sum()), "nan": int(np.isnan(f).sum()), "finite": int(fin.size)}
+
+
+def _check_entry(entry: dict, x: np.ndarray) -> None:
+    want = _numpy_stats(x)
+    for k in ("min", "max", "mean", "std", "norm"):
+        np.testing.assert_allclose(entry[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    assert (entry["zeros"], entry["nan"], entry["finite"], entry["size"]) == (want["zeros"], want["nan"],
+                                                                             want["finite"], x.size)
+    counts = np.asarray(entry["hist"]["counts"])
+    ref, _ = np.histogram(x[np.isfinite(x)], bins=len(counts), range=(entry["min"], entry["max"]))
+    # the same bins as numpy's, but for values on a bin edge, rounded to the neighbouring bin
+    assert counts.sum() == ref.sum() == want["finite"] and np.abs(counts - ref).sum() <= 4
+    heat = entry["heat"]
+    lead = (0,) * (x.ndim - 2)
+    sl = x[lead] if x.ndim >= 2 else x[None]
+    sr, sc = heat["step"]
+    np.testing.assert_array_equal(np.frombuffer(heat["values"], "<f4").reshape(heat["rows"], heat["cols"]),
+                                  sl[::sr, ::sc].astype(np.float32))
+
+
+def test_a_rows_values_are_its_captured_outputs_reduced_on_the_device(model):
+    ex = explorer(model)
+    m, v = model
+    _, want = yax.capture(list(ex.mox.modules()), ex.mox, v, IDS)
+    ids = node_ids(ex.mox)
+    keys = capture_keys(ex.mox)
+    rows = [n for n in ex.mox.modules()]
+    before = (ex.mox, ex.params, ex._index, ex._query, list(ex._history["items"]))
+    for node in rows[:12]:
+        reply = ask(ex, rid=1, type="values", id=ids[id(node)])
+        assert reply["type"] == "ok" and reply["id"] == ids[id(node)]
+        shown = ex._values
+        assert shown["id"] == ids[id(node)] and shown["key"] == keys[id(node)] and shown["batch"] == "example"
+        leaves = jax.tree_util.tree_leaves(want[keys[id(node)]])
+        assert [o["type"] for o in shown["outputs"]] == [yax.internal.type_str(x) for x in leaves]
+        for entry, x in zip(shown["outputs"], leaves):
+            _check_entry(entry, np.asarray(x))
+            # heatmaps travel as bytes (binary buffers), never as JSON lists
+            assert isinstance(entry["heat"]["values"], bytes)
+    # looking changes nothing
+    assert (ex.mox, ex.params, ex._index, ex._query, list(ex._history["items"])) == before
+
+
+def test_selecting_again_is_served_from_the_cache_and_one_program_serves_every_call(model, monkeypatch):
+    ex = explorer(model)
+    ids = node_ids(ex.mox)
+    calls = list(ex.mox.modules())
+    ask(ex, rid=1, type="values", id=ids[id(calls[3])])
+    prog = values_module._programs[ex.mox]
+    traces = prog.jitted._cache_size()
+    for c in calls:
+        ask(ex, rid=2, type="values", id=ids[id(c)])
+    assert prog.jitted._cache_size() == traces == 1  # one compile for every call row
+    # again: nothing runs on the device, the entry is the one kept
+    kept = ex._values
+    monkeypatch.setattr(values_module, "_pick", lambda *a: pytest.fail("ran again"))
+    ask(ex, rid=3, type="values", id=ids[id(calls[-1])])
+    assert ex._values is kept
+
+
+def test_equation_rows_and_their_values(model):
+    ex = explorer(model)
+    m, v = model
+    eqn = next(n for n in ex.mox.walk() if isinstance(n, yax.Equation) and n.name == "dot_general")
+    _, want = yax.capture(eqn, ex.mox, v, IDS)
+    ask(ex, rid=1, type="values", id=node_ids(ex.mox)[id(eqn)])
+    (entry,) = ex._values["outputs"]
+    _check_entry(entry, np.asarray(next(iter(want.values()))))
+    assert ex.values(eqn)["out"].min == pytest.approx(entry["min"])
+
+
+def test_scanned_layers_give_values_stacked_over_the_steps():
+    m = ScannedTransformer(num_layers=3)
+    ids = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % 64
+    v = m.init(jax.random.key(0), ids)
+    ex = Explorer(m, v, ids)
+    layer = next(n for n in ex.mox.modules() if n.type == "DecoderLayer")
+    stats = ex._row_values(layer)
+    _, want = yax.capture(layer, ex.mox, v, ids)
+    x = np.asarray(jax.tree_util.tree_leaves(want)[0])
+    (entry, *_) = stats["outputs"]
+    assert entry["steps"] == [3] and entry["shape"][0] == 3
+    _check_entry(entry, x)
+
+
+def test_colouring_paints_every_call_from_one_program(model):
+    ex = explorer(model)
+    m, v = model
+    calls = capturable_calls(ex.mox)
+    _, want = yax.capture(calls, ex.mox, v, IDS)
+    keys, ids = capture_keys(ex.mox), node_ids(ex.mox)
+    for stat in ("norm", "zeros", "nonfinite"):
+        assert ask(ex, rid=1, type="overlay", stat=stat)["type"] == "ok"
+        o = ex._overlay
+        assert o["stat"] == stat and o["rows"] == len(calls) and set(o["values"]) == {str(ids[id(c)]) for c in calls}
+        for c in calls:
+            leaves = [np.asarray(x, np.float64).ravel() for x in jax.tree_util.tree_leaves(want[keys[id(c)]])]
+            flat = np.concatenate(leaves)
+            real = {"norm": np.sqrt((flat ** 2).sum()), "zeros": (flat == 0).mean(),
+                    "nonfinite": (~np.isfinite(flat)).mean()}[stat]
+            assert o["values"][str(ids[id(c)])] == pytest.approx(real, rel=1e-5, abs=1e-7)
+        assert o["lo"] == min(o["values"].values()) and o["hi"] == max(o["values"].values())
+    assert values_module._programs[ex.mox].jitted._cache_size() == 1  # the program the values pane uses too
+    ask(ex, rid=2, type="overlay", stat="off")
+    assert ex._overlay == {}
+    assert ask(ex, rid=3, type="overlay", stat="mean")["type"] == "error" and ex._overlay == {}
+
+
+class _LogNet(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        h = nn.Dense(3, name="first")(x)
+        return nn.Dense(2, name="second")(jnp.log(h))
+
+
+def test_batches_switch_the_values_and_the_comparison():
+    m = _LogNet()
+    pos, neg = jnp.ones((2, 4)), -jnp.ones((2, 4))
+    v = m.init(jax.random.key(0), pos)
+    # log of a negative Dense output: whichever batch makes `first` negative gives NaN
+    v = {"params": {**v["params"], "first": {"kernel": jnp.abs(v["params"]["first"]["kernel"]) + 0.1,
+                                             "bias": jnp.zeros(3)}}}
+    ex = Explorer(m, v, pos, batches={"positive": pos, "negative": neg})
+    ex.sent = []
+    ex.send = lambda content, buffers=None: ex.sent.append(content)
+    # the example is the batch named `positive` (the same array), so it is not listed twice
+    assert ex._batches == {"names": ["positive", "negative"], "current": "positive"}
+    second = ex.query("//module_call[@name='second']")[0]
+    rid = node_ids(ex.mox)[id(second)]
+    ask(ex, rid=1, type="values", id=rid)
+    assert ex._values["outputs"][0]["nan"] == 0
+    reply = ask(ex, rid=2, type="nonfinite")
+    assert reply["found"] is False and "No NaN or Inf" in reply["message"] and "positive" in reply["message"]
+    assert ask(ex, rid=3, type="batch", name="negative")["type"] == "ok"
+    assert ex.batch == "negative" and ex._batches["current"] == "negative"
+    # the pane showing `second` follows the batch: now every value is NaN
+    out = ex._values["outputs"][0]
+    assert ex._values["batch"] == "negative" and out["nan"] == out["size"] == 4 and out["min"] is None
+    reply = ask(ex, rid=4, type="nonfinite")
+    found = yax.first_nonfinite(ex.mox, v, neg)
+    assert reply["found"] is True and "log" in reply["message"] and "negative" in reply["message"]
+    assert reply["eq"] == node_ids(ex.mox)[id(found.equation)]
+    assert reply["id"] == node_ids(ex.mox)[id(found.call)] if found.call is not None else reply["id"] is None
+    ex.use_batch("positive")
+    assert ex._args[1] is pos and ex.batch == "positive" and ex._values["outputs"][0]["nan"] == 0
+
+
+def test_the_comparison_runs_on_the_batch_in_use(model):
+    m, v = model
+    other = (IDS + 7) % 64
+    ex = explorer(model, batches={"tokens": IDS, "shifted": other})
+    ex.substitute("//activation[@name='gelu']", "ReLU")
+    on_tokens = ex.comparison.to_dict()
+    assert on_tokens == yax.compare(ex.original, ex.mox, ex.params, IDS).to_dict()
+    ask(ex, rid=1, type="batch", name="shifted")
+    assert ex.comparison.to_dict() == yax.compare(ex.original, ex.mox, ex.params, other).to_dict() != on_tokens
+    ask(ex, rid=2, type="batch", name="tokens")  # the original's values on `tokens` were kept
+    assert ex.comparison.to_dict() == on_tokens
+
+
+def test_bad_batches_are_refused_saying_why(model):
+    m, v = model
+    with pytest.raises(yax.YaxInputError, match=r"batch `long` gives i32\[2,9\] for `args\[1\]`.*traced with i32\[2,8\]"):
+        Explorer(m, v, IDS, batches={"long": jnp.zeros((2, 9), jnp.int32)})
+    with pytest.raises(yax.YaxInputError, match="float32|f32"):
+        Explorer(m, v, IDS, batches={"floats": jnp.zeros((2, 8))})
+    with pytest.raises(yax.YaxInputError, match="must map names"):
+        Explorer(m, v, IDS, batches=[IDS])
+    ex = explorer(model)
+    assert ex._batches == {"names": ["example"], "current": "example"}
+    reply = ask(ex, rid=1, type="batch", name="nope")
+    assert reply["type"] == "error" and "example" in reply["message"] and ex.batch == "example"
+    with pytest.raises(yax.YaxInputError, match="selects 2"):
+        ex.values("//module_call[@type='Block']")
+    assert ask(ex, rid=2, type="values", id=10 ** 6)["type"] == "error"
+
+
+def test_a_call_inside_a_loop_is_refused_with_the_reason():
+    def f(x):
+        def body(c):
+            return nn.gelu(c) - 1.0
+
+        return jax.lax.while_loop(lambda c: c.sum() > 0, body, x)
+
+    mox = yax.make_mox(f)(jnp.ones(3))
+    ex = Explorer(mox, jnp.ones(3))
+    inside = next(n for n in mox.modules() if n.name == "gelu")
+    assert inside not in capturable_calls(mox)
+    with pytest.raises(yax.YaxCaptureError, match="while"):
+        ex.values(inside)
+    ex._paint("norm")  # the rest is painted; the call inside the loop has no colour
+    assert str(node_ids(mox)[id(inside)]) not in ex._overlay["values"]
