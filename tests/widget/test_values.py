@@ -218,3 +218,20 @@ def test_a_call_inside_a_loop_is_refused_with_the_reason():
         ex.values(inside)
     ex._paint("norm")  # the rest is painted; the call inside the loop has no colour
     assert str(node_ids(mox)[id(inside)]) not in ex._overlay["values"]
+
+
+def test_the_nan_search_says_which_scan_step():
+    m = ScannedTransformer(num_layers=3)
+    ids = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % 64
+    v = m.init(jax.random.key(0), ids)
+    p = v["params"]
+    wi = {**p["layers"]["wi"], "bias": p["layers"]["wi"]["bias"].at[1].set(1e30)}  # layer 1 overflows later
+    v = {"params": {**p, "layers": {**p["layers"], "wi": wi}}}
+    ex = Explorer(m, v, ids)
+    ex.sent = []
+    ex.send = lambda content, buffers=None: ex.sent.append(content)
+    reply = ask(ex, rid=1, type="nonfinite")
+    found = yax.first_nonfinite(ex.mox, v, ids)
+    assert found.step and reply["found"] is True and reply["step"] == list(found.step)
+    assert f"at scan step {found.step[0]}" in reply["message"]
+    assert reply["id"] == node_ids(ex.mox)[id(found.call)] and reply["eq"] == node_ids(ex.mox)[id(found.equation)]
