@@ -387,6 +387,26 @@ class Explorer(Values, anywidget.AnyWidget):
                 pass
             raise
 
+    def export(self, stem: str | pathlib.Path = "yax_model") -> list[str]:
+        """Save the current model to run without yax: ``{stem}.jax_exported``
+        (`jax.export` of the function, taking the leaves of ``(params,
+        *inputs)`` and returning the output's leaves) and ``{stem}.params.npz``
+        (the current parameters, by tree path). Returns the paths written.
+
+        Example:
+          >>> import jax, jax.numpy as jnp, flax.linen as nn, numpy as np, tempfile, os
+          >>> from yax_widget import Explorer
+          >>> m = nn.Dense(2); x = jnp.ones((1, 3)); v = m.init(jax.random.key(0), x)
+          >>> ex = Explorer(m, v, x, warm=False)
+          >>> fn, npz = ex.export(os.path.join(tempfile.mkdtemp(), "dense"))
+          >>> f = jax.export.deserialize(open(fn, "rb").read()); p = np.load(npz)
+          >>> out, = f.call(*[p[k] for k in p.files], x); bool(jnp.allclose(out, m.apply(v, x)))
+          True
+        """
+        from ._export import export
+
+        return export(self, stem)["files"]
+
     def code(self) -> str:
         """The `yax.sub` calls that turn the original into the current model,
         as a script fragment (``mox`` and ``params`` are the original's)."""

@@ -152,6 +152,16 @@ def _compare_base(ex: Explorer, content: dict) -> dict:
     return {}
 
 
+def _export(ex: Explorer, content: dict) -> dict:
+    # the front-end chooses no path: the files go next to the notebook, named by the step
+    from ._export import export
+
+    reply = export(ex, f"yax_model_step{ex._index}")
+    ex._status = {"busy": False, "message": "exported to " + ", ".join(
+        f"{f} ({b / 2**20:.1f} MiB)" for f, b in zip(reply["files"], reply["bytes"]))}
+    return reply
+
+
 def _code(ex: Explorer, content: dict) -> dict:
     return {"code": ex.code()}
 
@@ -166,5 +176,5 @@ def _graph(ex: Explorer, content: dict) -> dict:
 
 HANDLERS: dict[str, Callable[[Explorer, dict], dict]] = {
     "query": _query, "expand": _expand, "fits": _fits, "substitute": _substitute,
-    "undo": _undo, "redo": _redo, "goto": _goto, "compare_base": _compare_base, "code": _code, "graph": _graph,
+    "undo": _undo, "redo": _redo, "goto": _goto, "compare_base": _compare_base, "export": _export, "code": _code, "graph": _graph,
 }

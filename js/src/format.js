@@ -88,12 +88,14 @@ export function ramp(t) {
 }
 
 /** The histogram's caption from `hist` (`{lo, hi, n, nonfinite}`: the real range of the
- * differences). An unchanged output has no range to draw: it says so instead. */
-export function histCaption({ lo, hi, n, nonfinite = 0 }) {
+ * differences). An unchanged output has no range to draw: it says so instead. `base`: what the
+ * modified model was compared with ("original", or "previous": the step before). */
+export function histCaption({ lo, hi, n, nonfinite = 0 }, base = "original") {
   const count = n === undefined ? "" : ` (${n.toLocaleString("en-US")} values)`;
+  const diff = `modified − ${base === "previous" ? "step before" : "original"}`;
   const text = lo === hi
-    ? `modified − original: every difference is ${num(lo)}${lo === 0 ? ", unchanged" : ""}${count}`
-    : `modified − original, from ${num(lo)} to ${num(hi)}${count}`;
+    ? `${diff}: every difference is ${num(lo)}${lo === 0 ? ", unchanged" : ""}${count}`
+    : `${diff}, from ${num(lo)} to ${num(hi)}${count}`;
   return nonfinite ? `${text}; ${nonfinite.toLocaleString("en-US")} NaN or infinite not counted` : text;
 }
 

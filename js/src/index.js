@@ -27,6 +27,8 @@ function toolbarButtons() {
     redo: h("button", { class: "yax-redo", title: "Redo" }, "↷ Redo"),
     copy: h("button", { class: "yax-copy", title: "The yax.sub calls reproducing this model" }, "Copy as code"),
     graph: h("button", { class: "yax-graph-button", title: "Graph of the selected module (or the model)" }, "Graph"),
+    export: h("button", { class: "yax-export", title: "Save the current model to run without yax, next to the "
+      + "notebook: yax_model_stepK.jax_exported (jax.export) and yax_model_stepK.params.npz" }, "Export"),
   };
 }
 
@@ -62,7 +64,7 @@ function layout({ query, controls, buttons, status, view, palette, tabs, panes }
       c.only, "only matches"),
     c.expand, c.collapse);
   const toolbar = h("div", { class: "yax-toolbar" }, query.el,
-    buttons.undo, buttons.redo, buttons.copy, buttons.graph, status.el);
+    buttons.undo, buttons.redo, buttons.copy, buttons.graph, buttons.export, status.el);
   const side = h("div", { class: "yax-side" },
     h("div", { class: "yax-section-title" }, "Replacements — drag onto a layer or the query box"),
     palette, tabs.bar, ...Object.values(panes));
@@ -104,6 +106,7 @@ function connectButtons({ buttons, request, failed, change, tabs, panes, view, c
       failed(err);
     }
   });
+  buttons.export.addEventListener("click", () => request("export", {}, change).catch(failed)); // _status says where
   buttons.graph.addEventListener("click", () => {
     if (tabs.current() === "Graph") graph.show(selectedCall(view)); // drawn again on demand
     else tabs.show("Graph"); // which draws the selected call

@@ -13,6 +13,7 @@ test("an unchanged output's histogram says so instead of drawing a made-up range
   assert.equal(histCaption({ lo: -0.3, hi: 0.3, n: 10, nonfinite: 2 }),
     "modified − original, from -0.300 to 0.300 (10 values); 2 NaN or infinite not counted");
   assert.doesNotMatch(histCaption({ lo: 0, hi: 0, n: 4 }), /0\.500/);
+  assert.equal(histCaption({ lo: -1, hi: 2, n: 3 }, "previous"), "modified − step before, from -1.00 to 2.00 (3 values)");
 });
 
 test("the heatmap says which part of the output it shows, and the whole output's max when larger", () => {

@@ -419,6 +419,17 @@ scenario("the Graph tab draws the selected call by itself; it zooms; a box selec
   assert.equal($(".yax-row.yax-selected").dataset.id, "3");
 });
 
+scenario("the Export button asks the kernel to write the model; the status says where", async (mount) => {
+  const { model, $ } = await mount({ handlers: { export: (msg, m) => {
+    m.set("_status", { busy: false, message: "exported to yax_model_step0.jax_exported (0.1 MiB)" });
+    return { type: "ok", files: ["yax_model_step0.jax_exported"], bytes: [100] };
+  } } });
+  click($(".yax-export"));
+  await until(() => model.requests("export").length, "the export request");
+  assert.deepEqual(model.requests("export"), [{ type: "export" }]);
+  await until(() => $(".yax-status").textContent.includes("exported to"), "the status");
+});
+
 scenario("history items go to their state; the compare pane compares with the step before on request", async (mount) => {
   const { model, $, $$ } = await mount({ handlers: { goto: () => ({ type: "ok" }), compare_base: () => ({ type: "ok" }) } });
   model.set("_history", { items: ["replaced gelu with relu", "replaced relu with tanh"], index: 2 });

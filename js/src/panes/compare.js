@@ -38,7 +38,7 @@ function axis(ticks, cls) {
   }, t.text)));
 }
 
-function histCanvas(hist, color) {
+function histCanvas(hist, color, base) {
   const canvas = h("canvas", { class: "yax-hist", width: HIST_W, height: HIST_H });
   const ctx = canvas.getContext("2d");
   ctx.fillStyle = color;
@@ -46,7 +46,7 @@ function histCanvas(hist, color) {
   const counts = hist.lo === hist.hi ? [0, hist.counts.reduce((a, b) => a + b, 0), 0] : hist.counts;
   for (const b of histogramBars(counts, HIST_W, HIST_H)) ctx.fillRect(b.x, b.y, b.w, b.h);
   return h("figure", { class: "yax-hist-fig" }, h("div", { class: "yax-hist-box" }, canvas, axis(histTicks(hist), "yax-hist-axis")),
-    h("figcaption", {}, histCaption(hist)));
+    h("figcaption", {}, histCaption(hist, base)));
 }
 
 /** The colour scale of a heatmap: the ramp from `lo` to `hi` (the real values, not widened). */
@@ -147,7 +147,7 @@ export function renderCompare(pane, c, { color = "#1976d2", busy = false, undone
       + (c.rtol !== undefined ? ` · allclose: |Δ| ≤ ${num(c.atol)} + ${num(c.rtol)}·|original|` : "")));
   const plots = c.outputs.map((o) => h("div", { class: "yax-output" },
     h("div", { class: "yax-output-title" }, `${o.name} [${o.shape.join(", ")}]`),
-    histCanvas(o.hist, color),
+    histCanvas(o.hist, color, c.base),
     o.heat ? heatmaps(o.heat, o.max_abs) : null));
   const comparing = busy ? h("div", { class: "yax-hint yax-comparing" },
     "Compiling and comparing the modified model… (below: the previous comparison)") : null;
