@@ -44,10 +44,12 @@ EXAMPLE = "example"  # the name of the batch the explorer was opened with, unles
 
 # -- on the device ---------------------------------------------------------------------
 
-def _reduced(x: Any) -> tuple[Any, Any, Any, Any]:
+def _reduced(x: Any) -> tuple[Any, Any, Any, Any, Any]:
     """Counts ``[finite, NaN, +Inf, -Inf, zeros]`` (int32), ``[min, max, mean,
     std, norm]`` of the finite values (float32), the histogram of the finite
-    values over ``[min, max]`` and the heatmap slice (`heat_slice`)."""
+    values over ``[min, max]``, the heatmap (`heat_slice` of a 2-D slice) and
+    which slice: the first holding a NaN or an Inf, else the first (a flat index
+    over the leading axes)."""
     f = jnp.abs(x) if jnp.iscomplexobj(x) else x
     f = f.astype(jnp.float32)
     fin = jnp.isfinite(f)
@@ -69,8 +71,13 @@ def _reduced(x: Any) -> tuple[Any, Any, Any, Any]:
     at = jnp.floor((s - lo / big) / jnp.where(width > 0, width, 1.0) * HIST_BINS)
     at = jnp.where(fin, jnp.clip(at, 0, HIST_BINS - 1), 0).astype(jnp.int32)
     hist = jnp.bincount(at.ravel(), weights=fin.ravel().astype(jnp.int32), length=HIST_BINS)
+    k = jnp.zeros((), jnp.int32)
+    if f.ndim > 2 and f.size:
+        slices = f.reshape(-1, *f.shape[-2:])
+        k = jnp.argmax(~fin.reshape(slices.shape[0], -1).all(axis=1)).astype(jnp.int32)
+        f = slices[k]
     heat = heat_slice(f, "")[0] if f.ndim and f.size else jnp.zeros((0, 0), jnp.float32)
-    return counts, jnp.stack([lo, hi, big * mean, std, norm]), hist, heat
+    return counts, jnp.stack([lo, hi, big * mean, std, norm]), hist, heat, k
 
 
 _summarize = jax.jit(_reduced)  # for an equation's outputs, compiled once per shape and dtype
@@ -162,14 +169,13 @@ class _Boundaries:
             return None
         out = []
         for name, g, i, type_, shape, steps in at:
-            counts, stats, hist, heat = jax.device_get(_pick(self.groups[g], i))
-            out.append(_entry(name, type_, shape, steps, counts, stats, hist, heat))
+            out.append(_entry(name, type_, shape, steps, *jax.device_get(_pick(self.groups[g], i))))
         return out, self.program.more[rid]
 
     def stats(self) -> dict[int, list[float]]:
         """Row id -> ``[norm, fraction of zeros, fraction non-finite]`` of all its outputs."""
         if self.overlay is None:
-            small = jax.device_get([(c, s) for c, s, _, _ in self.groups])  # counts and stats only: scalars
+            small = jax.device_get([(c, s) for c, s, *_ in self.groups])  # counts and stats only: scalars
             self.overlay = {}
             for rid, at in self.program.where.items():
                 sq = zeros = bad = size = 0.0
@@ -190,7 +196,7 @@ def _number(v: Any) -> float | None:
 
 
 def _entry(name: str, type_: str, shape: tuple, steps: tuple, counts: Any, stats: Any, hist: Any,
-           heat: Any) -> dict:
+           heat: Any, k: Any) -> dict:
     """The values pane's entry for one output from its summary (`_reduced`)."""
     n, nan, posinf, neginf, zeros = (int(c) for c in counts)
     lo, hi, mean, std, norm = (_number(s) if n else None for s in stats)
@@ -205,8 +211,12 @@ def _entry(name: str, type_: str, shape: tuple, steps: tuple, counts: Any, stats
     }
     if len(shape) and size:
         # what was cut is read off the shape: a zero-strided stand-in, no copy
-        _, info = heat_slice(np.broadcast_to(np.zeros((), np.int8), shape), name)
-        entry["heat"] = {**info, "values": floats(heat)}
+        at = np.unravel_index(int(k), shape[:-2]) if len(shape) > 2 else ()
+        label = f"{name}[{', '.join(map(str, at))}]" if at else name
+        _, info = heat_slice(np.broadcast_to(np.zeros((), np.int8), shape[-2:]), label)
+        entry["heat"] = {**info, "whole": len(shape) <= 2 and info["whole"], "values": floats(heat),
+                         # the slice shown is where the NaN or Inf are, not simply the first
+                         "nonfinite": bool(nan + posinf + neginf) and len(shape) > 2}
     return entry
 
 

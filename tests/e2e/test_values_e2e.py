@@ -148,6 +148,10 @@ def _steps(nb: Notebook) -> None:
     nan, posinf, neginf = want["nonfinite"]
     assert nan + posinf + neginf > 0
     assert f"{nan} NaN, {posinf} +Inf, {neginf} −Inf" in nonfinite.inner_text(), nonfinite.inner_text()
+    # its heatmap shows the slice holding them (the poisoned token is in the second sequence), in red
+    part = root.locator(".yax-values .yax-heat-part").first.inner_text()
+    assert part == "heatmap of out[1], the first slice holding NaN or Inf", part
+    assert "NaN or infinite values shown here" in root.locator(".yax-values .yax-values-heat").first.inner_text()
     root.locator("select.yax-colour").select_option("nonfinite")
     page.wait_for_selector('.yax-values-bar[data-overlay="nonfinite"]', timeout=120_000)
     assert "holds NaN or Inf" in legend.inner_text()

@@ -39,8 +39,11 @@ def _check_entry(entry: dict, x: np.ndarray) -> None:
     # the same bins as numpy's, but for values on a bin edge, rounded to the neighbouring bin
     assert counts.sum() == ref.sum() == want["finite"] and np.abs(counts - ref).sum() <= 4
     heat = entry["heat"]
-    lead = (0,) * (x.ndim - 2)
-    sl = x[lead] if x.ndim >= 2 else x[None]
+    sl, k = (x, 0) if x.ndim == 2 else (x[None], 0) if x.ndim < 2 else (x.reshape(-1, *x.shape[-2:]), None)
+    if k is None:  # the first 2-D slice holding a NaN or an Inf, else the first
+        k = int(np.argmax(~np.isfinite(sl).reshape(len(sl), -1).all(axis=1)))
+        sl = sl[k]
+        assert heat["label"].endswith("[" + ", ".join(map(str, np.unravel_index(k, x.shape[:-2]))) + "]")
     sr, sc = heat["step"]
     np.testing.assert_array_equal(np.frombuffer(heat["values"], "<f4").reshape(heat["rows"], heat["cols"]),
                                   sl[::sr, ::sc].astype(np.float32))

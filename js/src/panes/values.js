@@ -64,7 +64,8 @@ function heatFigure(heat) {
   ctx.putImageData(img, 0, 0);
   const stops = [0, 0.25, 0.5, 0.75, 1].map((t) => `rgb(${ramp(t).join(",")}) ${t * 100}%`).join(", ");
   return h("div", { class: "yax-values-heat" },
-    h("div", { class: "yax-hint yax-heat-part" }, `heatmap of ${heatPart(heat)}`),
+    h("div", { class: "yax-hint yax-heat-part" },
+      `heatmap of ${heatPart(heat)}${heat.nonfinite ? ", the first slice holding NaN or Inf" : ""}`),
     canvas,
     real ? h("div", { class: "yax-values-scale", style: { background: `linear-gradient(to right, ${stops})` } }) : null,
     real ? ends(real[0], real[1]) : null,
