@@ -4,6 +4,7 @@ at the outputs and at every module boundary the two share."""
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import threading
 import weakref
@@ -187,6 +188,11 @@ def paired_outputs(original: Mox, modified: Mox) -> tuple[tuple[int, ...], tuple
         if not isinstance(m, Mox) or m.kind != Kind.ROOT:
             raise YaxInputError(f"`compare` expected a root MoX as `{what}`, but got {type(m).__name__}.")
     sel_a, sel_b = (frontends.of_root(m).compared(m) for m in (original, modified))
+    if frontends.of_root(original).pair_by_name and frontends.of_root(modified).pair_by_name:
+        names_b = {_output_names(modified)[j]: j for j in sel_b}
+        names_a = _output_names(original)
+        sel_a = [i for i in sel_a if names_a[i] in names_b]
+        sel_b = [names_b[names_a[i]] for i in sel_a]
     if len(sel_a) != len(sel_b):
         raise YaxInputError(
             f"The models return {len(sel_a)} and {len(sel_b)} arrays; they cannot be compared."
@@ -281,9 +287,16 @@ def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rt
     args_b = args if new_params is None else (new_params, *args[1:])
     flat_a = flatten_inputs(original, args, kwargs)  # both inputs are checked before either model runs
     flat_b = flatten_inputs(modified, args_b, kwargs)
-    # Dispatch both before fetching either: the original runs while the modified one compiles.
-    a = _dispatch(original, flat_a, idx_a, boundaries)
-    b = _dispatch(modified, flat_b, idx_b, boundaries)
+    # The two programs compile side by side: XLA compiles without holding Python's lock, so the
+    # modified model is traced and compiled while the original compiles and runs in a helper thread
+    # (started once the original is lowered, so the two traces do not contend for the lock).
+    lowered = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        fa = pool.submit(_dispatch, original, flat_a, idx_a, boundaries, lowered)
+        fa.add_done_callback(lambda _: lowered.set())  # also when it fails
+        lowered.wait()
+        b = _dispatch(modified, flat_b, idx_b, boundaries)
+        a = fa.result()
     return compare_measured(original, modified, _to_host(a), _to_host(b), rtol=rtol, atol=atol)
 
 

@@ -94,6 +94,10 @@ class Frontend:
         """Which of the root's outputs `compare` pairs up (all, by default)."""
         return list(range(len(mox.outvars)))
 
+    #: `compare` pairs the outputs of a model and its rewrite by their names (``out[1]['bn']['mean']``)
+    #: rather than by position, leaving out those only one has (a state whose variables differ).
+    pair_by_name = False
+
 
 def _load() -> list[Frontend]:
     found = []

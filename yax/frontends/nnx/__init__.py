@@ -77,13 +77,17 @@ class NnxFrontend(Frontend):
     def params_argument(self, mox: Mox, args: tuple) -> Any:
         return args[0] if mox.frontend == self.name and args else None
 
+    pair_by_name = True  # the states of a model and its rewrite hold different variables
+
     def compared(self, mox: Mox) -> list[int]:
-        """Those of ``out`` in ``(out, new_state)``: the states of a model and
-        its rewrite hold different variables."""
+        """Those of ``out`` in ``(out, new_state)``, and the state's entries the
+        call updates (batch statistics in train mode, RNG counts): not those it
+        hands back as they came in (parameters)."""
         outs = mox.sig.outs
         first, _ = jax.tree_util.tree_unflatten(outs.tree, list(range(outs.size)))
         mine = set(jax.tree_util.tree_leaves(first))
-        return [j for j, i in enumerate(outs.dyn) if i in mine]
+        passed = set(mox.invars)
+        return [j for j, i in enumerate(outs.dyn) if i in mine or mox.outvars[j] not in passed]
 
 
 frontend = NnxFrontend()
