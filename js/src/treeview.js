@@ -37,7 +37,7 @@ export function rowElement(node, i, look) {
   ov ? h("span", { class: "yax-ov", style: { background: ov.color }, title: ov.title }) : null,
   h("span", { class: "yax-name" }, node.name),
   node.type && node.type !== node.name ? h("span", { class: "yax-type" }, node.type) : null,
-  node.attrs ? h("span", { class: "yax-attrs" }, node.attrs) : null,
+  h("span", { class: "yax-attrs" }, node.attrs || ""), // always there: it takes the room left, the shapes line up
   h("span", { class: "yax-shapes" }, `${node.ins} → ${node.outs}`),
   node.params ? h("span", { class: "yax-params" }, compact(node.params)) : null,
   look.firstDivergence === node.id

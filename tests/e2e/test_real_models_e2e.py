@@ -348,8 +348,10 @@ def _gpt2(nb: Notebook) -> None:
     }""")
     assert fits == [True] * 6, fits
     # the rows' shapes stay readable: the tree takes the whole width, above the side panel
-    cut = root.locator(".yax-row .yax-shapes").evaluate_all(
-        "els => els.filter((e) => e.scrollWidth > e.clientWidth + 1).map((e) => e.textContent)")
+    cut = root.locator(".yax-row .yax-shapes").evaluate_all("""els => els.filter((e) => {
+      const tree = e.closest('.yax-tree').getBoundingClientRect();
+      return e.scrollWidth > e.clientWidth + 1 || e.getBoundingClientRect().right > tree.right;
+    }).map((e) => e.textContent)""")
     total = root.locator(".yax-row .yax-shapes").count()
     print(f"shapes cut at 1100 px: {len(cut)} of {total}: {cut}")
     assert cut == [], cut
