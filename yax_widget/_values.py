@@ -130,7 +130,7 @@ class _Program:
 
 class _Static:
     """The arguments' structure and static leaves, hashable for `jax.jit`'s static argument
-    (the same for every batch: `add_batch` checks it), compared by identity of the model."""
+    (the same for every batch: `add_batch` checks it; compared by their reprs)."""
 
     def __init__(self, leaves: list, tree: Any, mox: yax.Mox):
         dyn = set(mox.dyn_in)
@@ -159,6 +159,8 @@ class _Boundaries:
             prog = _programs[mox] = _Program(mox)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
         self.groups = prog.jitted([leaves[i] for i in mox.dyn_in], _Static(leaves, tree, mox))
+        for g in self.groups:  # compile each group's pick now: every later selection only runs one
+            _pick(g, 0)
         self.program = prog
         self.overlay: Any = None  # per row: [norm, fraction of zeros, fraction non-finite], fetched once
 
@@ -178,13 +180,15 @@ class _Boundaries:
             small = jax.device_get([(c, s) for c, s, *_ in self.groups])  # counts and stats only: scalars
             self.overlay = {}
             for rid, at in self.program.where.items():
-                sq = zeros = bad = size = 0.0
+                sq = zeros = bad = size = finite = 0.0
                 for _, g, i, _, shape, _ in at:
                     counts, stats = small[g][0][i], small[g][1][i]
-                    n = float(np.prod(shape))
                     sq += float(stats[4]) ** 2 if counts[0] else 0.0
-                    zeros, bad, size = zeros + counts[4], bad + counts[1] + counts[2] + counts[3], size + n
-                self.overlay[rid] = [math.sqrt(sq), zeros / size, bad / size] if size else [math.nan] * 3
+                    finite += counts[0]
+                    zeros, bad, size = zeros + counts[4], bad + counts[1] + counts[2] + counts[3], size + np.prod(shape)
+                # the norm of the finite values: none when there are none
+                norm = math.sqrt(sq) if finite else math.nan
+                self.overlay[rid] = [norm, zeros / size, bad / size] if size else [math.nan] * 3
         return self.overlay
 
 
