@@ -160,3 +160,22 @@ def test_copy_as_code_runs_as_pasted(shell, model):
     exec(code, ns)  # noqa: S102
     assert str(ns["mox"]) == str(ex.mox)
     assert jax.tree_util.tree_structure(ns["params"]) == jax.tree_util.tree_structure(ex.params)
+
+
+def test_an_nnx_model_in_train_mode_compares_its_state_updates_too():
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.fc1, self.bn = nnx.Linear(8, 16, rngs=rngs), nnx.BatchNorm(16, rngs=rngs)
+
+        def __call__(self, x):
+            return self.bn(nnx.gelu(self.fc1(x)))
+
+    net = Net(nnx.Rngs(0))
+    net.train()
+    ex = wire(Explorer(net, jax.random.normal(jax.random.key(1), (6, 8)), warm=False))
+    ex.substitute("//activation[@name='gelu']", "ReLU")
+    names = [o["name"] for o in ex._comparison["outputs"]]
+    assert names[0] == "out[0]" and any("['bn']['mean']" in n for n in names), names
+    assert not any("kernel" in n for n in names)  # parameters come back as they went in: not compared
+    mean = next(o for o in ex._comparison["outputs"] if "['bn']['mean']" in o["name"])
+    assert mean["max_abs"] > 0 and mean["hist"]["n"] == 16
