@@ -238,3 +238,49 @@ def test_the_nan_search_says_which_scan_step():
     assert found.step and reply["found"] is True and reply["step"] == list(found.step)
     assert f"at scan step {found.step[0]}" in reply["message"]
     assert reply["id"] == node_ids(ex.mox)[id(found.call)] and reply["eq"] == node_ids(ex.mox)[id(found.equation)]
+
+
+def _agrees_with_capture(ex: Explorer, args: tuple) -> int:
+    """Every capturable call's values pane and colouring agree with `yax.capture` on ``args``;
+    returns how many rows were checked."""
+    calls = capturable_calls(ex.mox)
+    _, want = yax.capture(calls, ex.mox, *args)
+    keys, ids = capture_keys(ex.mox), node_ids(ex.mox)
+    ex._paint("zeros")
+    for c in calls:
+        leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(want[keys[id(c)]]) if hasattr(x, "dtype")]
+        shown = ex._row_values(c)["outputs"]
+        assert [o["type"] for o in shown] == [yax.internal.type_str(x) for x in leaves[:len(shown)]]
+        for entry, x in zip(shown, leaves):
+            _check_entry(entry, x)
+        flat = np.concatenate([x.ravel() for x in leaves]) if leaves else np.zeros(0)
+        got = ex._overlay["values"][str(ids[id(c)])]
+        assert (got is None) if not flat.size else got == pytest.approx((flat == 0).mean(), abs=1e-7)
+    return len(calls)
+
+
+def test_values_on_a_hugging_face_model():
+    from thirdparty import IDS, _hf
+
+    model = _hf("gpt2")
+    ex = Explorer(model, IDS, warm=False)
+    assert _agrees_with_capture(ex, (model.params, IDS)) > 20
+
+
+def test_values_on_an_nnx_model_with_batches():
+    from flax import nnx
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.fc1, self.fc2 = nnx.Linear(8, 16, rngs=rngs), nnx.Linear(16, 2, rngs=rngs)
+
+        def __call__(self, x):
+            return self.fc2(nnx.relu(self.fc1(x)))
+
+    x = jnp.linspace(-1, 1, 24).reshape(3, 8)
+    ex = Explorer(Net(nnx.Rngs(0)), x, batches={"x": x, "minus x": -x}, warm=False)
+    state = ex._args[0]
+    assert ex._batches == {"names": ["x", "minus x"], "current": "x"}
+    assert _agrees_with_capture(ex, (state, x)) == 4  # Net, fc1, relu, fc2
+    ex.use_batch("minus x")
+    assert _agrees_with_capture(ex, (state, -x)) == 4
