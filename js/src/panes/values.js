@@ -166,9 +166,11 @@ export function createValues({ model, request, view, tabs, pane, failed, on, cha
     if (id === null || id === undefined) return idle();
     const mine = ++asked;
     pane.classList.add("yax-stale");
-    if (!pane.querySelector(".yax-values-output")) hint("Computing the values on the device…");
+    if (!pane.querySelector(".yax-values-output")) {
+      hint("Computing the values on the device (the first row of a model or batch compiles and runs it once)…");
+    }
     try {
-      await request("values", { id });
+      await request("values", { id }, change); // the first compiles: as long as a change may take
       if (mine === asked) show();
     } catch (err) {
       if (mine === asked) pane.replaceChildren(h("div", { class: "yax-error" }, err.message));
