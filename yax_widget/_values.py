@@ -356,6 +356,9 @@ class Values(traitlets.HasTraits):
 
     def _call_args(self: Explorer) -> tuple[tuple, dict]:
         """The current model's arguments on the batch in use (its parameters first)."""
+        if not self._args and not self._kwargs:
+            raise yax.YaxInputError("The explorer was opened without example inputs, so the model has no values "
+                                    "to show. Open it as `Explorer(model, variables, batch)`.")
         args = (self.params, *self._args[1:]) if self._has_params else self._args
         return args, self._kwargs
 
@@ -371,9 +374,6 @@ class Values(traitlets.HasTraits):
         """The values pane's state for ``node`` (cached per model, batch and node)."""
         mox = self.mox
         args, kwargs = self._call_args()
-        if not args and not kwargs:
-            raise yax.YaxInputError("The explorer has no example inputs, so no row has values to show. Open it "
-                                    "as `Explorer(model, variables, batch)`.")
         rid = node_ids(mox).get(id(node))
         if rid is None:
             raise yax.YaxInputError(f"{where(node).capitalize()} is not part of the current model. "

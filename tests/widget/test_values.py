@@ -284,3 +284,14 @@ def test_values_on_an_nnx_model_with_batches():
     assert _agrees_with_capture(ex, (state, x)) == 4  # Net, fc1, relu, fc2
     ex.use_batch("minus x")
     assert _agrees_with_capture(ex, (state, -x)) == 4
+
+
+def test_without_example_inputs_every_values_request_says_so():
+    ex = Explorer(yax.make_mox(lambda x: nn.gelu(x))(jnp.ones(3)))
+    ex.sent = []
+    ex.send = lambda content, buffers=None: ex.sent.append(content)
+    gelu = node_ids(ex.mox)[id(next(ex.mox.modules()))]
+    for msg in ({"type": "overlay", "stat": "norm"}, {"type": "nonfinite"}, {"type": "values", "id": gelu}):
+        reply = ask(ex, rid=1, **msg)
+        assert reply["type"] == "error" and "without example inputs" in reply["message"], (msg, reply)
+    assert ex._overlay == {} and ex._values == {}
