@@ -102,7 +102,7 @@ def test_copy_as_code_survives_quotes_in_paths_and_odd_replacement_names():
     ex.substitute("//activation", "my-relu")
     code = ex.code()
     assert "[@path=concat(" in code and "exec_, mox" in code and "my_relu_2, mox" in code
-    ns = {"mox": yax.make_mox(m.apply)(v, x), "params": v}
+    ns = {"model": m, "variables": v, "batch": x}  # the names the script makes `mox` and `params` from
     for name in names:
         ident = ex._items[name].ident
         assert ident.isidentifier() and ident not in ("class", "exec", "jax") and not hasattr(__builtins__, ident)
