@@ -397,3 +397,39 @@ def test_nodes_from_another_mox_are_refused():
     other, *_ = traced("mlp")
     with pytest.raises(yax.YaxRewriteError, match="is not part of this MoX"):
         yax.sub(other.calls[0].calls[0], jax.nn.relu, mox)
+
+
+def test_new_variables_are_what_init_gives_with_one_compile_per_shape():
+    """Each new variable is the replacement's own ``init`` (key folded with the
+    layer's index, inputs of the shapes the layer saw), and equal layers share
+    one compiled initialiser: two shapes of MLP Dense, two XLA compiles, and
+    nothing else compiles (folding keys and making inputs included)."""
+    import jax.monitoring
+
+    from yax.frontends import linen
+
+    compiles, counting = [], [False]
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, secs, **kw: counting[0] and name.endswith("backend_compile_duration") and compiles.append(name))
+    mox, fn, (params, ids), kw = traced("transformer")
+    linen._inits.clear()  # initialisers other tests compiled
+    jax.clear_caches()
+    key, other = jax.random.key(3), jax.random.key(7)
+    counting[0] = True
+    new, lp = yax.sub(DENSE_MLP, yax.LoRA(rank=2), mox, params=params, key=key)
+    counting[0] = False
+    nodes = yax.query('//module_call[@type="LoRA"]', new)
+    assert len(nodes) > 2 and len(compiles) == 2
+    for i, n in enumerate(nodes):
+        layer = yax.LoRA(rank=2, base=n.attrs["base"])
+        want = layer.init(jax.random.fold_in(key, i), *(jnp.zeros(v.shape, v.dtype) for v in n.inputs))
+        got = lp["params"]
+        for k in n.scope:
+            got = got[k]
+        for leaf in ("lora_a", "lora_b"):
+            np.testing.assert_array_equal(got[leaf], want["params"][leaf])
+    # another key compiles nothing
+    counting[0] = True
+    yax.sub(DENSE_MLP, yax.LoRA(rank=2), mox, params=params, key=other)
+    counting[0] = False
+    assert len(compiles) == 2

@@ -16,6 +16,7 @@ and rebuilds the root's signature around the new dict.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -261,34 +262,37 @@ def _initialised(module: Any, call: Callable, key: Any, xs: Any) -> dict:
     return dict(module.init(key, *a, **k))
 
 
-def _init(module: Any, needed: tuple[int, ...], call: Callable, key: Any) -> Callable:
-    """A jitted ``module.init`` returning only the leaves at ``needed``
-    (XLA then skips initialising kept ones), shared by equal modules (``key``,
-    the replacement's fingerprint): 96 LoRA layers of two shapes compile twice."""
-    k = (key, needed)
+def _init(module: Any, needed: tuple[int, ...], call: Callable, fingerprint: Any,
+          stack: tuple[int, ...]) -> Callable:
+    """A jitted ``init(key, i, xs)``: the leaves at ``needed`` of
+    ``module.init(fold_in(key, i), *xs)`` (XLA then skips initialising kept
+    ones), or for variables stacked per layer (``nn.scan``) one
+    initialisation per layer with split keys, stacked along the leading
+    axes. Shared by equal modules (the replacement's ``fingerprint``): 96
+    LoRA layers of two shapes compile twice, and nothing else compiles (the
+    key is folded inside, the inputs are NumPy zeros)."""
+    k = (fingerprint, needed, stack)
     f = _inits.get(k)
     if f is None:
         if len(_inits) > 64:
             _inits.clear()
 
-        def init(key: Any, *xs: Any) -> list[Any]:
+        def one(key: Any, xs: Any) -> list[Any]:
             leaves = jax.tree_util.tree_leaves(_initialised(module, call, key, xs))
-            return [leaves[i] for i in needed]
+            return [leaves[j] for j in needed]
+
+        def init(key: Any, i: Any, xs: list[Any]) -> list[Any]:
+            key = jax.random.fold_in(key, i)
+            if not stack:
+                return one(key, xs)
+            keys = jax.random.split(key, math.prod(stack)).reshape(stack)
+            g = lambda k: one(k, xs)  # noqa: E731
+            for _ in stack:
+                g = jax.vmap(g)
+            return g(keys)
 
         f = _inits[k] = jax.jit(init)
     return f
-
-
-def _stacked(init: Callable, stack: tuple[int, ...], key: Any, xs: list) -> list[Any]:
-    """``init(key, *xs)``, or for variables stacked per layer (``nn.scan``) one
-    initialisation per layer with split keys, stacked along the leading axes."""
-    if not stack:
-        return init(key, *xs)
-    keys = jax.random.split(key, math.prod(stack)).reshape(stack)
-    f = lambda k: init(k, *xs)  # noqa: E731
-    for _ in stack:
-        f = jax.vmap(f)
-    return f(keys)
 
 
 class DictVariables:
@@ -364,8 +368,9 @@ class DictVariables:
         self.keep = keep
         var_maps = {id(s.node): self._assign(s) for s in sites}
         if self.given:
+            zeros = functools.lru_cache(lambda shape, dtype: np.zeros(shape, dtype))  # inputs for initialisers
             for i, (scope, sc) in enumerate(self.scopes.items()):
-                self._fill(i, scope, sc, key)
+                self._fill(i, scope, sc, key, zeros)
         return var_maps
 
     def _assign(self, site: Any) -> dict[Var, Var]:
@@ -487,7 +492,7 @@ class DictVariables:
                 "a function that takes the whole variables dict (`model.apply`) to add other collections."
             )
 
-    def _fill(self, i: int, scope: tuple[str, ...], sc: _Scope, key: Any) -> None:
+    def _fill(self, i: int, scope: tuple[str, ...], sc: _Scope, key: Any, zeros: Callable) -> None:
         old = sc.node.var_tree or {}
         if sc.traced is None:  # replaced by something without variables: drop the old ones
             self._put(scope, old, {}, {})
@@ -504,10 +509,11 @@ class DictVariables:
                     "(a `jax.random.key`) to initialise them."
                 )
             needed = tuple(j for j, (kp, _) in enumerate(flat) if _keystr(kp) not in sc.kept)
-            how = sc.traced.mapped  # inside `nn.vmap`: one instance's inputs
-            xs = [jnp.zeros(a.shape, a.dtype) for a in (how.instance(sc.node.inputs) if how else sc.node.inputs)]
-            init = _init(sc.traced.module, needed, sc.traced.call, sc.traced.key)
-            for j, x in zip(needed, _stacked(init, sc.stack, jax.random.fold_in(key, i), xs)):
+            t = sc.traced
+            how = t.mapped  # inside `nn.vmap`: one instance's inputs
+            xs = [zeros(a.shape, a.dtype) if isinstance(a.dtype, np.dtype) else jnp.zeros(a.shape, a.dtype)
+                  for a in (how.instance(sc.node.inputs) if how else sc.node.inputs)]
+            for j, x in zip(needed, _init(t.module, needed, t.call, t.key, sc.stack)(key, np.uint32(i), xs)):
                 fresh[j] = x
         tree = jax.tree_util.tree_structure(avals)
         vals = jax.tree_util.tree_unflatten(tree, [sc.kept.get(_keystr(kp), x) for (kp, _), x in zip(flat, fresh)])
