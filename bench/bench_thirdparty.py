@@ -4,7 +4,7 @@ Hugging Face ``transformers<5`` Flax classes from their real-size configs with
 abstract parameters (``jax.eval_shape`` of the init: nothing allocated, nothing
 downloaded), the own zoo's Transformers (unrolled and scanned), and a
 7B-parameter Llama. Each model is traced side by side in one process, each
-tracer after ``jax.clear_caches()``, median of ``--runs``; also the bytes of
+tracer after ``jax.clear_caches()``, the two alternating, median of ``--runs``; also the bytes of
 the MoX beyond what the jaxpr holds, per equation (``--memory``; always for
 the 7B model). Prints a table
 and writes bench/results/thirdparty.json. Targets: ratio <= 1.15x median and
@@ -124,15 +124,19 @@ MODELS = {
 }
 
 
-def median(f, runs):
-    ts = []
+def medians(fs, runs):
+    """Median seconds of each of ``fs``, run in turn ``runs`` times (alternating,
+    so a machine getting busier or quieter weighs on every side alike), each
+    after ``jax.clear_caches()``."""
+    ts = [[] for _ in fs]
     for _ in range(runs):
-        jax.clear_caches()
-        gc.collect()
-        t = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
+        for f, t_f in zip(fs, ts):
+            jax.clear_caches()
+            gc.collect()
+            t = time.perf_counter()
+            f()
+            t_f.append(time.perf_counter() - t)
+    return [statistics.median(t_f) for t_f in ts]
 
 
 def held_bytes(trace):
@@ -159,8 +163,7 @@ def main():
             continue
         f, args = build()
         jax.make_jaxpr(f)(*args), yax.make_mox(f)(*args)  # imports and first-use costs out of the way
-        t_jaxpr = median(lambda: jax.make_jaxpr(f)(*args), a.runs)
-        t_mox = median(lambda: yax.make_mox(f)(*args), a.runs)
+        t_jaxpr, t_mox = medians([lambda: jax.make_jaxpr(f)(*args), lambda: yax.make_mox(f)(*args)], a.runs)
         row = {"model": name, "make_jaxpr_s": t_jaxpr, "make_mox_s": t_mox, "ratio": t_mox / t_jaxpr}
         if a.memory or name == "llama-7b":
             # the jaxpr holds the model's constants as the model made them (Llama's rotary tables:
