@@ -116,23 +116,9 @@ class _Plan:
 
 
 def _selected(pattern: Any, mox: Mox, what: str) -> list[Node]:
-    from ._xpath import explain, query
+    from ._xpath import explain, selected
 
-    if isinstance(pattern, str):
-        found = query(pattern, mox)
-        if not isinstance(found, list):
-            raise YaxCaptureError(
-                f"The pattern `{pattern}` returned a {type(found).__name__}, not nodes, so `{what}` has nothing to "
-                "work on. Use a location path such as `//module_call[@type=\"Dense\"]`."
-            )
-    elif isinstance(pattern, (Mox, Equation)):
-        found = [pattern]
-    elif isinstance(pattern, (list, tuple)):
-        found = list(pattern)
-    else:
-        raise YaxCaptureError(
-            f"`pattern` must be an XPath string, a node or a list of nodes, but got a `{type(pattern).__name__}`."
-        )
+    found = selected(pattern, mox, what, YaxCaptureError)
     nodes = [n for n in found if isinstance(n, Equation) or (isinstance(n, Mox) and n.kind in CALL_KINDS)]
     if len(nodes) < len(found) and any(not isinstance(n, (Mox, Equation)) for n in found):
         bad = next(n for n in found if not isinstance(n, (Mox, Equation)))

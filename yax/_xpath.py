@@ -482,6 +482,28 @@ def query(xpath: str, mox: Mox, *, timeout: float | None = None) -> Any:
 
 # -- explain ---------------------------------------------------------------------------
 
+def selected(pattern: Any, mox: Mox, what: str, error: type[Exception]) -> list[Any]:
+    """What ``pattern`` selects in ``mox`` for `what` (``sub``, ``capture``):
+    the nodes an XPath string finds, a node itself, or a list of nodes as
+    given. Anything else, or a query giving a number, string or boolean,
+    raises ``error``. Callers check which kinds of node they take."""
+    if isinstance(pattern, str):
+        found = query(pattern, mox)
+        if not isinstance(found, list):
+            raise error(
+                f"The pattern `{pattern}` returned a {type(found).__name__}, not nodes, so `{what}` has nothing to "
+                "work on. Use a location path such as `//module_call[@type=\"Dense\"]`."
+            )
+        return found
+    if isinstance(pattern, (Mox, Equation)):
+        return [pattern]
+    if isinstance(pattern, (list, tuple)):
+        return list(pattern)
+    raise error(
+        f"`pattern` must be an XPath string, a node or a list of nodes, but got a `{type(pattern).__name__}`."
+    )
+
+
 def _steps(xpath: str) -> list[str]:
     """Split a location path into cumulative prefixes at top-level ``/``.
 

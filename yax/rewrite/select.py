@@ -13,23 +13,9 @@ Node = Equation | Mox
 def matches(pattern: Any, mox: Mox) -> list[Node]:
     """The nodes an XPath string, a node or a list of nodes selects; only
     call nodes and equations can be replaced."""
-    from .._xpath import query
+    from .._xpath import selected
 
-    if isinstance(pattern, str):
-        found = query(pattern, mox)
-        if not isinstance(found, list):
-            raise YaxRewriteError(
-                f"The pattern `{pattern}` returned a {type(found).__name__}, not nodes. "
-                "Use a location path such as `//module_call[@type=\"Dense\"]`."
-            )
-    elif isinstance(pattern, (Mox, Equation)):
-        found = [pattern]
-    elif isinstance(pattern, (list, tuple)):
-        found = list(pattern)
-    else:
-        raise YaxRewriteError(
-            f"`pattern` must be an XPath string, a node or a list of nodes, but got `{type(pattern).__name__}`."
-        )
+    found = selected(pattern, mox, "sub", YaxRewriteError)
     for n in found:
         if not isinstance(n, (Mox, Equation)) or (isinstance(n, Mox) and n.kind not in CALL_KINDS):
             what = f"a `{n.kind}` node" if isinstance(n, Mox) else f"`{n!r}`"
