@@ -480,8 +480,6 @@ def query(xpath: str, mox: Mox, *, timeout: float | None = None) -> Any:
     return out
 
 
-# -- explain ---------------------------------------------------------------------------
-
 def selected(pattern: Any, mox: Mox, what: str, error: type[Exception]) -> list[Any]:
     """What ``pattern`` selects in ``mox`` for `what` (``sub``, ``capture``):
     the nodes an XPath string finds, a node itself, or a list of nodes as
@@ -503,6 +501,8 @@ def selected(pattern: Any, mox: Mox, what: str, error: type[Exception]) -> list[
         f"`pattern` must be an XPath string, a node or a list of nodes, but got a `{type(pattern).__name__}`."
     )
 
+
+# -- explain ---------------------------------------------------------------------------
 
 def _steps(xpath: str) -> list[str]:
     """Split a location path into cumulative prefixes at top-level ``/``.
