@@ -9,9 +9,9 @@ import pathlib
 import jax
 
 
-def report(rows: list[dict], cols: list[str], out: str, runs: int) -> None:
+def report(rows: list[dict], cols: list[str], out: str, runs: int, **meta: object) -> None:
     """Print ``rows`` as a right-aligned table of ``cols`` and write them, with
-    the machine, to the JSON file ``out``."""
+    the machine and ``meta``, to the JSON file ``out``."""
 
     def fmt(v):
         if isinstance(v, float):
@@ -22,7 +22,7 @@ def report(rows: list[dict], cols: list[str], out: str, runs: int) -> None:
     widths = [max(len(t[i]) for t in table) for i in range(len(cols))]
     for t in table:
         print("  ".join(c.rjust(w) for c, w in zip(t, widths)))
-    meta = {"jax": jax.__version__, "devices": str(jax.devices()), "cpus": os.cpu_count(), "runs": runs}
+    meta = {"jax": jax.__version__, "devices": str(jax.devices()), "cpus": os.cpu_count(), "runs": runs, **meta}
     path = pathlib.Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))

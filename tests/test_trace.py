@@ -1,7 +1,9 @@
 """make_mox + eval_mox against the real thing, for every test model."""
 
 import collections
+import gc
 import re
+import weakref
 
 import flax.linen as nn
 import jax
@@ -292,3 +294,83 @@ def test_equal_constants_are_held_once():
     assert len(flipped) == 1
     assert close(yax.eval_mox(mox, v, x), m.apply(v, x), tol=0)
     assert close(jax.jit(lambda *a: yax.eval_mox(mox, *a))(v, x), m.apply(v, x), tol=1e-6)
+
+
+
+class _Tally:
+    """Calls made, and the count of calls made each time a cycle was freed."""
+
+    def __init__(self):
+        self.made, self.freed = 0, []
+
+
+class _Litter(nn.Module):
+    """Each call leaves a reference cycle behind, which only the cyclic
+    collector frees."""
+
+    tally: _Tally
+
+    @nn.compact
+    def __call__(self, x):
+        class Node:
+            pass
+
+        n, tally = Node(), self.tally
+        n.me = n
+        weakref.finalize(n, lambda: tally.freed.append(tally.made))
+        tally.made += 1
+        return nn.Dense(4)(x)
+
+
+class _Litterbox(nn.Module):
+    tally: _Tally
+
+    @nn.compact
+    def __call__(self, x):
+        for _ in range(40):
+            x = _Litter(self.tally)(x)
+        return x
+
+
+def _litter_trace():
+    tally = _Tally()
+    m = _Litterbox(tally)
+    x = jnp.ones((2, 4))
+    variables = m.init(jax.random.key(0), x)
+    gc.collect()
+    tally.made, tally.freed = 0, []
+    return m, variables, x, tally
+
+
+def test_trace_pauses_the_collector_and_leaves_it_as_found():
+    m, variables, x, tally = _litter_trace()
+    assert gc.isenabled()
+    mox = yax.make_mox(m.apply)(variables, x)
+    assert gc.isenabled()
+    assert all(n == 40 for n in tally.freed), f"collected during the trace, after call {min(tally.freed)}"
+    gc.collect()
+    assert len(tally.freed) == 40 and len(list(mox.modules())) == 81
+
+    gc.disable()  # paused by the caller: stays paused, also after a failed trace
+    try:
+        yax.make_mox(m.apply)(variables, x)
+        assert not gc.isenabled()
+        with pytest.raises(yax.YaxTraceError):
+            yax.make_mox(m.apply)(variables, jnp.ones((2, 5)))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(yax.YaxTraceError):
+        yax.make_mox(m.apply)(variables, jnp.ones((2, 5)))
+    assert gc.isenabled()
+
+
+def test_paused_trace_collects_past_the_young_limit(monkeypatch):
+    """What a paused trace leaves waiting is bounded: past the limit, the young
+    generation is collected on the way, and the cycles of earlier calls go."""
+    import yax._trace
+
+    m, variables, x, tally = _litter_trace()
+    monkeypatch.setattr(yax._trace, "_YOUNG_LIMIT", 2000)
+    yax.make_mox(m.apply)(variables, x)
+    assert tally.freed and min(tally.freed) < 40

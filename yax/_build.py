@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -67,6 +69,10 @@ def _host_bytes(c: Any, min_bytes: int) -> np.ndarray | None:
     if c.nbytes < min_bytes or c.dtype.hasobject or not c.flags.c_contiguous:
         return None
     return c.reshape(-1).view(np.uint8)
+
+
+_JAXPRS = (jcore.Jaxpr, jcore.ClosedJaxpr)
+_NO_JAXPRS: Mapping[str, Any] = types.MappingProxyType({})
 
 
 class _Converter:
@@ -151,23 +157,26 @@ class _Converter:
         return mox, marked
 
     def equation(self, eqn: Any, path: str) -> Equation:
-        params = dict(eqn.params)
-        originals: dict[str, Any] = {}
+        # Most equations hold no jaxpr: they share JAX's params dict (never changed) and one empty `_jaxprs`.
+        params, originals = eqn.params, _NO_JAXPRS
         for k, v in eqn.params.items():
-            if isinstance(v, (jcore.Jaxpr, jcore.ClosedJaxpr)):
-                params[k], marked = self.sub(v, path)
-                if not marked:
-                    originals[k] = v
-            elif isinstance(v, tuple) and v and all(isinstance(x, (jcore.Jaxpr, jcore.ClosedJaxpr)) for x in v):
+            if isinstance(v, _JAXPRS):
+                sub, marked = self.sub(v, path)
+            elif isinstance(v, tuple) and v and all(isinstance(x, _JAXPRS) for x in v):
                 subs = [self.sub(x, path) for x in v]
-                params[k] = tuple(s for s, _ in subs)
-                if not any(m for _, m in subs):
-                    originals[k] = v
+                sub, marked = tuple(s for s, _ in subs), any(m for _, m in subs)
+            else:
+                continue
+            if params is eqn.params:
+                params, originals = dict(params), {}
+            params[k] = sub
+            if not marked:
+                originals[k] = v
         return Equation(
             primitive=eqn.primitive,
             params=params,
-            inputs=tuple(self.atom(a) for a in eqn.invars),
-            outputs=tuple(self.var(v) for v in eqn.outvars),
+            inputs=tuple(map(self.atom, eqn.invars)),
+            outputs=tuple(map(self.var, eqn.outvars)),
             path=path,
             source_info=eqn.source_info,
             ctx=getattr(eqn, "ctx", None),

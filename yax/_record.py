@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import itertools
 import re
 import threading
@@ -65,6 +66,8 @@ class Recorder:
         self.root_name: str | None = None
         #: per-frontend state for this trace, by frontend name (nnx's stamps)
         self.scratch: dict[str, Any] = {}
+        #: with the collector paused for the trace: collect the young generation past this many objects
+        self.young_limit: int | None = None
 
     def parent_path(self) -> str:
         """The path of the innermost running call (the root's name outside any)."""
@@ -104,9 +107,10 @@ def marked_call(call: CallInfo, fn: Callable, args: tuple, kwargs: dict,
     cid = next(rec._ids)
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_leaf)
     ins, _ = Packing.from_leaves(treedef, leaves, is_traced)
-    seen_in = tuple(tuple(np.shape(leaves[i])) for i in ins.dyn)
+    seen_in = tuple(tuple(leaves[i].shape) for i in ins.dyn)
     _mark(f"yax_in_{cid}", leaves, ins.dyn)
-    args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+    if ins.dyn:
+        args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
     rec.calls[cid] = call
     rec.stack.append((cid, call.module))
     try:
@@ -116,9 +120,11 @@ def marked_call(call: CallInfo, fn: Callable, args: tuple, kwargs: dict,
     leaves, treedef = jax.tree_util.tree_flatten(out, is_leaf=is_leaf)
     outs, _ = Packing.from_leaves(treedef, leaves, is_traced)
     call.sig = Signature(ins, outs)
-    call.seen = (seen_in, tuple(tuple(np.shape(leaves[i])) for i in outs.dyn))
+    call.seen = (seen_in, tuple(tuple(leaves[i].shape) for i in outs.dyn))
     _mark(f"yax_out_{cid}", leaves, outs.dyn)
-    return jax.tree_util.tree_unflatten(treedef, leaves)
+    if rec.young_limit is not None and gc.get_count()[0] > rec.young_limit:
+        gc.collect(1)  # the two young generations: a cycle may have outlived a collection of the youngest
+    return jax.tree_util.tree_unflatten(treedef, leaves) if outs.dyn else out
 
 
 @contextlib.contextmanager
