@@ -137,7 +137,9 @@ def _traced_root(target: Callable, args: tuple, kwargs: dict, frontend: str, ori
                     "Python scalars are static (like `train=False`), arrays are traced."
                 ) from e
         name = getattr(target, "__name__", None) or type(target).__name__
-        return build(closed, rec, ins, outs[-1], name=name, frontend=frontend, origin=origin)
+        mox = build(closed, rec, ins, outs[-1], name=name, frontend=frontend, origin=origin)
+        del closed, rec  # gone before the collector runs again, which then scans only what lives on
+    return mox
 
 
 #: While the collector is paused for a trace, the young objects (allocated
