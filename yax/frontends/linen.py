@@ -118,8 +118,7 @@ def _interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: Any) ->
                     name=module.path[-1] if module.path else path.rsplit("/", 1)[-1], module=module,
                     info=ModuleInfo(type=type(module), method=method))  # read by nested calls
     # fields and attributes set in `setup` (`self.act = ACT2FN["gelu"]`) alike
-    undo = _activations.swapped([(module, k) for k, v in vars(module).items() if callable(v) or type(v) in (list, tuple)],
-                                getattr, object.__setattr__)
+    undo = _activations.swapped([(module, k) for k in vars(module)], getattr, object.__setattr__)
     try:
         out = marked_call(call, next_fun, args, kwargs)
     finally:
