@@ -24,7 +24,6 @@ lives (like `compare`'s): a sweep over patch values compiles once.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import inspect
 import weakref
@@ -35,55 +34,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import errors
+from . import _calls, errors
 from ._eval import Hooks, bind, flatten_inputs, run, unflatten_outputs
-from ._ir import CALL_KINDS, FN_KINDS, Equation, Kind, Mox
+from ._ir import CALL_KINDS, Equation, Kind, Mox
 from ._print import type_str
 from .errors import YaxCaptureError, YaxInputError
 
 Node = Equation | Mox
 
-_INLINE = frozenset({"jit", "pjit", "closed_call", "core_call"})
-_REMAT = frozenset({"remat2", "checkpoint", "remat"})
-_CUSTOM = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
-_WHY = {
-    "while": "a `while` loop runs its body a number of times known only when it runs, so the values of its "
-             "steps cannot be stacked",
-    "cond": "only one branch of a `cond` runs, so the values of the others do not exist",
-    "custom": "bringing values out of a custom derivative rule's computation would bypass the rule",
-}
-
-
-# -- keys: how values are named -------------------------------------------------------
-
-def _base(node: Node) -> str:
-    if isinstance(node, Equation):
-        return f"{node.path}:{node.name}" if node.path else node.name
-    if node.method in (None, "__call__") or node.kind in FN_KINDS:
-        return node.path
-    return f"{node.path}.{node.method}"
-
-
-_keys: weakref.WeakKeyDictionary[Mox, dict[int, str]] = weakref.WeakKeyDictionary()
 
 
 def capture_keys(mox: Mox) -> dict[int, str]:
-    """``id(node)`` -> the key `capture` gives its values, for every call and
-    equation of ``mox``: the call's path (``path.method`` for a method other
-    than ``__call__``), an equation's ``path:primitive``; ``#2``, ``#3``… for
-    later calls of the same, in evaluation order (as `compare`'s boundaries)."""
-    found = _keys.get(mox)
-    if found is None:
-        seen: collections.Counter = collections.Counter()
-        found = {}
-        for n in mox.walk():
-            if isinstance(n, Mox) and n.kind not in CALL_KINDS:
-                continue
-            base = _base(n)
-            seen[base] += 1
-            found[id(n)] = base if seen[base] == 1 else f"{base}#{seen[base]}"
-        _keys[mox] = found
-    return found
+    """``id(node)`` -> the key `capture` gives its values (`yax._calls.keys`:
+    the one key scheme `compare`, `patch` and the explorer use too)."""
+    return _calls.keys(mox)
 
 
 # -- the plan: which nodes, where, and how to reach them -------------------------------
@@ -129,7 +93,12 @@ def _selected(pattern: Any, mox: Mox, what: str) -> list[Node]:
 
 
 def _plan(pattern: Any, mox: Mox, what: str, forward_only: bool = False) -> _Plan:
-    nodes = _selected(pattern, mox, what)
+    return plan_of(_selected(pattern, mox, what), mox, what, pattern, forward_only)
+
+
+def plan_of(nodes: list[Node], mox: Mox, what: str, pattern: Any = None, forward_only: bool = False) -> _Plan:
+    """The plan reaching ``nodes`` of ``mox`` (refused, saying why, when one
+    runs where its values cannot come out)."""
     wanted = {id(n) for n in nodes}
     key = capture_keys(mox)
     targets: dict[int, _Target] = {}
@@ -167,39 +136,21 @@ def _plan(pattern: Any, mox: Mox, what: str, forward_only: bool = False) -> _Pla
 
 def capturable_calls(mox: Mox) -> list[Mox]:
     """The call nodes of ``mox`` whose outputs `capture` can bring out, in
-    evaluation order: every call except those inside ``while``, ``cond`` and
+    the order they finish: every call except those inside ``while``, ``cond`` and
     custom-derivative bodies (which `capture` refuses, saying why)."""
-    found: list[Mox] = []
-    stack: list[Any] = [iter(mox.children)]
-    while stack:
-        c = next(stack[-1], None)
-        if c is None:
-            stack.pop()
-        elif isinstance(c, Equation):
-            if _how(c, forward_only=False) in ("inline", "remat", "scan"):
-                stack.extend(iter(s.children) for _, s in reversed(c.subs))
-        else:
-            if c.kind in CALL_KINDS:
-                found.append(c)
-            stack.append(iter(c.children))
-    return found
+    idx = _calls.index(mox)
+    return [c for c in idx.calls.values() if idx.positions[id(c)].blocked is None]
 
 
 def _how(eqn: Equation, forward_only: bool) -> str:
-    name, subs = eqn.name, eqn.subs
-    if len(subs) == 1 and name in _INLINE:
-        return "inline"
-    if len(subs) == 1 and name in _REMAT:
-        return "remat"
-    if name == "scan":
-        return "scan"
-    if name in _CUSTOM:
-        return "inline" if forward_only and len(subs) == 1 else "custom"
-    return name
+    rule = _calls.how(eqn)
+    if rule == "custom":  # the forward pass alone may look inside a custom rule's primal
+        return "inline" if forward_only and len(eqn.subs) == 1 else "custom"
+    return rule
 
 
 def _refused(pattern: Any, node: Node, eqn: Equation, how: str, what: str) -> YaxCaptureError:
-    why = _WHY.get(how) or (f"`{what}` brings values out of `scan`, `remat` and `jit` bodies only, and `{eqn.name}` "
+    why = _calls.WHY.get(how) or (f"`{what}` brings values out of `scan`, `remat` and `jit` bodies only, and `{eqn.name}` "
                             "is none of these")
     shown = f"`{pattern}`" if isinstance(pattern, str) else "given"
     return YaxCaptureError(
@@ -246,6 +197,9 @@ class _Watch(Hooks):
     def _done(self, t: _Target, values: list[Any]) -> list[Any]:
         if self.mode == "capture":
             self.got.setdefault(t.key, {})["out"] = list(values)
+            return values
+        if self.mode == "measure":  # `compare`: one flat float32 array per node
+            self.got[t.key] = {"out": [jnp.concatenate([jnp.ravel(v).astype(jnp.float32) for v in values])]}
             return values
         if self.mode == "arrays":
             new = self.patches.get(t.key)
@@ -396,6 +350,14 @@ class _Program:
 
     def __call__(self, flat: list, patches: dict, arg: Any) -> tuple:
         return self.jitted(flat, patches, arg)
+
+
+def watched(mox: Mox, plan: _Plan, mode: str, flat: list) -> tuple[list, dict]:
+    """Evaluate ``mox`` on ``flat`` with ``plan``'s targets watched in ``mode``
+    (``"capture"``, or ``"measure"``: one flat float32 array per target);
+    ``(flat outputs, got)``."""
+    w = _Watch(plan, mode, False, {}, None, None, ())
+    return run(mox, flat, hooks=w), w.got
 
 
 _plans: weakref.WeakKeyDictionary[Mox, dict[Any, _Plan]] = weakref.WeakKeyDictionary()

@@ -3,43 +3,76 @@ at the outputs and at every module boundary the two share."""
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import dataclasses
 import threading
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import frontends
-from ._eval import flatten_inputs, run
-from ._ir import FN_KINDS, Kind, Mox
+from . import _calls, _capture, frontends
+from ._eval import eval_mox, flatten_inputs, run
+from ._ir import FN_KINDS, Equation, Kind, Mox
 from ._print import type_str
 from .errors import YaxInputError
 
 
 @dataclasses.dataclass(frozen=True)
 class Stats:
-    """How one value of the modified model differs from the original's."""
+    """How one value of the modified model differs from the original's.
+
+    The statistics are computed over the entries finite in both models;
+    ``nonfinite`` counts the others (NaN or ±Inf in either) and ``changed``
+    those of them that differ (a NaN or an Inf that appears, disappears or
+    changes sign). A statistic that cannot be computed is NaN, and
+    ``undefined`` says why (``{"rel": "the original is 0 everywhere"}``):
+    never a 0 or a 1 standing for what was not computed."""
 
     max_abs: float
     mean_abs: float
-    rel: float        #: ||modified - original|| / ||original||
-    cosine: float     #: cosine similarity of the flattened values
-    allclose: bool    #: ``|m - o| <= atol + rtol * |o|`` everywhere
+    rel: float        #: ||modified - original|| / ||original|| over the finite entries
+    cosine: float     #: cosine similarity of the finite entries
+    allclose: bool    #: ``|m - o| <= atol + rtol * |o|`` at every finite entry, and the non-finite ones equal
+    nonfinite: int = 0    #: entries left out: NaN or ±Inf in either model
+    changed: int = 0      #: of those, entries where the two models differ
+    undefined: tuple[tuple[str, str], ...] = ()  #: ``(statistic, why)`` for each one that is NaN
+
+    def why(self, name: str) -> str | None:
+        """Why statistic ``name`` could not be computed, or ``None``."""
+        return dict(self.undefined).get(name)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d["undefined"] = dict(self.undefined)
+        return d
+
+    def cell(self, name: str, fmt: str) -> str:
+        """The statistic as printed: ``undefined`` where it could not be computed."""
+        return "undefined" if self.why(name) else format(getattr(self, name), fmt)
 
 
 @dataclasses.dataclass(frozen=True)
 class Comparison:
-    """The result of `compare`: per output, and per module boundary (in the
-    order the original evaluates them) of the calls both models share."""
+    """The result of `compare`: per output, and per call boundary (in the
+    order the original evaluates them) of the calls both models share,
+    including those inside ``scan`` bodies (compared at every step).
+
+    Attributes:
+      outputs: output name -> `Stats`.
+      boundaries: call key (as `yax.capture` names it) -> `Stats` over all its values
+        (every step of a call inside a scan).
+      steps: for calls inside scans, key -> `Stats` of each step (outermost scan
+        first, steps flattened in row-major order; ``stacks[key]`` gives the lengths).
+      first_divergence / first_divergence_step: the first boundary, and the scan step,
+        in evaluation order, whose values are not allclose (where the outputs start to differ).
+      labels: key -> how to name the call in the modified model (``Seq/relu (now gelu)``).
+      unavailable: key -> why a call of the original was not compared (inside a ``while``
+        loop, a ``cond`` branch or a custom derivative rule; output types changed).
+      gradients: with ``grad_of``: parameter path -> `Stats` of the gradients.
+    """
 
     outputs: dict[str, Stats]
     boundaries: dict[str, Stats]
@@ -48,16 +81,32 @@ class Comparison:
     #: output name -> (original, modified) values as float32 NumPy arrays, for plots
     arrays: dict[str, tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict, repr=False,
                                                                          compare=False)
+    steps: dict[str, list[Stats]] = dataclasses.field(default_factory=dict, repr=False)
+    stacks: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict, repr=False)
+    first_divergence: str | None = None
+    first_divergence_step: tuple[int, ...] = ()
+    labels: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
+    unavailable: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
+    gradients: dict[str, Stats] | None = dataclasses.field(default=None, repr=False)
 
     @property
     def allclose(self) -> bool:
-        return all(s.allclose for s in self.outputs.values())
+        return all(s.allclose for s in self.outputs.values()) and all(
+            s.allclose for s in (self.gradients or {}).values())
+
+    def label(self, key: str) -> str:
+        """``key`` named as the modified model names it, with the step when it is the first divergence."""
+        return self.labels.get(key, key)
 
     @property
-    def first_divergence(self) -> str | None:
-        """The first boundary (in evaluation order) whose values are not
-        allclose: where the outputs start to differ."""
-        return next((k for k, s in self.boundaries.items() if not s.allclose), None)
+    def verdict(self) -> str:
+        """One sentence: whether the outputs are allclose, and where they start to differ."""
+        if self.first_divergence is None:
+            return "The outputs are allclose." if self.allclose else (
+                "The outputs differ, but every call boundary both models share is allclose.")
+        at = f" at scan step {', '.join(map(str, self.first_divergence_step))}" if self.first_divergence_step else ""
+        return f"The outputs {'are allclose' if self.allclose else 'differ'}; the first divergence is " \
+               f"`{self.label(self.first_divergence)}`{at}."
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -65,108 +114,173 @@ class Comparison:
             "atol": self.atol,
             "allclose": self.allclose,
             "first_divergence": self.first_divergence,
+            "first_divergence_step": list(self.first_divergence_step),
             "outputs": {k: s.to_dict() for k, s in self.outputs.items()},
             "boundaries": {k: s.to_dict() for k, s in self.boundaries.items()},
+            "steps": {k: [s.to_dict() for s in v] for k, v in self.steps.items()},
+            "labels": dict(self.labels),
+            "unavailable": dict(self.unavailable),
+            "gradients": None if self.gradients is None else {k: s.to_dict() for k, s in self.gradients.items()},
         }
 
     def __repr__(self) -> str:
-        width = max([len(k) for k in (*self.outputs, *self.boundaries)] + [8])
-        head = f"{'':{width}}  {'max|Δ|':>10} {'mean|Δ|':>10} {'rel':>10} {'cos':>8}  close"
-        lines = [f"Comparison(allclose={self.allclose}, first_divergence={self.first_divergence!r})", head]
-        for title, rows in (("outputs", self.outputs), ("boundaries", self.boundaries)):
+        rows = {"outputs": self.outputs, "boundaries": self.boundaries, **(
+            {"gradients": self.gradients} if self.gradients is not None else {})}
+        names = {k: self.label(k) + (f" ×{_times(self.stacks[k])}" if k in self.stacks else "")
+                 for part in rows.values() for k in part}
+        width = max([len(v) for v in names.values()] + [8])
+        head = f"{'':{width}}  {'max|Δ|':>10} {'mean|Δ|':>10} {'rel':>10} {'cos':>9}  close"
+        at = f", step={self.first_divergence_step}" if self.first_divergence_step else ""
+        lines = [f"Comparison(allclose={self.allclose}, first_divergence={self.first_divergence!r}{at})", head]
+        notes = []
+        for title, part in rows.items():
             lines.append(f"-- {title}")
-            for k, s in rows.items():
-                lines.append(f"{k:{width}}  {s.max_abs:10.3g} {s.mean_abs:10.3g} {s.rel:10.3g} {s.cosine:8.5f}  "
-                             f"{'yes' if s.allclose else 'NO'}")
-        return "\n".join(lines)
+            for k, s in part.items():
+                lines.append(f"{names[k]:{width}}  {s.cell('max_abs', '10.3g')} {s.cell('mean_abs', '10.3g')} "
+                             f"{s.cell('rel', '10.3g'):>10} {s.cell('cosine', '9.5f'):>9}  "
+                             f"{'yes' if s.allclose else 'NO'}"
+                             + (f"  ({s.nonfinite} non-finite left out, {s.changed} of them changed)"
+                                if s.nonfinite else ""))
+                notes += [f"{names[k]}: {stat} undefined: {why}" for stat, why in s.undefined]
+        if self.unavailable:
+            notes += [f"{self.label(k)}: not compared: {why}" for k, why in self.unavailable.items()]
+        return "\n".join(lines + (["-- notes", *notes] if notes else []))
 
 
-def _calls(node: Mox) -> Iterator[Mox]:
-    """Call nodes in the order `eval_mox` finishes them (not inside nested
-    computations, whose values live in a compiled loop or branch). Without
-    recursion: a tree of any depth."""
-    stack = [(node, iter(node.children))]
-    while stack:
-        n, it = stack[-1]
-        c = next(it, None)
-        if c is None:
-            stack.pop()
-            if stack:  # every call below `node`, not `node` itself
-                yield n
-        elif isinstance(c, Mox):
-            stack.append((c, iter(c.children)))
+def _times(stack: tuple[int, ...]) -> str:
+    return "×".join(map(str, stack))
 
 
 def call_keys(mox: Mox) -> dict[str, Mox]:
-    """``path`` (``path.method`` for other methods; ``#k`` for the k-th call) -> call node."""
-    seen: collections.Counter = collections.Counter()
-    out = {}
-    for node in _calls(mox):
-        base = node.path if node.method in (None, "__call__") or node.kind in FN_KINDS \
-            else f"{node.path}.{node.method}"
-        seen[base] += 1
-        out[base if seen[base] == 1 else f"{base}#{seen[base]}"] = node
-    return out
+    """key -> call node, for every call (inside scan and ``jit``/``remat`` bodies too), in the
+    order they finish: the boundaries `compare` measures, named as `yax.capture` names them."""
+    return _calls.calls(mox)
 
 
-def _flat(vals: list[jax.Array]) -> jax.Array:
-    return jnp.concatenate([jnp.ravel(v).astype(jnp.float32) for v in vals])
-
-
-def _stats(pairs: list[tuple[np.ndarray, np.ndarray]], rtol: float, atol: float) -> list[Stats]:
-    """Per-pair statistics of flat float32 host arrays, in NumPy after the models ran (float32 values;
-    BLAS dot products, float64 sums). Reducing hundreds of boundaries inside the models' jitted
-    programs multiplied XLA's compile time by ten; NumPy compiles nothing."""
-    out = []
-    for x, y in pairs:
-        d = np.abs(y - x)
-        nx, ny, nd = (float(np.sqrt(np.dot(v, v), dtype=np.float64)) for v in (x, y, d))  # BLAS
-        out.append(Stats(
-            max_abs=float(d.max(initial=0.0)),
-            mean_abs=float(d.sum(dtype=np.float64) / d.size) if d.size else 0.0,
-            rel=nd / nx if nx > 0 else (0.0 if nd == 0 else float("inf")),
-            cosine=float(np.dot(x, y)) / (nx * ny) if nx > 0 and ny > 0 else float(nx == ny),
-            allclose=bool(np.all(d <= atol + rtol * np.abs(x))),
-        ))
-    return out
+def _stats(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> Stats:
+    """Statistics of two flat float32 host arrays, in NumPy after the models ran (BLAS dot
+    products, float64 sums). Reducing hundreds of boundaries inside the models' jitted programs
+    multiplied XLA's compile time by ten; NumPy compiles nothing."""
+    fin = np.isfinite(x) & np.isfinite(y)
+    nonfinite = int(fin.size - np.count_nonzero(fin))
+    changed = 0
+    if nonfinite:
+        bad_x, bad_y = x[~fin], y[~fin]
+        same = (bad_x == bad_y) | (np.isnan(bad_x) & np.isnan(bad_y))
+        changed = int(same.size - np.count_nonzero(same))
+        x, y = x[fin], y[fin]
+    undefined: list[tuple[str, str]] = []
+    if not x.size:
+        why = (f"no entry is finite in both models ({nonfinite} non-finite)" if nonfinite else "the value is empty")
+        undefined = [(k, why) for k in ("max_abs", "mean_abs", "rel", "cosine")]
+        return Stats(np.nan, np.nan, np.nan, np.nan, changed == 0, nonfinite, changed, tuple(undefined))
+    d = np.abs(y - x)
+    nx, ny, nd = (float(np.sqrt(np.dot(v, v), dtype=np.float64)) for v in (x, y, d))  # BLAS
+    if nx > 0:
+        rel = nd / nx
+    elif nd == 0:
+        rel = 0.0  # both 0 everywhere: no difference at all
+    else:
+        rel = np.nan
+        undefined.append(("rel", "the original is 0 at every finite entry, so no relative error exists"))
+    if nx > 0 and ny > 0:
+        cosine = float(np.dot(x, y)) / (nx * ny)
+    else:
+        cosine = np.nan
+        zero = "both are" if nx == ny == 0 else ("the original is" if nx == 0 else "the modified is")
+        undefined.append(("cosine", f"{zero} 0 at every finite entry, so no angle exists"))
+    return Stats(
+        max_abs=float(d.max()),
+        mean_abs=float(d.sum(dtype=np.float64) / d.size),
+        rel=rel,
+        cosine=cosine,
+        allclose=bool(np.all(d <= atol + rtol * np.abs(x))) and changed == 0,
+        nonfinite=nonfinite,
+        changed=changed,
+        undefined=tuple(undefined),
+    )
 
 
 def _numeric(vals: Any) -> bool:
     return bool(vals) and all(jnp.issubdtype(v.dtype, jnp.number) or v.dtype == jnp.bool_ for v in vals)
 
 
+def _flat(vals: list[jax.Array]) -> jax.Array:
+    return jnp.concatenate([jnp.ravel(v).astype(jnp.float32) for v in vals])
+
+
 _programs: weakref.WeakKeyDictionary[Mox, dict[tuple, Any]] = weakref.WeakKeyDictionary()
 
 
-def _tapped(mox: Mox) -> dict[str, Mox]:
-    """The numeric call boundaries, by key, in the order `_program` returns their values."""
-    return {k: n for k, n in call_keys(mox).items() if _numeric(n.outputs)}
+def _tapped(mox: Mox) -> list[Mox]:
+    """The call boundaries `compare` measures: numeric, and where their values can come out
+    (not inside ``while``, ``cond`` or custom derivative bodies)."""
+    idx = _calls.index(mox)
+    return [c for c in idx.calls.values() if _numeric(c.outputs) and idx.positions[id(c)].blocked is None]
 
 
-def _program(mox: Mox, out_idx: tuple[int, ...], taps: bool) -> Any:
-    """The jitted program computing ``mox``'s outputs and the values at all
-    its numeric call boundaries, flattened to float32. One per MoX (kept while
-    the MoX lives), so comparing many rewrites against one original compiles
-    the original once."""
+def _unavailable(mox: Mox) -> dict[str, str]:
+    """The numeric calls whose values cannot come out, and why."""
+    idx = _calls.index(mox)
+    out = {}
+    for k, c in idx.calls.items():
+        eqn = idx.positions[id(c)].blocked
+        if eqn is not None and _numeric(c.outputs):
+            why = _calls.WHY.get(_calls.how(eqn), f"`{eqn.name}` does not give out the values of what it runs")
+            out[k] = f"it runs inside the `{eqn.name}` in `{eqn.path or 'the root'}`: {why}"
+    return out
+
+
+# Primitives whose outputs XLA keeps in memory anyway: a boundary computed by one costs the
+# compiler nothing more when it is brought out. Others (elementwise chains) are fused away in
+# the plain model, and each brought out costs XLA a kernel of its own (milliseconds to compile).
+_MATERIALISED = frozenset({"dot_general", "conv_general_dilated", "scan", "while", "cond", "pjit", "jit",
+                           "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "remat2", "checkpoint",
+                           "sort", "gather", "scatter", "scatter-add", "argmax", "argmin", "cumsum", "fft",
+                           "reduce_sum", "reduce_max", "reduce_min", "reduce_prod"})
+
+
+def eager_is_cheaper(mox: Mox) -> bool:
+    """Whether `compare` measures ``mox`` op by op rather than as one jitted program.
+
+    A jitted program compiles a kernel for every boundary value XLA would otherwise fuse away
+    (a chain of 1,000 one-equation modules: ~7 ms each, 7 s, where the model compiles in
+    0.1 s); op by op, each distinct operation compiles once and each equation is dispatched
+    (~15 ms and ~40 µs). The cheaper is chosen from those counts; models whose boundaries are
+    matrix products (every real network) stay jitted."""
+    producer: dict[int, str] = {}
+    signatures: set[tuple] = set()
+    n_eqns = 0
+    for n in mox.walk():
+        if isinstance(n, Equation):
+            n_eqns += 1
+            for o in n.outputs:
+                producer[id(o)] = n.name
+            if len(signatures) < 4096:
+                signatures.add((n.name, tuple((a.shape, str(a.dtype)) for a in n.inputs)))
+    fused = sum(1 for c in _tapped(mox) for o in c.outputs if producer.get(id(o), "dot_general") not in _MATERIALISED)
+    return fused * 7e-3 > len(signatures) * 15e-3 + n_eqns * 4e-5
+
+
+def _program(mox: Mox, out_idx: tuple[int, ...], taps: bool, eager: bool) -> Any:
+    """The program computing ``mox``'s outputs and the values at all its numeric call
+    boundaries (inside scans: stacked per step), flattened to float32. Jitted (or, with
+    ``eager``, op by op): one per MoX, kept while the MoX lives, so comparing many rewrites
+    against one original compiles the original once."""
     cache = _programs.setdefault(mox, {})
-    key = (out_idx, taps)
+    key = (out_idx, taps, eager)
     f = cache.get(key)
     if f is None:
-        tapped = {id(n): j for j, n in enumerate(_tapped(mox).values())} if taps else {}
-
+        plan = _capture.plan_of(_tapped(mox), mox, "compare") if taps else None
         ref = weakref.ref(mox)  # the cache must not keep its own key alive
 
         def program(flat: list[Any]) -> Any:
-            got: list = []
-            outs = run(ref(), flat, taps=got if taps else None)
-            vals: list = [None] * len(tapped)
-            for node, xs in got:
-                j = tapped.get(id(node))
-                if j is not None:
-                    vals[j] = _flat(xs)
-            return [_flat([outs[i]]) for i in out_idx], vals
+            if plan is None:
+                return [_flat([o]) for o in (lambda outs: [outs[i] for i in out_idx])(run(ref(), flat))], {}
+            outs, got = _capture.watched(ref(), plan, "measure", flat)
+            return [_flat([outs[i]]) for i in out_idx], {k: g["out"][0] for k, g in got.items()}
 
-        f = cache[key] = jax.jit(program)
+        f = cache[key] = program if eager else jax.jit(program)
     return f
 
 
@@ -174,11 +288,14 @@ def _program(mox: Mox, out_idx: tuple[int, ...], taps: bool) -> Any:
 class Measured:
     """One model's values on one set of inputs, on the host as flat float32:
     the outputs `compare` looks at and, when measured with boundaries, the
-    values at every numeric call boundary (by `call_keys`)."""
+    values at every numeric call boundary (by key; inside scans stacked per
+    step: ``(*scan lengths, n)``). ``eager``: measured op by op (`eager_is_cheaper`);
+    two measurements compared are taken the same way."""
 
     out_idx: tuple[int, ...]
     outs: list[np.ndarray]
     taps: dict[str, np.ndarray] | None
+    eager: bool = False
 
 
 def paired_outputs(original: Mox, modified: Mox) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -205,61 +322,111 @@ def paired_outputs(original: Mox, modified: Mox) -> tuple[tuple[int, ...], tuple
 
 
 def measure(mox: Mox, args: tuple, kwargs: dict, out_idx: tuple[int, ...], boundaries: bool = True,
-            lowered: threading.Event | None = None) -> Measured:
+            lowered: threading.Event | None = None, eager: bool | None = None) -> Measured:
     """Run ``mox`` (jitted, compiled once per MoX) and bring its outputs
     ``out_idx`` and, with ``boundaries``, its call boundaries to the host.
     ``lowered`` is set once the program is traced and lowered (Python work,
     holding the GIL): XLA compiles it without holding the GIL, so another
-    thread can work meanwhile."""
-    return _to_host(_dispatch(mox, flatten_inputs(mox, args, kwargs), out_idx, boundaries, lowered))
+    thread can work meanwhile. ``eager``: measure op by op (``None``: when
+    `eager_is_cheaper`; pass the original's ``Measured.eager`` for a model compared with it)."""
+    return _to_host(_dispatch(mox, flatten_inputs(mox, args, kwargs), out_idx, boundaries, lowered, eager))
 
 
 def _dispatch(mox: Mox, flat: list[Any], out_idx: tuple[int, ...], boundaries: bool,
-              lowered: threading.Event | None = None) -> Measured:
+              lowered: threading.Event | None = None, eager: bool | None = None) -> Measured:
     """`measure` of flattened inputs, without waiting: the values are device arrays still being computed."""
-    program = _program(mox, out_idx, boundaries)
-    if lowered is not None:
+    if eager is None:
+        eager = boundaries and eager_is_cheaper(mox)
+    program = _program(mox, out_idx, boundaries, eager)
+    if lowered is not None and not eager:
         low = program.lower(flat)
         lowered.set()
         low.compile()  # the jitted program's caches keep it: the call below runs it
     outs, taps = program(flat)
-    return Measured(out_idx, outs, dict(zip(_tapped(mox), taps)) if boundaries else None)
+    if lowered is not None:
+        lowered.set()
+    return Measured(out_idx, outs, taps if boundaries else None, eager)
 
 
 def _to_host(m: Measured) -> Measured:
     outs, taps = jax.device_get((m.outs, m.taps))
-    return Measured(m.out_idx, outs, taps)
+    return Measured(m.out_idx, outs, taps, m.eager)
+
+
+def _label(key: str, node: Mox) -> str:
+    """The key, with the call's name in the modified model when a rewrite changed it."""
+    last = node.path.rsplit("/", 1)[-1]
+    return key if node.kind not in FN_KINDS or node.name == last else f"{key} (now {node.name})"
 
 
 def compare_measured(original: Mox, modified: Mox, a: Measured, b: Measured, *, rtol: float = 1e-5,
                      atol: float = 1e-6) -> Comparison:
     """The `Comparison` of two measurements (`measure`) of ``original`` and
     ``modified``; boundaries are compared when both were measured with them."""
-    keys = []
-    if a.taps is not None and b.taps is not None:
-        # The boundaries both models have, with equal output types, in the original's evaluation order.
-        ka, kb = call_keys(original), call_keys(modified)
-        keys = [k for k, n in ka.items() if k in kb and k in a.taps and k in b.taps
-                and [type_str(x) for x in n.outputs] == [type_str(x) for x in kb[k].outputs]]
-    stats = _stats(list(zip(a.outs + [a.taps[k] for k in keys], b.outs + [b.taps[k] for k in keys])), rtol, atol)
+    outputs = [_stats(x, y, rtol, atol) for x, y in zip(a.outs, b.outs)]
     names = [_output_names(original).get(i, f"out[{i}]") for i in a.out_idx]
     shapes = [original.outvars[i].shape for i in a.out_idx]
+    bounds: dict[str, Stats] = {}
+    steps: dict[str, list[Stats]] = {}
+    stacks: dict[str, tuple[int, ...]] = {}
+    labels: dict[str, str] = {}
+    unavailable: dict[str, str] = {}
+    first: tuple | None = None
+    if a.taps is not None and b.taps is not None:
+        ia, ib = _calls.index(original), _calls.index(modified)
+        unavailable = _unavailable(original)
+        for k, n in ia.calls.items():
+            m = ib.calls.get(k)
+            if m is None or k not in a.taps or k not in b.taps:
+                continue
+            if [type_str(x) for x in n.outputs] != [type_str(x) for x in m.outputs]:
+                unavailable[k] = (f"its outputs are {' '.join(map(type_str, n.outputs))} in the original but "
+                                  f"{' '.join(map(type_str, m.outputs))} in the modified model")
+                continue
+            pos = ia.positions[id(n)]
+            if pos.stack != ib.positions[id(m)].stack:
+                unavailable[k] = "it runs inside scans of other lengths in the two models"
+                continue
+            x, y = a.taps[k], b.taps[k]
+            bounds[k] = s = _stats(x.ravel(), y.ravel(), rtol, atol)
+            labels[k] = _label(k, m)
+            if pos.stack:
+                stacks[k] = pos.stack
+                rows = int(np.prod(pos.stack))
+                xs, ys = x.reshape(rows, -1), y.reshape(rows, -1)
+                steps[k] = per = [_stats(xs[r], ys[r], rtol, atol) for r in range(rows)]
+                bad = [tuple(int(i) for i in np.unravel_index(r, pos.stack)) for r, t in enumerate(per)
+                       if not t.allclose]
+                if bad:
+                    at = min(bad, key=pos.sort_key)
+                    first = min(first or (pos.sort_key(at), k, at), (pos.sort_key(at), k, at))
+            elif not s.allclose:
+                first = min(first or (pos.sort_key(), k, ()), (pos.sort_key(), k, ()))
     return Comparison(
-        outputs=dict(zip(names, stats)),
-        boundaries=dict(zip(keys, stats[len(a.out_idx):])),
+        outputs=dict(zip(names, outputs)),
+        boundaries=bounds,
         rtol=rtol,
         atol=atol,
         arrays={k: (x.reshape(s), y.reshape(s)) for k, x, y, s in zip(names, a.outs, b.outs, shapes)},
+        steps=steps,
+        stacks=stacks,
+        first_divergence=None if first is None else first[1],
+        first_divergence_step=() if first is None else first[2],
+        labels=labels,
+        unavailable=unavailable,
     )
 
 
 def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rtol: float = 1e-5,
-            atol: float = 1e-6, boundaries: bool = True, **kwargs: Any) -> Comparison:
+            atol: float = 1e-6, boundaries: bool = True, grad_of: Any = None, **kwargs: Any) -> Comparison:
     """Run ``original`` and ``modified`` on the same inputs (each compiled
-    once, with ``jax.jit``) and measure the differences: per output, and at every module
-    boundary both share (matched by path, method and call order, with equal
-    shapes), so the first divergent boundary shows where a change starts to
-    matter.
+    once, with ``jax.jit``) and measure the differences: per output, and at every call
+    boundary both share (matched by key: path, method and call order, with equal
+    output types), inside ``scan`` bodies at every step, so the first divergent boundary
+    (and step) shows where a change starts to matter.
+
+    Statistics leave out entries that are NaN or ±Inf in either model and count them; a
+    statistic that cannot be computed is NaN with the reason in ``Stats.undefined``.
 
     Args:
       original, modified: root MoX (``modified`` typically from `yax.sub`).
@@ -267,7 +434,10 @@ def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rt
       new_params: the modified model's parameters, if a rewrite changed
         them: they replace the first positional argument for ``modified``.
       rtol, atol: the tolerances of the ``allclose`` verdicts.
-      boundaries: also compare module boundaries (default True).
+      boundaries: also compare call boundaries (default True).
+      grad_of: a function of what the model returns giving a scalar (a loss): the
+        gradients of ``grad_of(model(*args))`` with respect to the first argument (the
+        parameters) are compared too, per parameter both models have (``gradients``).
 
     Returns:
       A `Comparison`; its ``repr`` is a table, ``to_dict()`` plain data.
@@ -278,26 +448,61 @@ def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rt
       >>> p = m.init(jax.random.key(0), x)
       >>> mox = yax.make_mox(m.apply)(p, x)
       >>> c = yax.compare(mox, yax.sub('//*[@name="relu"]', jax.nn.gelu, mox), p, x)
-      >>> c.first_divergence
-      'Sequential/relu'
+      >>> c.first_divergence, c.label(c.first_divergence)
+      ('Sequential/relu', 'Sequential/relu (now gelu)')
     """
     idx_a, idx_b = paired_outputs(original, modified)
     if new_params is not None and not args:
         raise YaxInputError("`new_params` replaces the first positional argument, but no arguments were given.")
+    if grad_of is not None and (not callable(grad_of) or not args):
+        raise YaxInputError(
+            "`grad_of` must be a function of what the model returns giving a scalar, and the parameters the "
+            "gradients are taken with respect to must be the first positional argument. Pass "
+            "`grad_of=lambda out: out.sum()` and the parameters first.")
     args_b = args if new_params is None else (new_params, *args[1:])
     flat_a = flatten_inputs(original, args, kwargs)  # both inputs are checked before either model runs
     flat_b = flatten_inputs(modified, args_b, kwargs)
+    eager = boundaries and (eager_is_cheaper(original) or eager_is_cheaper(modified))
     # The two programs compile side by side: XLA compiles without holding Python's lock, so the
     # modified model is traced and compiled while the original compiles and runs in a helper thread
     # (started once the original is lowered, so the two traces do not contend for the lock).
     lowered = threading.Event()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        fa = pool.submit(_dispatch, original, flat_a, idx_a, boundaries, lowered)
+        fa = pool.submit(_dispatch, original, flat_a, idx_a, boundaries, lowered, eager)
         fa.add_done_callback(lambda _: lowered.set())  # also when it fails
         lowered.wait()
-        b = _dispatch(modified, flat_b, idx_b, boundaries)
+        b = _dispatch(modified, flat_b, idx_b, boundaries, None, eager)
         a = fa.result()
-    return compare_measured(original, modified, _to_host(a), _to_host(b), rtol=rtol, atol=atol)
+    c = compare_measured(original, modified, _to_host(a), _to_host(b), rtol=rtol, atol=atol)
+    if grad_of is None:
+        return c
+    return dataclasses.replace(c, gradients=_gradients(original, modified, args, args_b, kwargs, grad_of,
+                                                       rtol, atol))
+
+
+def _gradients(original: Mox, modified: Mox, args: tuple, args_b: tuple, kwargs: dict, loss: Any,
+               rtol: float, atol: float) -> dict[str, Stats]:
+    """Gradients of ``loss(model(*args))`` with respect to the first argument's floating
+    leaves, compared per leaf both models have (by key path)."""
+    def grads(mox: Mox, a: tuple) -> dict[str, np.ndarray]:
+        flat, tree = jax.tree_util.tree_flatten_with_path(a[0])
+        where = [i for i, (_, x) in enumerate(flat) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+        leaves = [x for _, x in flat]
+
+        def f(ws: list) -> Any:
+            full = list(leaves)
+            for i, w in zip(where, ws):
+                full[i] = w
+            out = loss(eval_mox(mox, jax.tree_util.tree_unflatten(tree, full), *a[1:], **kwargs))
+            if jnp.shape(out) != ():
+                raise YaxInputError(f"`grad_of` must return a scalar, but returned an array of shape {jnp.shape(out)}.")
+            return out
+
+        g = jax.device_get(jax.jit(jax.grad(f))([leaves[i] for i in where]))
+        return {jax.tree_util.keystr(flat[i][0]): np.asarray(v, np.float32).ravel() for i, v in zip(where, g)}
+
+    ga, gb = grads(original, args), grads(modified, args_b)
+    return {k: _stats(v, gb[k], rtol, atol) for k, v in ga.items() if k in gb and gb[k].shape == v.shape}
 
 
 def _output_names(mox: Mox) -> dict[int, str]:

@@ -216,18 +216,37 @@ def _output(name: str, stats: yax.Stats, x: np.ndarray, y: np.ndarray) -> dict:
     }
 
 
+def _bound(s: yax.Stats, steps: list | None, stack: tuple | None) -> dict:
+    """A boundary's entry: its statistics over every value (every step inside a scan), what
+    could not be computed and why, and for a call in a scan its steps (``×N``, the first that
+    differs, each step's relative error)."""
+    out = {"rel": _finite(s.rel), "max_abs": _finite(s.max_abs), "allclose": s.allclose,
+           "undefined": dict(s.undefined), "nonfinite": s.nonfinite, "changed": s.changed}
+    if steps is not None and stack:
+        out["steps"] = [int(n) for n in stack]
+        out["step_rel"] = [_finite(t.rel) for t in steps]
+        out["first_step"] = next((i for i, t in enumerate(steps) if not t.allclose), None)
+    return out
+
+
 def comparison_state(c: yax.Comparison, mox: yax.Mox, seconds: float) -> dict:
     """The ``_comparison`` trait of ``c``, whose modified model is ``mox``."""
     ids = node_ids(mox)
     keys = call_keys(mox)
     outputs = [_output(name, s, *c.arrays[name]) for name, s in c.outputs.items()]
-    bounds = {str(ids[id(keys[k])]): {"rel": _finite(s.rel), "max_abs": _finite(s.max_abs), "allclose": s.allclose}
+    bounds = {str(ids[id(keys[k])]): _bound(s, c.steps.get(k), c.stacks.get(k))
               for k, s in c.boundaries.items() if k in keys}
     first = c.first_divergence
+    step = c.first_divergence_step
     return {
-        "allclose": c.allclose, "first_divergence": first,
+        "allclose": c.allclose,
+        # named as the modified model (the tree) names it, with the scan step
+        "first_divergence": None if first is None else c.label(first) + (
+            f" at scan step {', '.join(map(str, step))}" if step else ""),
         "first_divergence_id": ids[id(keys[first])] if first in keys else None,
         "seconds": round(seconds, 3), "outputs": outputs, "boundaries": bounds, "rtol": c.rtol, "atol": c.atol,
+        "unavailable": [{"id": ids[id(keys[k])] if k in keys else None, "key": k, "why": why}
+                        for k, why in c.unavailable.items()],
     }
 
 

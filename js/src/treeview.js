@@ -13,6 +13,14 @@ import {
 export const ROW_H = 22;
 const OVERSCAN = 10;
 
+/** A compared call's tooltip: its errors (or why one is undefined) and, in a scanned stack, its steps. */
+export function boundaryTitle(b) {
+  const rel = b.undefined && b.undefined.rel ? `undefined (${b.undefined.rel})` : num(b.rel);
+  const steps = b.steps ? `, over ${b.steps.join("×")} scan steps`
+    + (b.first_step === null || b.first_step === undefined ? "" : ` (first differs at step ${b.first_step})`) : "";
+  return `relative error ${rel}, max |Δ| ${num(b.max_abs)}${steps}`;
+}
+
 /** The element of `node` at position `i`; `look` holds what decides its marks (see `look()`). */
 export function rowElement(node, i, look) {
   const key = String(node.id);
@@ -27,7 +35,7 @@ export function rowElement(node, i, look) {
     ? h("span", { class: "yax-toggle", role: "button", "aria-label": "expand" }, look.expanded.has(node.id) ? "▾" : "▸")
     : h("span", { class: "yax-toggle yax-leaf" }, "");
   const title = [node.type && node.fields ? `${node.type}(${node.fields})` : node.fields,
-    b && `relative error ${num(b.rel)}, max |Δ| ${num(b.max_abs)}`].filter(Boolean).join("\n") || undefined;
+    b && boundaryTitle(b)].filter(Boolean).join("\n") || undefined;
   return h("div", {
     class: cls, dataset: { id: key }, role: "treeitem", title,
     style: { top: `${i * ROW_H}px`, paddingLeft: `${6 + node.depth * 14}px`,

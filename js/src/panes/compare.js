@@ -91,19 +91,40 @@ function boundaryTable(boundaries, firstId, { pathOf, onPick }) {
       onclick: () => onPick(id), title: `${path}: select this call in the tree` },
     h("td", { class: "yax-boundary-path", style: { borderLeftColor: divergenceColor(level) } },
       path.includes("/") ? path.slice(path.indexOf("/") + 1) : path), // below the model's own name
-    h("td", {}, num(b.rel)), h("td", {}, num(b.max_abs)), h("td", {}, b.allclose ? "✓" : "✗"));
+    stat(b, "rel"), stat(b, "max_abs"), h("td", {}, b.allclose ? "✓" : "✗"), h("td", {}, stepsCell(b)));
   });
   return h("details", { class: "yax-boundaries", open: true },
     h("summary", {}, `module outputs, in program order (${ids.length}${ids.length > MAX ? `, the first ${MAX} shown` : ""})`),
     h("table", { class: "yax-stats" },
-      h("tr", {}, ["call", "rel", "max|Δ|", ""].map((t) => h("th", {}, t))), rows));
+      h("tr", {}, ["call", "rel", "max|Δ|", "", "steps"].map((t) => h("th", {}, t))), rows));
+}
+
+/** A statistic's cell: its value, or "undefined" with the reason as the tooltip (never a
+ * number that was not computed). */
+function stat(s, name) {
+  const why = s.undefined && s.undefined[name];
+  return why ? h("td", { class: "yax-undefined", title: why }, "undefined") : h("td", {}, num(s[name]));
+}
+
+/** A call in a scanned stack: how many steps, and the first that differs. */
+function stepsCell(b) {
+  if (!b.steps) return "";
+  const n = b.steps.join("×");
+  return b.first_step === null || b.first_step === undefined ? `×${n}` : `×${n}, from step ${b.first_step}`;
+}
+
+/** Entries left out of the statistics (NaN or ±Inf in either model), said next to them. */
+function nonfiniteNote(s) {
+  if (!s.nonfinite) return null;
+  return h("div", { class: "yax-hint" }, `${s.nonfinite} non-finite entries (NaN/±Inf) left out of the statistics`
+    + (s.changed ? `, ${s.changed} of them changed` : ", the same in both"));
 }
 
 function statsTable(outputs) {
   return h("table", { class: "yax-stats" },
     h("tr", {}, ["output", "max|Δ|", "mean|Δ|", "rel", "cos", ""].map((t) => h("th", {}, t))),
-    outputs.map((o) => h("tr", {}, h("td", {}, o.name), h("td", {}, num(o.max_abs)), h("td", {}, num(o.mean_abs)),
-      h("td", {}, num(o.rel)), h("td", {}, num(o.cosine)), h("td", {}, o.allclose ? "✓" : "✗"))));
+    outputs.map((o) => h("tr", {}, h("td", {}, o.name), stat(o, "max_abs"), stat(o, "mean_abs"),
+      stat(o, "rel"), stat(o, "cosine"), h("td", {}, o.allclose ? "✓" : "✗"))));
 }
 
 /** Compare with the original or with the state before the last change (`onBase(base)`). */
@@ -143,10 +164,14 @@ export function renderCompare(pane, c, { color = "#1976d2", busy = false, undone
   const verdict = h("div", { class: `yax-verdict ${c.allclose ? "yax-ok" : "yax-differs"}` },
     c.allclose ? `✓ outputs allclose to ${against}` : `✗ outputs differ from ${against}`,
     c.first_divergence ? h("div", {}, "first divergence: ", h("code", {}, c.first_divergence)) : null,
+    c.unavailable && c.unavailable.length ? h("div", { class: "yax-hint", title: c.unavailable.map((u) =>
+      `${u.key}: ${u.why}`).join("\n") }, `${c.unavailable.length} call${c.unavailable.length > 1 ? "s" : ""} `
+      + `not compared (inside while/cond/custom rules): ${c.unavailable[0].key}: ${c.unavailable[0].why}`) : null,
     h("div", { class: "yax-hint" }, `compiled and compared in ${c.seconds} s`
       + (c.rtol !== undefined ? ` · allclose: |Δ| ≤ ${num(c.atol)} + ${num(c.rtol)}·|original|` : "")));
   const plots = c.outputs.map((o) => h("div", { class: "yax-output" },
     h("div", { class: "yax-output-title" }, `${o.name} [${o.shape.join(", ")}]`),
+    nonfiniteNote(o),
     histCanvas(o.hist, color, c.base),
     o.heat ? heatmaps(o.heat, o.max_abs) : null));
   const comparing = busy ? h("div", { class: "yax-hint yax-comparing" },

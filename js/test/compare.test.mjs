@@ -1,0 +1,40 @@
+// The comparison pane and the tree's tooltips say what was not computed, and how a scanned
+// stack's call was compared (its steps, the first that differs), in a DOM (jsdom).
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { JSDOM } from "jsdom";
+
+const { window } = new JSDOM("<!doctype html><html><body></body></html>", { pretendToBeVisual: true });
+for (const k of ["window", "document"]) globalThis[k] = window[k];
+window.HTMLCanvasElement.prototype.getContext = () => ({ fillRect() {}, createImageData: (w, h) => ({ width: w, height: h, data: new Uint8ClampedArray(w * h * 4) }), putImageData() {} });
+const { renderCompare } = await import("../src/panes/compare.js");
+const { boundaryTitle } = await import("../src/treeview.js");
+
+const undefinedRel = { rel: null, max_abs: 0.455, mean_abs: 0.1, cosine: null, allclose: false, nonfinite: 12,
+  changed: 0, undefined: { rel: "the original is 0 at every finite entry", cosine: "the original is 0 at every finite entry" } };
+
+test("a statistic that could not be computed reads 'undefined' with its reason, never 0 or a tick", () => {
+  const pane = document.createElement("div");
+  renderCompare(pane, {
+    allclose: false, first_divergence: "T5/decoder/block_0 at scan step 0", first_divergence_id: 3, seconds: 1,
+    outputs: [{ name: "out", shape: [2, 4], ...undefinedRel, hist: { counts: [1], lo: 0, hi: 1, n: 1, nonfinite: 12 }, heat: null }],
+    boundaries: { 3: { rel: 0.1, max_abs: 0.2, allclose: false, undefined: {}, steps: [4], step_rel: [0.1, 0, 0, 0], first_step: 0 } },
+    unavailable: [{ id: 5, key: "T5/loop/relu", why: "it runs inside the `while` in `T5`: …" }],
+  });
+  const cells = [...pane.querySelectorAll(".yax-undefined")];
+  assert.equal(cells.length, 2);
+  assert.match(cells[0].title, /original is 0/);
+  assert.match(pane.textContent, /12 non-finite entries \(NaN\/±Inf\) left out of the statistics, the same in both/);
+  assert.match(pane.textContent, /×4, from step 0/);
+  assert.match(pane.textContent, /first divergence: T5\/decoder\/block_0 at scan step 0/);
+  assert.match(pane.textContent, /1 call not compared/);
+  const row = pane.querySelector(".yax-stats tr:nth-child(2)");
+  assert.ok(!row.textContent.includes("✓"));
+});
+
+test("a compared call's tooltip says why an error is undefined and over how many steps it was compared", () => {
+  assert.match(boundaryTitle({ rel: null, max_abs: 1, undefined: { rel: "no finite entries" } }),
+    /relative error undefined \(no finite entries\)/);
+  assert.match(boundaryTitle({ rel: 0.5, max_abs: 1, undefined: {}, steps: [4], first_step: 2 }),
+    /over 4 scan steps \(first differs at step 2\)/);
+});

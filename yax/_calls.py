@@ -1,0 +1,172 @@
+"""One identity and one evaluation order for the nodes of a MoX, and one table
+of the higher-order primitives that hold nested computations.
+
+Every concern that names a node's values uses these: `capture`, `patch`,
+`compare`, `first_nonfinite` and the explorer. A call or equation is named by
+its *key*: the call's path (``path.method`` for a method other than
+``__call__``), an equation's ``path:primitive``, and ``#2``, ``#3``… for later
+calls of the same in program order. A node inside a ``scan`` body has one key
+and a value per step; the step is the second half of its identity
+(`Position`).
+
+How each concern treats a nested computation is decided by one table,
+`HIGHER_ORDER` (as JAX keeps one rule table per concern): the bodies of
+``jit``-like calls run in place, ``remat`` bodies under ``jax.checkpoint``,
+``scan`` bodies once per step, and ``while``/``cond``/custom-derivative
+bodies cannot give their values out (`WHY`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from ._ir import CALL_KINDS, FN_KINDS, Equation, Mox
+
+Node = Equation | Mox
+
+#: How a higher-order primitive runs the computation it holds:
+#: ``inline`` (called once, in place), ``remat`` (called once, rematerialised),
+#: ``scan`` (once per step), ``custom`` (a custom derivative rule's primal),
+#: ``while`` (a number of times known only when it runs), ``cond`` (one branch of several).
+HIGHER_ORDER: dict[str, str] = {
+    "jit": "inline", "pjit": "inline", "closed_call": "inline", "core_call": "inline",
+    "remat2": "remat", "checkpoint": "remat", "remat": "remat",
+    "scan": "scan",
+    "custom_jvp_call": "custom", "custom_vjp_call": "custom", "custom_vjp_call_jaxpr": "custom",
+    "while": "while",
+    "cond": "cond",
+}
+
+#: Why the values inside a computation run this way cannot be brought out step by step.
+WHY: dict[str, str] = {
+    "while": "a `while` loop runs its body a number of times known only when it runs, so the values of its "
+             "steps cannot be stacked",
+    "cond": "only one branch of a `cond` runs, so the values of the others do not exist",
+    "custom": "bringing values out of a custom derivative rule's computation would bypass the rule",
+}
+
+#: The ways of running a nested computation whose values can come out.
+OPEN = frozenset({"inline", "remat", "scan"})
+
+
+def how(eqn: Equation) -> str:
+    """How ``eqn`` runs what it holds (a `HIGHER_ORDER` value), or its own
+    name for a primitive outside the table (a computation that cannot be
+    opened, such as ``shard_map``)."""
+    subs = eqn.subs
+    rule = HIGHER_ORDER.get(eqn.name)
+    if rule in ("inline", "remat") and len(subs) != 1:
+        return eqn.name
+    return rule or eqn.name
+
+
+def base(node: Node) -> str:
+    """A node's key without its ``#k`` suffix."""
+    if isinstance(node, Equation):
+        return f"{node.path}:{node.name}" if node.path else node.name
+    if node.method in (None, "__call__") or node.kind in FN_KINDS:
+        return node.path
+    return f"{node.path}.{node.method}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """Where a call is in the evaluation of its MoX.
+
+    ``order`` is its place in the order calls finish, inside its innermost
+    scan body (or at the root); ``scans`` the scans around it, outermost
+    first, as ``(their place, length, reverse)``; ``blocked`` the equation
+    whose body holds it and cannot give its values out (``while``, ``cond``,
+    a custom rule), if any. Positions with steps sort in evaluation order
+    (`sort_key`)."""
+
+    order: int
+    scans: tuple[tuple[int, int, bool], ...] = ()
+    blocked: Equation | None = None
+
+    @property
+    def stack(self) -> tuple[int, ...]:
+        """The scan lengths: the leading axes of this call's stacked values."""
+        return tuple(n for _, n, _ in self.scans)
+
+    def sort_key(self, step: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """A key sorting (call, step) pairs in the order they are evaluated
+        (a reversed scan runs its last step first)."""
+        out: list[int] = []
+        for (at, n, reverse), s in zip(self.scans, step or (0,) * len(self.scans)):
+            out += [at, n - 1 - s if reverse else s]
+        return (*out, self.order)
+
+
+@dataclasses.dataclass(frozen=True)
+class Index:
+    """The keys and positions of a MoX's nodes (`index`)."""
+
+    keys: dict[int, str]                 # id(call or equation) -> key
+    calls: dict[str, Mox]                # key -> call node, in the order calls finish (nested ones too)
+    positions: dict[int, Position]       # id(call) -> where it is evaluated
+
+
+_indexes: weakref.WeakKeyDictionary[Mox, Index] = weakref.WeakKeyDictionary()
+
+
+def index(mox: Mox) -> Index:
+    """The `Index` of ``mox`` (kept while ``mox`` lives). One walk, without recursion."""
+    found = _indexes.get(mox)
+    if found is None:
+        found = _indexes[mox] = _build(mox)
+    return found
+
+
+def keys(mox: Mox) -> dict[int, str]:
+    """``id(node)`` -> key, for every call and equation of ``mox``."""
+    return index(mox).keys
+
+
+def calls(mox: Mox) -> dict[str, Mox]:
+    """key -> call node for every call of ``mox`` (inside nested computations
+    too), in the order calls finish when it is evaluated."""
+    return index(mox).calls
+
+
+def _build(mox: Mox) -> Index:
+    seen: collections.Counter = collections.Counter()
+    keyed: dict[int, str] = {}
+    for n in mox.walk():  # program order: a call before what it calls
+        if isinstance(n, Mox) and n.kind not in CALL_KINDS:
+            continue
+        b = base(n)
+        seen[b] += 1
+        keyed[id(n)] = b if seen[b] == 1 else f"{b}#{seen[b]}"
+    finished: dict[str, Mox] = {}
+    positions: dict[int, Position] = {}
+    counter = 0
+    # Frames: (children, the call whose children they are, scans around, blocking equation).
+    stack: list[tuple[Iterator[Any], Mox | None, tuple, Equation | None]] = [(iter(mox.children), None, (), None)]
+    while stack:
+        it, call, scans, blocked = stack[-1]
+        c = next(it, None)
+        if c is None:
+            stack.pop()
+            if call is not None and call.kind in CALL_KINDS:
+                finished[keyed[id(call)]] = call
+                positions[id(call)] = Position(counter, scans, blocked)
+                counter += 1
+            continue
+        if isinstance(c, Mox):
+            stack.append((iter(c.children), c, scans, blocked))
+            continue
+        rule = how(c)
+        inner_scans, inner_blocked = scans, blocked
+        if rule == "scan":
+            inner_scans = (*scans, (counter, int(c.params["length"]), bool(c.params.get("reverse", False))))
+            counter += 1
+        elif rule not in OPEN and c.subs:
+            inner_blocked = blocked or c
+        for _, s in reversed(c.subs):
+            stack.append((iter(s.children), None, inner_scans, inner_blocked))
+    return Index(keyed, finished, positions)
