@@ -87,6 +87,7 @@ class Position:
     order: int
     scans: tuple[tuple[int, int, bool], ...] = ()
     blocked: Equation | None = None
+    scan_eqns: tuple[Equation, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
     @property
     def stack(self) -> tuple[int, ...]:
@@ -145,28 +146,59 @@ def _build(mox: Mox) -> Index:
     finished: dict[str, Mox] = {}
     positions: dict[int, Position] = {}
     counter = 0
-    # Frames: (children, the call whose children they are, scans around, blocking equation).
-    stack: list[tuple[Iterator[Any], Mox | None, tuple, Equation | None]] = [(iter(mox.children), None, (), None)]
+    # Frames: (children, the call whose children they are, scans around, their equations, blocking equation).
+    Frame = tuple[Iterator[Any], Mox | None, tuple, tuple, Equation | None]
+    stack: list[Frame] = [(iter(mox.children), None, (), (), None)]
     while stack:
-        it, call, scans, blocked = stack[-1]
+        it, call, scans, eqns, blocked = stack[-1]
         c = next(it, None)
         if c is None:
             stack.pop()
             if call is not None and call.kind in CALL_KINDS:
                 finished[keyed[id(call)]] = call
-                positions[id(call)] = Position(counter, scans, blocked)
+                positions[id(call)] = Position(counter, scans, blocked, eqns)
                 counter += 1
             continue
         if isinstance(c, Mox):
-            stack.append((iter(c.children), c, scans, blocked))
+            stack.append((iter(c.children), c, scans, eqns, blocked))
             continue
         rule = how(c)
-        inner_scans, inner_blocked = scans, blocked
+        inner_scans, inner_eqns, inner_blocked = scans, eqns, blocked
         if rule == "scan":
             inner_scans = (*scans, (counter, int(c.params["length"]), bool(c.params.get("reverse", False))))
+            inner_eqns = (*eqns, c)
             counter += 1
         elif rule not in OPEN and c.subs:
             inner_blocked = blocked or c
         for _, s in reversed(c.subs):
-            stack.append((iter(s.children), None, inner_scans, inner_blocked))
+            stack.append((iter(s.children), None, inner_scans, inner_eqns, inner_blocked))
     return Index(keyed, finished, positions)
+
+
+def copies(mox: Mox, call: Mox) -> int:
+    """How many sets of variables ``call`` has in the model: the product of the lengths of
+    the scans around it that slice its variables per step (``nn.scan`` with
+    ``variable_axes``, ``nnx.scan`` over stacked layers); 1 where they are broadcast
+    (``variable_broadcast``) or outside scans. Told from the scans' inputs: a scan slices
+    the variables when, for every variable, an array of its shape with the scan length in
+    front is among the scan's ``xs``."""
+    pos = index(mox).positions.get(id(call))
+    leaves = [tuple(a.shape) for a in _leaves(call.var_tree)]
+    if pos is None or not pos.scan_eqns or not leaves:
+        return 1
+    n = 1
+    for eqn in reversed(pos.scan_eqns):  # innermost first
+        p = eqn.params
+        xs = {tuple(a.shape) for a in eqn.inputs[p["num_consts"] + p["num_carry"]:]}
+        length = int(p["length"])
+        stacked = [(length, *s) for s in leaves]
+        if all(s in xs for s in stacked):
+            n *= length
+            leaves = stacked
+    return n
+
+
+def _leaves(tree: Any) -> list[Any]:
+    import jax
+
+    return [a for a in jax.tree_util.tree_leaves(tree) if hasattr(a, "shape")]

@@ -603,6 +603,9 @@ class NonFinite:
       inputs: statistics of the equation's inputs at that step.
       call_inputs: statistics of the call's inputs at that step.
       window: the printed MoX around the equation, marked with ``>>>``.
+      reader: when an argument holds the NaN or Inf: the first equation that reads it
+        (``call`` is the call it runs in, ``step`` the layers of a stacked argument that
+        hold non-finite values, when a scan slices it per step).
     """
 
     equation: Equation | None
@@ -613,12 +616,19 @@ class NonFinite:
     inputs: tuple[ValueStats, ...] = ()
     call_inputs: tuple[ValueStats, ...] = ()
     window: str = dataclasses.field(default="", repr=False)
+    reader: Equation | None = dataclasses.field(default=None, repr=False)
 
     def __str__(self) -> str:
         at = f" at scan step {', '.join(map(str, self.step))}" if self.step else ""
         if self.equation is None:
             head = f"The argument `{self.path}` already holds non-finite values: {self.output}"
-            return head
+            if self.step:
+                head += (f"\n  They are in layer {self.step[0]} of the stack (the scan slices the argument per step; "
+                         f"step {self.step[0]} is the first to read them).")
+            if self.reader is not None:
+                who = f"`{self.call.path}` ({self.call.type})" if self.call is not None else "the root"
+                head += f"\n  The first to read it is `{self.reader.name}` in {who}."
+            return head + (f"\n\n{self.window}" if self.window else "")
         lines = [f"The first non-finite value comes from `{self.equation.name}` in `{self.path or 'the root'}`{at}.",
                  f"  output   {self.output}"]
         lines += [f"  input {i}  {s}" for i, s in enumerate(self.inputs)]
@@ -756,6 +766,51 @@ def _innermost_call(mox: Mox, eqn: Equation) -> Mox | None:
     return None
 
 
+def _first_reader(mox: Mox, var: Any) -> tuple[Equation | None, Equation | None]:
+    """The first equation, in program order, that reads ``var`` (an input of ``mox``) for
+    what it computes, following it into nested computations and calls; and the scan that
+    slices it per step on the way, if one does."""
+    alias: dict[Any, Equation | None] = {var: None}  # var -> the scan slicing it on the way
+    for n in mox.walk():
+        if isinstance(n, Mox):
+            for formal, actual in zip(n.invars, n.inputs):
+                if actual in alias:
+                    alias[formal] = alias[actual]
+            continue
+        read = [(j, a) for j, a in enumerate(n.inputs) if a in alias]
+        if not read:
+            continue
+        subs = n.subs
+        if not subs or n.name == "while":
+            return n, next((alias[a] for _, a in read if alias[a] is not None), None)
+        offset = 1 if n.name == "cond" else 0  # a cond's first input picks the branch
+        for _, sub in subs:
+            for j, a in read:
+                k = j - offset
+                if 0 <= k < len(sub.invars):
+                    sliced = n if n.name == "scan" and k >= n.params["num_consts"] + n.params["num_carry"] else None
+                    alias[sub.invars[k]] = alias[a] or sliced
+    return None, None
+
+
+def _bad_argument(mox: Mox, i: int, value: Any, name: str) -> NonFinite:
+    """A `NonFinite` for argument ``i`` holding NaN or Inf: the first equation reading it and
+    its call, and for an argument a scan slices per step (a stacked layer's weight), the
+    first layer holding them."""
+    from ._print import window
+
+    reader, scan = _first_reader(mox, mox.invars[i])
+    step: tuple[int, ...] = ()
+    if scan is not None:
+        a = np.asarray(value)
+        bad = ~np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1)
+        order = range(a.shape[0] - 1, -1, -1) if scan.params.get("reverse", False) else range(a.shape[0])
+        step = (next(s for s in order if bad[s]),)
+    call = _innermost_call(mox, reader) if reader is not None else None
+    return NonFinite(None, call, name, step, ValueStats.of(value), window=window(mox, reader) if reader else "",
+                     reader=reader)
+
+
 def first_nonfinite(mox: Mox, *args: Any, **kwargs: Any) -> NonFinite | None:
     """Find where a NaN or an Inf first appears when ``mox`` runs on these arguments.
 
@@ -798,7 +853,7 @@ def first_nonfinite(mox: Mox, *args: Any, **kwargs: Any) -> NonFinite | None:
         if arg_flags.any():
             i = search.args[int(np.argmax(arg_flags))]
             keypath = jax.tree_util.tree_flatten_with_path((args, kwargs))[0][mox.dyn_in[i]][0]
-            return NonFinite(None, None, errors.arg_name(keypath), (), ValueStats.of(flat[i]))
+            return _bad_argument(mox, i, flat[i], errors.arg_name(keypath))
         found = _first(search.entries, level)
         if found is None:
             return None

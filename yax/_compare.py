@@ -258,7 +258,7 @@ def eager_is_cheaper(mox: Mox) -> bool:
                 producer[id(o)] = n.name
             if len(signatures) < 4096:
                 signatures.add((n.name, tuple((a.shape, str(a.dtype)) for a in n.inputs)))
-    fused = sum(1 for c in _tapped(mox) for o in c.outputs if producer.get(id(o), "dot_general") not in _MATERIALISED)
+    fused = sum(1 for c in _tapped(mox) for o in c.outvars if id(o) in producer and producer[id(o)] not in _MATERIALISED)
     return fused * 7e-3 > len(signatures) * 15e-3 + n_eqns * 4e-5
 
 

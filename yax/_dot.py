@@ -17,6 +17,7 @@ import shutil
 import subprocess
 from typing import Any
 
+from . import _calls
 from ._ir import FN_KINDS, Equation, Kind, Mox, Var
 from ._print import type_str
 from ._xpath import calls_below, query, view
@@ -41,8 +42,8 @@ def _group(path: str) -> str:
 
 
 class _Graph:
-    def __init__(self, ids: dict[int, int], depth: int | None, equations: bool, with_calls: set[int]):
-        self.ids, self.depth, self.equations = ids, depth, equations
+    def __init__(self, ids: dict[int, int], depth: int | None, equations: bool, with_calls: set[int], root: Mox):
+        self.ids, self.depth, self.equations, self.root = ids, depth, equations, root
         self.with_calls = with_calls  # id of each node with a call below it
         self.lines: list[str] = []
         self.prod: dict[Var, Producers] = {}
@@ -130,7 +131,10 @@ class _Graph:
             n = self.new(c, f"{c.name}\n{shapes}", indent, shape="box", style="rounded,filled", fillcolor="#fff3c4")
         else:
             title = c.name if c.kind == Kind.MODULE_CALL else f"{c.name}.{c.method}"
-            params = f"\n{c.num_params:,} params" if c.num_params else ""
+            # a helper method's parameters are its module's, counted in the module's box
+            copies = _calls.copies(self.root, c) if c.num_params and c.kind == Kind.MODULE_CALL else 1
+            params = f"\n{c.num_params:,} params" + (f" ×{copies}" if copies > 1 else "") \
+                if c.num_params and c.kind == Kind.MODULE_CALL else ""
             n = self.new(c, f"{title} : {c.type}\n{shapes}{params}", indent,
                          shape="box", style="rounded,filled", fillcolor="#dbe9f6")
         self.feed(n, c.inputs)
@@ -207,7 +211,7 @@ def to_dot(mox: Mox, *, depth: int | None = None, root: str | Mox | None = None,
     """
     top = _select(mox, root)
     ids = view(mox).ids
-    g = _Graph(ids, depth, equations, calls_below(top))
+    g = _Graph(ids, depth, equations, calls_below(top), mox)
     ins = g.cluster(None, "inputs", 2)  # inputs, grouped per argument at the root
     groups: dict[str, list[Var]] = {}
     for i, v in enumerate(top.invars):

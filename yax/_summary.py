@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from . import _calls
 from ._ir import CALL_KINDS, Equation, Kind, Mox
 from ._print import type_str
 
@@ -92,10 +93,18 @@ def _rows(mox: Mox) -> list[tuple[int, Mox, int]]:
     return out
 
 
+def _params(mox: Mox, node: Mox) -> str:
+    """A module call's parameter count, ``×N`` when a scan holds N sets of them."""
+    if node.kind != Kind.MODULE_CALL:
+        return ""
+    n = _calls.copies(mox, node)
+    return f"{node.num_params:,}".replace(",", "_") + (f" ×{n}" if n > 1 else "")
+
+
 def summary(mox: Mox) -> str:
     """A table of module calls: path, type, input/output shapes, parameters
     owned and FLOPs (per call; calls inside a scan body run ``length`` times,
-    shown as ``×N``).
+    shown as ``×N``, and hold ``×N`` sets of parameters when the scan slices them per step).
 
     Example:
       >>> import jax, jax.numpy as jnp, flax.linen as nn, yax
@@ -116,7 +125,7 @@ def summary(mox: Mox) -> str:
                 node.type + (f"·{node.method}" if node.method not in (None, "__call__", node.name) else ""),
                 " ".join(type_str(a) for a in node.inputs),
                 " ".join(type_str(a) for a in node.outputs),
-                f"{node.num_params:,}".replace(",", "_") if node.kind == Kind.MODULE_CALL else "",
+                _params(mox, node),
                 (f"{f:,}".replace(",", "_") + (f" ×{mult}" if mult > 1 else "")) if f else "",
             )
         )

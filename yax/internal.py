@@ -5,11 +5,11 @@ these names are stable between the two, but not promised to users.
 
 Contents:
   node lookup      `view` (the XML view: ``.nodes``, ``.ids``; cached), `build_view`, `node_ids`
-  node kinds       `Kind`, `CALL_KINDS`, `FN_KINDS`
+  node kinds       `Kind`, `CALL_KINDS`, `FN_KINDS`, `param_copies` (sets of a scanned call's parameters)
   formatting       `type_str`, `value_str`, `shown_params`, `key_attrs`
   fit checks       `misfit`, `is_decider`, `is_module`
   measuring        `Measured`, `measure`, `compare_measured`, `paired_outputs`,
-                   `compiled_programs`
+                   `compiled_programs`, `eager_is_cheaper`
   call keys        `call_keys` (compare's boundary names), `keyed` (diff's), `capture_keys`
                    (the keys `capture` gives every call and equation)
   values           `ValueStats` (statistics of one array), `capture_programs` (the jitted
@@ -31,6 +31,7 @@ from ._compare import Measured as Measured
 from ._compare import call_keys as call_keys
 from ._compare import compare_measured as compare_measured
 from ._compare import compiled_programs as compiled_programs
+from ._compare import eager_is_cheaper as eager_is_cheaper
 from ._compare import measure as measure
 from ._compare import paired_outputs as paired_outputs
 from ._diff import keyed as keyed

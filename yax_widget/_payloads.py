@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 import yax
-from yax.internal import CALL_KINDS, call_keys, key_attrs, keyed, node_ids, shown_params, type_str, value_str
+from yax.internal import (CALL_KINDS, call_keys, key_attrs, keyed, node_ids, param_copies, shown_params, type_str,
+                          value_str)
 
 HEAT_MAX = 128  # a heatmap is at most HEAT_MAX x HEAT_MAX (subsampled beyond)
 HIST_BINS = 40
@@ -44,12 +45,13 @@ def _fields(attrs: Mapping[str, Any], n: int) -> str:
 
 # -- the module tree ------------------------------------------------------------------
 
-def call_row(node: yax.Mox, ids: Mapping[int, int], parent: int) -> list:
+def call_row(node: yax.Mox, ids: Mapping[int, int], parent: int, copies: int = 1) -> list:
     """The tree row of a call node: the one place its columns are laid out.
 
     A helper method (``method_call``: ``_split_heads`` called inside its module's
     own call) is named by its method, and its module's fields and parameters,
-    which the enclosing call's row shows, are not shown (nor counted) again."""
+    which the enclosing call's row shows, are not shown (nor counted) again.
+    ``copies``: the sets of parameters a scanned stack holds (`param_copies`), shown ×N."""
     helper = node.kind == "method_call" and bool(node.method)
     return [
         ids[id(node)],                        # 0 id: the node's index in the XML view
@@ -63,6 +65,7 @@ def call_row(node: yax.Mox, ids: Mapping[int, int], parent: int) -> list:
         0 if helper else node.num_params,     # 8 params: the parameter count (a helper's are its module's)
         sum(isinstance(e, yax.Equation) for e in node.children),  # 9 neq: equations run directly in it
         _fields(node.attrs, 400),             # 10 fields: every field (the row's tooltip)
+        1 if helper else copies,              # 11 copies: sets of those parameters (a scanned stack's layers)
     ]
 
 
@@ -75,7 +78,7 @@ def tree(mox: yax.Mox, version: int) -> dict:
     while stack:
         node, parent, row_parent = stack.pop()
         if row_parent is not None:
-            rows.append(call_row(node, ids, row_parent))
+            rows.append(call_row(node, ids, row_parent, param_copies(mox, node)))
         below: list[tuple[yax.Mox, int, int | None]] = []
         for c in node.children:
             if isinstance(c, yax.Equation):  # calls inside a loop or branch body belong to the enclosing call

@@ -484,9 +484,11 @@ def _nonfinite_request(ex: Explorer, content: dict) -> dict:
     if found is None:
         return {"found": False, "message": f"No NaN or Inf: every value is finite on the batch `{ex.batch}`."}
     ids = node_ids(ex.mox)
-    head = str(found).split("\n")[0]
+    # the first line (an equation's) or paragraph (an argument's: its layer and first reader)
+    head = str(found).split("\n")[0] if found.equation is not None else \
+        " ".join(line.strip() for line in str(found).split("\n\n")[0].split("\n"))
     return {"found": True, "id": ids.get(id(found.call)) if found.call is not None else None,
-            "eq": ids.get(id(found.equation)) if found.equation is not None else None,
+            "eq": ids.get(id(found.equation or found.reader)) if (found.equation or found.reader) is not None else None,
             "step": list(found.step), "message": f"{head} (batch `{ex.batch}`)", "detail": str(found.output)}
 
 

@@ -47,7 +47,10 @@ export function rowElement(node, i, look) {
   node.type && node.type !== node.name ? h("span", { class: "yax-type" }, node.type) : null,
   h("span", { class: "yax-attrs" }, node.attrs || ""), // always there: it takes the room left, the shapes line up
   h("span", { class: "yax-shapes" }, `${node.ins} → ${node.outs}`),
-  node.params ? h("span", { class: "yax-params" }, compact(node.params)) : null,
+  node.params ? h("span", { class: "yax-params", title: node.copies > 1
+    ? `${node.params.toLocaleString("en")} parameters in each of ${node.copies} layers `
+      + `(${(node.params * node.copies).toLocaleString("en")} in all)` : undefined },
+  compact(node.params) + (node.copies > 1 ? ` ×${node.copies}` : "")) : null,
   look.firstDivergence === node.id
     ? h("span", { class: "yax-first", title: "outputs start to differ here" }, "◆ first divergence") : null,
   look.selected === node.id && !node.eq

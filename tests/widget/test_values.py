@@ -295,3 +295,24 @@ def test_without_example_inputs_every_values_request_says_so():
         reply = ask(ex, rid=1, **msg)
         assert reply["type"] == "error" and "without example inputs" in reply["message"], (msg, reply)
     assert ex._overlay == {} and ex._values == {}
+
+
+def test_a_nan_planted_in_a_scanned_weight_names_its_layer_and_selects_the_row_reading_it():
+    m = ScannedTransformer(num_layers=4)
+    ids = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % 64
+    v = m.init(jax.random.key(0), ids)
+    p = v["params"]
+    wi = {**p["layers"]["wi"], "kernel": p["layers"]["wi"]["kernel"].at[2, 0, 0].set(jnp.nan)}
+    v = {"params": {**p, "layers": {**p["layers"], "wi": wi}}}
+    found = yax.first_nonfinite(yax.make_mox(m.apply)(v, ids), v, ids)
+    assert found.equation is None and found.path == "args[0]['params']['layers']['wi']['kernel']"
+    assert found.step == (2,) and found.reader.name == "dot_general"
+    assert found.call.path.endswith("layers/wi") and "layer 2" in str(found)
+    ex = Explorer(m, v, ids)
+    ex.sent = []
+    ex.send = lambda content, buffers=None: ex.sent.append(content)
+    reply = ask(ex, rid=1, type="nonfinite")
+    ids_ = node_ids(ex.mox)
+    by_id = {i: n for n in ex.mox.modules() for i in [ids_[id(n)]]}
+    assert reply["found"] and reply["step"] == [2] and by_id[reply["id"]].path.endswith("layers/wi")
+    assert "layer 2" in reply["message"] and "layers/wi" in reply["message"]
