@@ -16,8 +16,17 @@ from typing import Any
 import numpy as np
 
 import yax
-from yax.internal import (CALL_KINDS, call_keys, key_attrs, keyed, node_ids, param_copies, shown_params, type_str,
-                          value_str)
+from yax.internal import (
+    CALL_KINDS,
+    call_keys,
+    key_attrs,
+    keyed,
+    node_ids,
+    param_copies,
+    shown_params,
+    type_str,
+    value_str,
+)
 
 HEAT_MAX = 128  # a heatmap is at most HEAT_MAX x HEAT_MAX (subsampled beyond)
 HIST_BINS = 40
