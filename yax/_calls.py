@@ -175,7 +175,7 @@ def _build(mox: Mox) -> Index:
     return Index(keyed, finished, positions)
 
 
-def copies(mox: Mox, call: Mox) -> int:
+def param_copies(mox: Mox, call: Mox) -> int:
     """How many sets of variables ``call`` has in the model: the product of the lengths of
     the scans around it that slice its variables per step (``nn.scan`` with
     ``variable_axes``, ``nnx.scan`` over stacked layers); 1 where they are broadcast

@@ -132,7 +132,7 @@ class _Graph:
         else:
             title = c.name if c.kind == Kind.MODULE_CALL else f"{c.name}.{c.method}"
             # a helper method's parameters are its module's, counted in the module's box
-            copies = _calls.copies(self.root, c) if c.num_params and c.kind == Kind.MODULE_CALL else 1
+            copies = _calls.param_copies(self.root, c) if c.num_params and c.kind == Kind.MODULE_CALL else 1
             params = f"\n{c.num_params:,} params" + (f" ×{copies}" if copies > 1 else "") \
                 if c.num_params and c.kind == Kind.MODULE_CALL else ""
             n = self.new(c, f"{title} : {c.type}\n{shapes}{params}", indent,

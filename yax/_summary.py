@@ -97,7 +97,7 @@ def _params(mox: Mox, node: Mox) -> str:
     """A module call's parameter count, ``×N`` when a scan holds N sets of them."""
     if node.kind != Kind.MODULE_CALL:
         return ""
-    n = _calls.copies(mox, node)
+    n = _calls.param_copies(mox, node)
     return f"{node.num_params:,}".replace(",", "_") + (f" ×{n}" if n > 1 else "")
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._calls import param_copies as param_copies
 from ._capture import ValueStats as ValueStats
 from ._capture import capturable_calls as capturable_calls
 from ._capture import capture_keys as capture_keys

@@ -479,13 +479,17 @@ class Explorer(Values, anywidget.AnyWidget):
         if base is None:
             _, idx = paired_outputs(self.original, mox)
             ref = self._original_values()
-            return compare_measured(self.original, mox, ref, measure(mox, args, self._kwargs, idx, lowered=lowered))
+            # measured the way the original was (jitted, or op by op for chains of tiny calls)
+            return compare_measured(self.original, mox, ref, measure(mox, args, self._kwargs, idx, lowered=lowered,
+                                                                     eager=ref.eager))
         base_idx, idx = paired_outputs(base.mox, mox)
         cached = self._base_values  # the last base measured: stepping forward measures each state once more
         if cached is None or cached[0] is not base.mox:
             base_args = (base.params, *self._args[1:]) if self._has_params else self._args
-            cached = self._base_values = (base.mox, measure(base.mox, base_args, self._kwargs, base_idx))
-        return compare_measured(base.mox, mox, cached[1], measure(mox, args, self._kwargs, idx, lowered=lowered))
+            cached = self._base_values = (base.mox, measure(base.mox, base_args, self._kwargs, base_idx,
+                                                            eager=self._original_values().eager))
+        return compare_measured(base.mox, mox, cached[1], measure(mox, args, self._kwargs, idx, lowered=lowered,
+                                                                 eager=cached[1].eager))
 
     def _finish_compare(self, compared: tuple[Future, float, str] | None) -> None:
         if compared is None:

@@ -148,3 +148,25 @@ def test_a_script_exiting_during_the_background_compile_exits_cleanly():
     code = "import jax.numpy as jnp; from yax_widget import Explorer; Explorer(jnp.sin, jnp.ones(3), warm=True)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_explorer_compares_inside_a_scanned_stack():
+    from models import KEY, ScannedTransformer
+
+    from yax_widget._payloads import comparison_state
+
+    m = ScannedTransformer(num_layers=4)
+    ids = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % 64
+    v = m.init(KEY, ids)
+    ex = Explorer(m, v, ids)
+    ex.substitute("//activation[@name='gelu']", "ReLU")
+    c = ex.comparison
+    assert (c.first_divergence, c.first_divergence_step) == ("ScannedTransformer/layers/gelu", (0,))
+    state = comparison_state(c, ex.mox, 1.0)
+    node_of = {i: n for n in ex.mox.modules() for i in [yax.internal.node_ids(ex.mox)[id(n)]]}
+    inside = [node_of[int(k)] for k, b in state["boundaries"].items() if "steps" in b]
+    # every call of the stack's body has a row in the table, coloured, with its 4 steps
+    assert len(inside) == len([n for n in ex.mox.modules() if n.path.startswith("ScannedTransformer/layers")]) == 12
+    assert all(state["boundaries"][str(k)]["steps"] == [4] for k in state["boundaries"] if "steps" in state["boundaries"][k])
+    assert node_of[state["first_divergence_id"]].name == "relu"
+    assert state["first_divergence"] == "ScannedTransformer/layers/gelu (now relu) at scan step 0"

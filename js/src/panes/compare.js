@@ -110,7 +110,11 @@ function stat(s, name) {
 function stepsCell(b) {
   if (!b.steps) return "";
   const n = b.steps.join("×");
-  return b.first_step === null || b.first_step === undefined ? `×${n}` : `×${n}, from step ${b.first_step}`;
+  const head = b.first_step === null || b.first_step === undefined ? `×${n}` : `×${n}, from step ${b.first_step}`;
+  if (!b.step_rel) return head;
+  // expandable: each step's relative error (a click here does not select the row)
+  return h("details", { class: "yax-steps", onclick: (e) => e.stopPropagation() }, h("summary", {}, head),
+    h("div", { class: "yax-hint" }, b.step_rel.map((r, i) => `step ${i}: rel ${num(r)}`).join(" · ")));
 }
 
 /** Entries left out of the statistics (NaN or ±Inf in either model), said next to them. */
