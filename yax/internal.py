@@ -9,7 +9,8 @@ Contents:
   formatting       `type_str`, `value_str`, `shown_params`, `key_attrs`
   fit checks       `misfit`, `is_decider`, `is_module`
   measuring        `Measured`, `measure`, `compare_measured`, `paired_outputs`,
-                   `compiled_programs`, `eager_is_cheaper`
+                   `compiled_programs`, `eager_is_cheaper`,
+                   `compare_gradients` (`compare`'s ``grad_of``)
   call keys        `call_keys` (compare's boundary names), `keyed` (diff's), `capture_keys`
                    (the keys `capture` gives every call and equation)
   values           `ValueStats` (statistics of one array), `capture_programs` (the jitted
@@ -30,6 +31,7 @@ from ._capture import capture_keys as capture_keys
 from ._capture import capture_programs as capture_programs
 from ._compare import Measured as Measured
 from ._compare import call_keys as call_keys
+from ._compare import compare_gradients as compare_gradients
 from ._compare import compare_measured as compare_measured
 from ._compare import compiled_programs as compiled_programs
 from ._compare import eager_is_cheaper as eager_is_cheaper

@@ -28,6 +28,7 @@ import yax
 from yax import Equation, Mox
 from yax.internal import (
     Measured,
+    compare_gradients,
     compare_measured,
     is_decider,
     is_module,
@@ -126,6 +127,9 @@ class Explorer(Values, anywidget.AnyWidget):
         example's shapes; the UI chooses the one the values, colouring and
         comparison use (`add_batch`, `use_batch`). Not ``inputs=``: that is
         the usual name of a Flax module's own argument.
+      grad_of: a function of what the model returns giving a scalar (a loss): each
+        comparison also compares the gradients of ``grad_of(model(...))`` with respect
+        to the parameters (`yax.compare`'s ``grad_of``), shown in the compare pane.
       warm: compile and run the original model on the example inputs in
         a background thread right away, keeping its outputs and module
         boundary values (host memory: the size of all its call outputs,
@@ -166,8 +170,13 @@ class Explorer(Values, anywidget.AnyWidget):
     _compare_base = traitlets.Unicode("original").tag(sync=True)  #: compare with "original" or "previous"
 
     def __init__(self, target: Any, *args: Any, key: Any = None, warm: bool | None = None,
-                 batches: Any = None, **kwargs: Any):
+                 batches: Any = None, grad_of: Any = None, **kwargs: Any):
         super().__init__()
+        if grad_of is not None and not callable(grad_of):
+            raise yax.YaxInputError(
+                f"`grad_of` must be a function of what the model returns giving a scalar (a loss), but got a "
+                f"`{type(grad_of).__name__}`. Try `grad_of=lambda out: out.sum()`.")
+        self._grad_of = grad_of
         given = target
         if isinstance(target, Mox):
             if target.kind != "root":
@@ -476,6 +485,19 @@ class Explorer(Values, anywidget.AnyWidget):
         return future, t, "previous" if previous else "original"
 
     def _measure(self, mox: Mox, args: tuple, lowered: threading.Event, base: Change | None = None) -> yax.Comparison:
+        c = self._measure_values(mox, args, lowered, base)
+        if self._grad_of is None:
+            return c
+        if base is None and not self._has_params:
+            raise yax.YaxInputError("`grad_of` compares gradients with respect to the parameters, but this model "
+                                    "takes none. Open the explorer with the parameters as the first argument.")
+        before = self.original if base is None else base.mox
+        args_a = self._args if base is None else ((base.params, *self._args[1:]) if self._has_params else self._args)
+        return dataclasses.replace(c, gradients=compare_gradients(before, mox, args_a, args, self._kwargs,
+                                                                  self._grad_of))
+
+    def _measure_values(self, mox: Mox, args: tuple, lowered: threading.Event,
+                        base: Change | None = None) -> yax.Comparison:
         if base is None:
             _, idx = paired_outputs(self.original, mox)
             ref = self._original_values()

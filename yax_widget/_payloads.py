@@ -259,6 +259,11 @@ def comparison_state(c: yax.Comparison, mox: yax.Mox, seconds: float) -> dict:
         "seconds": round(seconds, 3), "outputs": outputs, "boundaries": bounds, "rtol": c.rtol, "atol": c.atol,
         "unavailable": [{"id": ids[id(keys[k])] if k in keys else None, "key": k, "why": why}
                         for k, why in c.unavailable.items()],
+        # the parameters' gradients (`grad_of`), the most changed first
+        "gradients": None if c.gradients is None else [
+            {"name": k, **{f: _finite(getattr(s, f)) for f in ("rel", "max_abs", "cosine")},
+             "allclose": s.allclose, "undefined": dict(s.undefined), "nonfinite": s.nonfinite}
+            for k, s in sorted(c.gradients.items(), key=lambda kv: -(kv[1].rel if kv[1].rel == kv[1].rel else 1e300))],
     }
 
 

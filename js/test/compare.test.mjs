@@ -20,7 +20,9 @@ test("a statistic that could not be computed reads 'undefined' with its reason, 
     outputs: [{ name: "out", shape: [2, 4], ...undefinedRel, hist: { counts: [1], lo: 0, hi: 1, n: 1, nonfinite: 12 }, heat: null }],
     boundaries: { 3: { rel: 0.1, max_abs: 0.2, allclose: false, undefined: {}, steps: [4], step_rel: [0.1, 0, 0, 0], first_step: 0 } },
     unavailable: [{ id: 5, key: "T5/loop/relu", why: "it runs inside the `while` in `T5`: …" }],
+    gradients: [{ name: "['params']['wi']['kernel']", rel: 0.3, max_abs: 1.8, cosine: 0.9, allclose: false, undefined: {} }],
   });
+  assert.match(pane.querySelector(".yax-gradients").textContent, /\['params'\]\['wi'\]\['kernel'\]0\.3001\.800\.900✗/);
   const cells = [...pane.querySelectorAll(".yax-undefined")];
   assert.equal(cells.length, 2);
   assert.match(cells[0].title, /original is 0/);

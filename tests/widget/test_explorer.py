@@ -170,3 +170,24 @@ def test_the_explorer_compares_inside_a_scanned_stack():
     assert all(state["boundaries"][str(k)]["steps"] == [4] for k in state["boundaries"] if "steps" in state["boundaries"][k])
     assert node_of[state["first_divergence_id"]].name == "relu"
     assert state["first_divergence"] == "ScannedTransformer/layers/gelu (now relu) at scan step 0"
+
+
+def test_the_explorer_compares_gradients_when_given_a_loss():
+    from yax_widget._payloads import comparison_state
+
+    m = nn.Sequential([nn.Dense(4), nn.relu, nn.Dense(2)])
+    x = jax.random.normal(jax.random.key(1), (3, 5))
+    p = m.init(jax.random.key(0), x)
+
+    def loss(out):
+        return (out ** 2).sum()
+
+    ex = Explorer(m, p, x, grad_of=loss)
+    ex.substitute("//activation[@name='relu']", "GELU")
+    g = ex.comparison.gradients
+    assert g == yax.compare(ex.original, ex.mox, p, x, grad_of=loss).gradients
+    assert not g["['params']['layers_0']['kernel']"].allclose and not ex.comparison.allclose
+    rows = comparison_state(ex.comparison, ex.mox, 1.0)["gradients"]
+    assert len(rows) == 4 and rows[0]["rel"] >= rows[-1]["rel"]
+    with pytest.raises(yax.YaxInputError, match="grad_of"):
+        Explorer(m, p, x, grad_of="loss")

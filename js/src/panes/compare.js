@@ -124,6 +124,19 @@ function nonfiniteNote(s) {
     + (s.changed ? `, ${s.changed} of them changed` : ", the same in both"));
 }
 
+/** The parameters' gradients (`Explorer(..., grad_of=loss)`), the most changed first. */
+function gradTable(grads) {
+  if (!grads) return null;
+  const MAX = 40;
+  return h("details", { class: "yax-gradients", open: true },
+    h("summary", {}, `parameter gradients of the loss, the most changed first (${grads.length}`
+      + `${grads.length > MAX ? `, the first ${MAX} shown` : ""})`),
+    h("table", { class: "yax-stats" },
+      h("tr", {}, ["parameter", "rel", "max|Δ|", "cos", ""].map((t) => h("th", {}, t))),
+      grads.slice(0, MAX).map((g) => h("tr", {}, h("td", {}, g.name), stat(g, "rel"), stat(g, "max_abs"),
+        stat(g, "cosine"), h("td", {}, g.allclose ? "✓" : "✗")))));
+}
+
 function statsTable(outputs) {
   return h("table", { class: "yax-stats" },
     h("tr", {}, ["output", "max|Δ|", "mean|Δ|", "rel", "cos", ""].map((t) => h("th", {}, t))),
@@ -181,5 +194,6 @@ export function renderCompare(pane, c, { color = "#1976d2", busy = false, undone
   const comparing = busy ? h("div", { class: "yax-hint yax-comparing" },
     "Compiling and comparing the modified model… (below: the previous comparison)") : null;
   const table = boundaryTable(c.boundaries || {}, c.first_divergence_id, { pathOf, onPick });
-  pane.replaceChildren(...[comparing, choose, verdict, statsTable(c.outputs), ...plots, table].filter(Boolean));
+  pane.replaceChildren(...[comparing, choose, verdict, statsTable(c.outputs), gradTable(c.gradients), ...plots,
+    table].filter(Boolean));
 }
