@@ -27,7 +27,7 @@ test("a statistic that could not be computed reads 'undefined' with its reason, 
   assert.equal(cells.length, 2);
   assert.match(cells[0].title, /original is 0/);
   assert.match(pane.textContent, /12 non-finite entries \(NaN\/±Inf\) left out of the statistics, the same in both/);
-  assert.match(pane.textContent, /×4, from step 0/);
+  assert.match(pane.textContent, /×4, from 0/);
   assert.match(pane.querySelector(".yax-steps").textContent, /step 0: rel 0\.100 · step 1: rel 0/);
   assert.match(pane.textContent, /first divergence: T5\/decoder\/block_0 at scan step 0/);
   assert.match(pane.textContent, /1 call not compared/);

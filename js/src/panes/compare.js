@@ -110,10 +110,13 @@ function stat(s, name) {
 function stepsCell(b) {
   if (!b.steps) return "";
   const n = b.steps.join("×");
-  const head = b.first_step === null || b.first_step === undefined ? `×${n}` : `×${n}, from step ${b.first_step}`;
+  const same = b.first_step === null || b.first_step === undefined;
+  const head = same ? `×${n}` : `×${n}, from ${b.first_step}`;
+  const title = `compared at each of ${n} scan steps; ${same ? "every step is allclose"
+    : `step ${b.first_step} is the first that differs`} (click for each step)`;
   if (!b.step_rel) return head;
   // expandable: each step's relative error (a click here does not select the row)
-  return h("details", { class: "yax-steps", onclick: (e) => e.stopPropagation() }, h("summary", {}, head),
+  return h("details", { class: "yax-steps", title, onclick: (e) => e.stopPropagation() }, h("summary", {}, head),
     h("div", { class: "yax-hint" }, b.step_rel.map((r, i) => `step ${i}: rel ${num(r)}`).join(" · ")));
 }
 
