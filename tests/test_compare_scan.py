@@ -174,3 +174,27 @@ def test_calls_inside_while_and_cond_say_they_are_not_compared():
     assert "Loop/relu" in c.unavailable and "`while`" in c.unavailable["Loop/relu"]
     assert "not compared" in repr(c)
     assert "Loop/Dense_0" in c.boundaries
+
+
+def test_nested_and_reversed_lax_scans_name_the_first_step_evaluated():
+    """A plain function: an outer scan of 3 steps around an inner reversed scan of 4. The
+    replacement differs from ReLU only above 5, which the activation's input reaches at outer
+    step 1 and inner steps 1 and 2; the reversed inner scan runs step 2 before step 1, so the
+    first divergence is (1, 2), and every step evaluated before it is exactly equal."""
+    def f(x):
+        def outer(c, i):
+            def inner(h, j):
+                y = jax.nn.relu(h + j + 10.0 * (i == 1) * ((j == 1) | (j == 2)))
+                return h, y
+            h, ys = jax.lax.scan(inner, c, jnp.arange(4.0), reverse=True)
+            return h, ys.sum()
+        return jax.lax.scan(outer, x, jnp.arange(3.0))
+
+    x = jnp.linspace(-1.0, 1.0, 5)
+    mox = yax.make_mox(f)(x)
+    g = yax.sub('//activation[@name="relu"]', lambda h: jnp.where(h > 5, 0.0, jax.nn.relu(h)), mox)
+    c = yax.compare(mox, g, x)
+    assert c.stacks["relu"] == (3, 4)
+    assert (c.first_divergence, c.first_divergence_step) == ("relu", (1, 2))
+    per = c.steps["relu"]  # row-major: outer step * 4 + inner step
+    assert [s.allclose for s in per] == [True] * 4 + [True, False, False, True] + [True] * 4
