@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import types
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -189,8 +190,9 @@ class ModuleInfo:
     Attributes:
       type: the module class (``None`` for activations and functions).
       method: the method name (``"__call__"``; the function name for activations).
-      attrs: the module's fields (``features=10``), or an activation's keyword arguments.
-      defaults: the fields' default values (so printers show what differs).
+      attrs: the module's fields (``features=10``), or an activation's keyword
+        arguments: a read-only mapping (a copy of what it was built from).
+      defaults: the fields' default values (so printers show what differs), read-only too.
       num_params: parameters the module owns (the size of its ``params``).
       var_tree: its variables as a pytree of ``jax.ShapeDtypeStruct``.
       scope: where its variables live: its path in the linen variables dict,
@@ -210,6 +212,14 @@ class ModuleInfo:
     scope: tuple[str, ...] | None = None
     frontend: str | None = None
     seen: tuple | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Frozen is not enough: a dict field can still be changed in place (a decider setting
+        # `node.attrs["x"]`), and printing, querying (a cached view) and comparing would disagree.
+        for name in ("attrs", "defaults"):
+            v = getattr(self, name)
+            if not isinstance(v, types.MappingProxyType):
+                object.__setattr__(self, name, types.MappingProxyType(dict(v)))
 
 
 _NO_INFO = ModuleInfo()

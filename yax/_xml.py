@@ -17,7 +17,7 @@ from lxml import etree
 
 from ._ir import Mox
 from ._xpath import Queryable, view
-from .errors import YaxXMLError
+from .errors import YaxError, YaxXMLError, unexpected
 
 MAX_BYTES = 256 * 2**20
 #: What `load_xml` allows the parsed tree per byte of ``max_bytes`` when no
@@ -51,7 +51,25 @@ class Document(Queryable):
 
 def to_xml(mox: Mox, indent: int | bool = True) -> str:
     """The XML text of the view `yax.query` runs on, indented by ``indent``
-    spaces per level (``True``: 2; ``False`` or 0: on one line)."""
+    spaces per level (``True``: 2; ``False`` or 0: on one line). Text XML
+    cannot hold (a control character in a module name) is escaped as
+    `yax.internal.to_xml_text` does."""
+    if not isinstance(mox, Mox):
+        raise YaxXMLError(f"`dump_xml` and `to_xml` write a MoX (from `yax.make_mox` or `yax.sub`), but got a "
+                          f"`{type(mox).__name__}`.")
+    if indent is None:  # as before: on one line
+        indent = False
+    if not isinstance(indent, int) or indent < 0:
+        raise YaxXMLError(f"`indent` must be a number of spaces (or True for 2, False for none), but got {indent!r}.")
+    try:
+        return _text(mox, indent)
+    except YaxError:
+        raise
+    except Exception as e:
+        raise unexpected("Writing the XML view of a MoX", e, YaxXMLError) from e
+
+
+def _text(mox: Mox, indent: int | bool) -> str:
     tree = view(mox).tree
     if indent is True or indent == 2:
         return etree.tostring(tree, pretty_print=True, encoding="unicode")
@@ -84,13 +102,19 @@ def dump_xml(mox: Mox, fileobj: IO[Any], *, indent: int | bool = True) -> None:
       <BLANKLINE>
     """
     text = to_xml(mox, indent)
-    if isinstance(fileobj, io.TextIOBase):
-        fileobj.write(text)
-    else:
-        try:
-            fileobj.write(text.encode())
-        except TypeError:
+    if not callable(getattr(fileobj, "write", None)):
+        raise YaxXMLError(f"`dump_xml` writes to a file object (`open(path, 'wb')`, `io.StringIO()`), but got a "
+                          f"`{type(fileobj).__name__}`.")
+    try:
+        if isinstance(fileobj, io.TextIOBase):
             fileobj.write(text)
+        else:
+            try:
+                fileobj.write(text.encode())
+            except TypeError:
+                fileobj.write(text)
+    except Exception as e:  # a closed file, a full disk, a write that takes neither bytes nor str
+        raise YaxXMLError(f"`dump_xml` could not write to the file object: {type(e).__name__}: {e}.") from e
 
 
 # -- load_xml --------------------------------------------------------------------------

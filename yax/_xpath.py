@@ -13,6 +13,14 @@ Elements: ``mox`` (the root), ``jaxpr`` (a computation nested in an
 equation, with ``param`` naming the parameter), ``module_call``,
 ``method_call``, ``activation``, and one element per equation named after its
 primitive (``dot_general``, ``jit``, ``scan`` …).
+
+Text XML cannot hold (a control character in a module name, which Flax
+accepts; a lone surrogate in the name of a replacement function) is escaped
+reversibly in attributes and comments, as Python writes it: ``name='a\\x01b'``
+is the attribute ``name="a\\x01b"`` (a backslash is doubled only where it
+would otherwise start such an escape). `to_xml_text` and `from_xml_text`
+convert; a string literal in a query holding such characters is escaped the
+same way, so ``[@name="a\\x01b"]`` finds the node whichever way it was written.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from lxml import etree
 from . import _xpath_worker as worker
 from ._ir import CALL_KINDS, FN_KINDS, Equation, Kind, Mox
 from ._print import dtype_str, pprint, shown_params, type_str, value_str
-from .errors import YaxQueryError
+from .errors import YaxError, YaxQueryError, unexpected
 
 NS = worker.NS
 _NAME_OK = re.compile(r"^[A-Za-z_][\w.-]*$")
@@ -86,6 +94,34 @@ class View(Queryable):
 
 
 _views: weakref.WeakKeyDictionary[Mox, View] = weakref.WeakKeyDictionary()
+
+# Characters outside XML 1.0's `Char` production: lxml refuses them in attributes and comments.
+_NOT_XML = "\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff"
+# What `to_xml_text` rewrites: such a character, or a backslash that would otherwise read as
+# the start of an escape (before `x`, `u`, another backslash, or such a character).
+_UNSAFE = re.compile(f"[{_NOT_XML}]|\\\\(?=[xu\\\\{_NOT_XML}])")
+_NOT_XML_CHAR = re.compile(f"[{_NOT_XML}]")
+_ESCAPE = re.compile(r"\\(\\|x[0-9a-f]{2}|u[0-9a-f]{4})")
+
+
+def _escaped(m: re.Match) -> str:
+    c = m.group()
+    if c == "\\":
+        return "\\\\"
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+
+
+def to_xml_text(s: str) -> str:
+    """``s`` as an XML attribute or comment can hold it: characters XML
+    cannot hold written as Python escapes (``\\x01``, ``\\ud800``); any other
+    text, the usual case, unchanged. `from_xml_text` undoes it."""
+    return _UNSAFE.sub(_escaped, s) if _UNSAFE.search(s) else s
+
+
+def from_xml_text(s: str) -> str:
+    """The text `to_xml_text` was given: an attribute of the XML view (or
+    of a document `yax.load_xml` read) as the MoX holds it."""
+    return _ESCAPE.sub(lambda m: "\\" if m.group(1) == "\\" else chr(int(m.group(1)[1:], 16)), s)
 
 
 def _num(v: Any) -> str | None:
@@ -153,37 +189,38 @@ def build_view(mox: Mox) -> View:
             # //pjit[@name="relu"]. (Inside the activation `relu`, jax.nn's jitted body is named so
             # too: `//activation[@name="relu"]` selects the activations alone.)
             fn = node.params.get("name")
-            el.set("name", fn if isinstance(fn, str) and _NAME_OK.match(fn) else node.name)
-            el.set("path", node.path)
+            el.set("name", to_xml_text(fn if isinstance(fn, str) and _NAME_OK.match(fn) else node.name))
+            el.set("path", to_xml_text(node.path))
             _io_attrs(el, node)
             for k, v in shown_params(node):
                 t = _num(v)
                 if t is not None and _NAME_OK.match(k) and k not in el.attrib:
-                    el.set(k, t)
+                    el.set(k, to_xml_text(t))
             below = [(sub, Kind.JAXPR, k) for k, sub in node.subs]
         else:
             el.set("primitive", node.kind)
-            el.set("name", node.name or node.kind)
-            el.set("path", node.path)
+            el.set("name", to_xml_text(node.name or node.kind))
+            el.set("path", to_xml_text(node.path))
             if param is not None:
                 el.set("param", param)
             _io_attrs(el, node)
             if node.kind in CALL_KINDS:
-                el.set("type", node.type)
-                el.set("qualtype", node.qualtype)
-                el.set("method", node.method or "")
+                el.set("type", to_xml_text(node.type))
+                el.set("qualtype", to_xml_text(node.qualtype))
+                el.set("method", to_xml_text(node.method or ""))
                 if node.kind not in FN_KINDS:
                     el.set("params", str(node.num_params))
                 for k, v in node.attrs.items():
                     t = _num(v)
                     if t is not None and _NAME_OK.match(k) and k not in el.attrib:
-                        el.set(k, t)
+                        el.set(k, to_xml_text(t))
             if not texted and node.children and id(node) not in with_calls:
                 # the outermost leaf computation: its jaxpr text shows the dataflow elements leave out
                 text = pprint(node)
                 if node.kind not in (Kind.ROOT, Kind.JAXPR):
                     text = text.split("\n", 1)[1]
-                el.append(etree.Comment("\n" + textwrap.dedent(text).replace("--", "- -").rstrip("-") + "\n"))
+                text = to_xml_text(textwrap.dedent(text))
+                el.append(etree.Comment("\n" + text.replace("--", "- -").rstrip("-") + "\n"))
                 texted = True
             for c in node.children:
                 if isinstance(c, Equation):
@@ -222,21 +259,45 @@ def tree_of(x: Any, caller: str) -> tuple[etree._ElementTree, View | None]:
 # -- queries ---------------------------------------------------------------------------
 
 _COMPAT_EMPTY_TEST = re.compile(r"(^|[|(\s])(//?)\[")
-_PJIT = re.compile(r"(?<![\w@$\"'-])pjit(?![\w\"'-])")
+_PJIT = re.compile(r"(?<![\w@$-])pjit(?![\w-])")
+# XPath 1.0 string literals (no escapes inside: a literal cannot hold its own quote); an
+# unterminated one runs to the end, for lxml to report.
+_LITERAL = re.compile(r"""("[^"]*"?|'[^']*'?)""")
+
+
+def _split_literals(xpath: str) -> list[str]:
+    """``xpath`` cut into the text outside string literals (even positions)
+    and the literals with their quotes (odd positions)."""
+    return _LITERAL.split(xpath)
+
+
+def _outside_literals(xpath: str) -> str:
+    """``xpath`` with every string literal emptied (``'a pjit b'`` -> ``''``)."""
+    return "".join(t if i % 2 == 0 else t[0] * 2 for i, t in enumerate(_split_literals(xpath)))
 
 
 def normalise(xpath: str) -> str:
     """The earlier prototype's dialect in standard XPath: ``//[@p]`` means
     ``//*[@p]``, ``pjit`` (JAX's former name) matches ``jit`` elements, and
-    ``/`` (the document) is its root element."""
+    ``/`` (the document) is its root element. String literals are left as
+    written (``[@name="x /[y"]``, ``string('a pjit b')``), except that text
+    XML cannot hold is escaped there as the view escapes it (`to_xml_text`)."""
     if xpath.strip() == "/":
         return "/*"
-    out = _COMPAT_EMPTY_TEST.sub(lambda m: f"{m.group(1)}{m.group(2)}*[", xpath)
-    return _PJIT.sub("jit", out)
+    literals = _split_literals(xpath)[1::2]
+    # translate with the literals emptied, then put them back: translating never adds or
+    # removes a quote, so the k-th literal of the result is the k-th of the query
+    out = _COMPAT_EMPTY_TEST.sub(lambda m: f"{m.group(1)}{m.group(2)}*[", _outside_literals(xpath))
+    out = _PJIT.sub("jit", out)
+    parts = _split_literals(out)
+    for i, lit in enumerate(literals):
+        parts[2 * i + 1] = lit[0] + to_xml_text(lit[1:]) if _NOT_XML_CHAR.search(lit) else lit
+    return "".join(parts)
 
 
 def _hint(xpath: str) -> str:
     hints = []
+    xpath = _outside_literals(xpath)  # what literals hold is no mistake of syntax
     if re.search(r"@[\w-]+\s*(=|!=)\s*[A-Za-z_][\w-]*\s*\]", xpath):
         hints.append('Quote string values: `[@type="Dense"]`, not `[@type=Dense]`.')
     if re.search(r"/\[", xpath):
@@ -345,6 +406,12 @@ class Evaluator:
                 code = proc.poll()
                 self.stop()
                 raise _Stopped(code) from None
+            except BaseException:
+                # Interrupted between a request and its reply (KeyboardInterrupt: the kernel's stop
+                # button): the process is still evaluating, and its late reply would be read as the
+                # next query's. Kill it; the next query starts a fresh one at once.
+                self.stop()
+                raise
             self._sent.add(target.token)
             return reply
 
@@ -359,12 +426,20 @@ class Evaluator:
         return marshal.loads(_read(self._replies.fileno(), struct.unpack("<Q", head)[0], deadline))
 
 
+#: Longest wait in one `select` call while a query runs: a KeyboardInterrupt is raised only
+#: when this thread runs Python code again, and a signal caught by another thread (or
+#: `_thread.interrupt_main`) does not wake a blocked `select`.
+_WAKE = 0.05
+
+
 def _read(fd: int, n: int, deadline: float) -> bytes:
     parts = []
     while n:
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+        if left <= 0:
             raise _Stopped()
+        if not select.select([fd], [], [], min(left, _WAKE))[0]:
+            continue
         b = os.read(fd, min(n, 1 << 20))
         if not b:
             raise _Stopped()
@@ -428,7 +503,8 @@ def query(xpath: str, mox: Mox, *, timeout: float | None = None) -> Any:
 
     Raises:
       YaxQueryError: the XPath is invalid, cannot be evaluated, or ran past
-        ``timeout``.
+        ``timeout`` (and, chained, anything else that went wrong: every
+        failure is a `YaxError`).
 
     Example:
       >>> import jax, jax.numpy as jnp, flax.linen as nn, yax
@@ -439,6 +515,16 @@ def query(xpath: str, mox: Mox, *, timeout: float | None = None) -> Any:
       >>> yax.query('count(//*[@name="gelu"])', mox)
       1.0
     """
+    try:
+        return _query(xpath, mox, timeout)
+    except YaxError:
+        raise
+    except Exception as e:
+        raise unexpected(f"`yax.query` of `{_shown(xpath) if isinstance(xpath, str) else xpath!r}`", e,
+                         YaxQueryError) from e
+
+
+def _query(xpath: str, mox: Mox, timeout: float | None) -> Any:
     std = _compile(xpath)
     target = target_of(mox, "query")
     limit = TIMEOUT if timeout is None else timeout

@@ -70,7 +70,8 @@ class YaxCaptureError(YaxError):
 
 
 class YaxXMLError(YaxError):
-    """A document given to `load_xml` is malformed, too large, or unsafe.
+    """A document given to `load_xml` is malformed, too large, or unsafe, or
+    `dump_xml` could not write to the file object it was given.
 
     yax documents never declare a DTD or entities; such input is refused
     before parsing (billion-laughs and external-entity attacks).
@@ -171,3 +172,26 @@ def nothing_matched(pattern: object, explained: str, what: str) -> YaxCaptureErr
         f"{shown} matched no call or equation, so `{what}` would have no values to work on.{how}Try `yax.query` "
         "to see what matches, e.g. `//module_call[@type=\"Dense\"]`, `//activation` or `//dot_general`."
     )
+
+
+def unexpected(what: str, e: BaseException, error: type[YaxError]) -> YaxError:
+    """``what`` (such as ``"`yax.sub`"``) failed for a reason yax did not
+    foresee: a bug of yax's, reported as ``error`` (raise it ``from e``)."""
+    return error(
+        f"{what} failed unexpectedly: {type(e).__name__}: {e}. This is a bug in yax, not a mistake in the call; "
+        "the chained error above says where it happened. Please report it with the model and the call that "
+        "failed."
+    )
+
+
+def decider_mutated(decider: str, node: object, changed: list[str]) -> YaxRewriteError:
+    """A decider passed to `sub` changed the node it was asked about (put back
+    before this is raised); ``changed`` names what it changed."""
+    what = ", ".join(f"`{c}`" for c in changed[:4]) + (" …" if len(changed) > 4 else "")
+    return YaxRewriteError(
+        f"The decider `{decider}` changed {where(node)} while deciding ({what}); MoX nodes are immutable, so "
+        "the change was undone. A decider must leave the node as it is and return its replacement (a function, "
+        "a module, a MoX), or the node itself to keep it; to change a node, return a new one built with "
+        "`dataclasses.replace(node, ...)`."
+    )
+

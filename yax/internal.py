@@ -4,7 +4,8 @@ benches use beyond the public API (like ``jax.extend`` or
 these names are stable between the two, but not promised to users.
 
 Contents:
-  node lookup      `view` (the XML view: ``.nodes``, ``.ids``; cached), `build_view`, `node_ids`
+  node lookup      `view` (the XML view: ``.nodes``, ``.ids``; cached), `build_view`, `node_ids`,
+                   `to_xml_text`/`from_xml_text` (how the view escapes text XML cannot hold)
   node kinds       `Kind`, `CALL_KINDS`, `FN_KINDS`, `param_copies` (sets of a scanned call's parameters)
   formatting       `type_str`, `value_str`, `shown_params`, `key_attrs`
   fit checks       `misfit`, `is_decider`, `is_module`
@@ -51,6 +52,8 @@ from ._record import marked_call as marked_call
 from ._record import recorder as recorder
 from ._trace import trace_target as trace_target
 from ._xpath import build_view as build_view
+from ._xpath import from_xml_text as from_xml_text
+from ._xpath import to_xml_text as to_xml_text
 from ._xpath import view as view
 from .frontends import Frontend as Frontend
 from .frontends import register as register

@@ -8,6 +8,7 @@ run the same checks, so they never disagree about what fits.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ import numpy as np
 from .. import errors, frontends
 from .._ir import Kind, Mox
 from .._map import map_mox
-from ..errors import YaxRewriteError
+from ..errors import YaxError, YaxRewriteError
 from .replacement import Site, checked, is_decider, is_module
 from .select import locate, matches
 from .splice import spliced, unbound
@@ -44,17 +45,74 @@ def _plan(pattern: Any, repl: Any, mox: Mox, must_match: bool) -> tuple[list[tup
 
 
 def _decided(decider: Any, node: Any) -> Any:
-    """What the decider ``f(path, node)`` answers for ``node``; its errors as `YaxRewriteError`."""
+    """What the decider ``f(path, node)`` answers for ``node``; its errors as
+    `YaxRewriteError`. A decider that changed the node (or a node below it)
+    is refused, the change undone."""
+    name = getattr(decider, "__name__", type(decider).__name__)
+    kept = _fields_of(node)
     try:
-        return decider(node.path, node)
+        answer = decider(node.path, node)
     except YaxRewriteError:
+        _undo(kept)
         raise
     except Exception as e:
+        _undo(kept)
         raise YaxRewriteError(
-            f"The decider `{getattr(decider, '__name__', type(decider).__name__)}` raised "
-            f"{type(e).__name__}: {e} when asked about {errors.where(node)}. Fix the decider, or narrow "
-            "the pattern to the nodes it handles."
+            f"The decider `{name}` raised {type(e).__name__}: {e} when asked about {errors.where(node)}. Fix the "
+            "decider, or narrow the pattern to the nodes it handles."
         ) from e
+    changed = _undo(kept)
+    if changed:
+        raise errors.decider_mutated(name, node, changed)
+    return answer
+
+
+# Nodes are frozen dataclasses and `ModuleInfo.attrs` is read-only, but Python cannot stop
+# `object.__setattr__(node, ...)` or `node.params[...] = ...` (an equation's params are a
+# dict). A decider is user code handed the very nodes of the MoX (so that returning the node
+# means "keep it"), so what it could change is recorded before it runs and checked after: a
+# change would make printing and the cached query view disagree, and rewrites depend on
+# nodes never changing.
+def _fields_of(node: Any) -> list[tuple[Any, str, dict[str, Any]]]:
+    """``(object, label, {field: value})`` for ``node``, the nodes below it and
+    their module facts and call signatures; an equation's params as ``"params"``."""
+    kept: list[tuple[Any, str, dict[str, Any]]] = []
+    seen: set[int] = set()
+    below = node.walk() if isinstance(node, Mox) else (x for _, s in node.subs for x in (s, *s.walk()))
+    for n in (node, *below):
+        at = "" if n is node else f"`{n.path or n.name}`: "  # a node below the one asked about
+        parts = [(n, at), (n.info, f"{at}info."), (n.sig, f"{at}sig.")] if isinstance(n, Mox) else [(n, at)]
+        for obj, label in parts:
+            if id(obj) not in seen:
+                seen.add(id(obj))
+                names = _FIELDS.get(type(obj)) or _FIELDS.setdefault(
+                    type(obj), tuple(f.name for f in dataclasses.fields(obj)))
+                fields = {k: getattr(obj, k) for k in names}
+                if isinstance(fields.get("params"), dict):
+                    fields["params"] = (fields["params"], dict(fields["params"]))
+                kept.append((obj, label, fields))
+    return kept
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _undo(kept: list[tuple[Any, str, dict[str, Any]]]) -> list[str]:
+    """Put back every field `_fields_of` recorded that changed; which ones."""
+    changed = []
+    for obj, label, fields in kept:
+        for k, v in fields.items():
+            if k == "params" and isinstance(v, tuple):  # the dict itself, and what it held
+                v, held = v
+                if obj.params is v and v.keys() == held.keys() and all(v[x] is held[x] for x in held):
+                    continue
+                v.clear()
+                v.update(held)
+            elif getattr(obj, k) is v:
+                continue
+            object.__setattr__(obj, k, v)
+            changed.append(label + k)
+    return changed
 
 
 def _check_key(key: Any) -> None:
@@ -167,7 +225,9 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
 
     Raises:
       YaxRewriteError: a replacement does not fit (which node, which
-        input/output, expected vs found); the inputs are untouched.
+        input/output, expected vs found); the inputs are untouched. Every
+        failure is a `YaxError` (a query's `YaxQueryError`; anything
+        unforeseen as a `YaxRewriteError`, its cause chained).
 
     Example:
       >>> import jax, jax.numpy as jnp, flax.linen as nn, yax
@@ -185,6 +245,16 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
         raise YaxRewriteError(
             f"`sub` rewrites the root MoX from `yax.make_mox`, but got {getattr(mox, 'kind', type(mox).__name__)!r}."
         )
+    try:
+        return _sub(pattern, repl, mox, params, key, cast, must_match, keep)
+    except YaxError:
+        raise
+    except Exception as e:
+        raise errors.unexpected("`yax.sub`", e, YaxRewriteError) from e
+
+
+def _sub(pattern: Any, repl: Any, mox: Mox, params: Any, key: Any, cast: bool, must_match: bool,
+         keep: dict[str, str] | None) -> Any:
     _check_key(key)
     plan, nested = _plan(pattern, repl, mox, must_match)
     if not plan:  # nothing to replace (`must_match=False`, or a decider kept every match)

@@ -1,0 +1,73 @@
+"""The earlier prototype's XPath dialect (``pjit``, ``//[``, ``/``) is translated
+outside string literals only (issue 24, point 10)."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import yax
+from yax._xpath import normalise
+
+pytestmark = pytest.mark.core
+
+
+@pytest.fixture(scope="module")
+def seq():
+    import flax.linen as nn
+
+    model = nn.Sequential([nn.Dense(4), nn.relu])
+    x = jnp.ones((1, 3))
+    return yax.make_mox(model.apply)(model.init(jax.random.key(0), x), x)
+
+
+@pytest.mark.parametrize("query, expected", [
+    ("string('a pjit b')", "a pjit b"),
+    ('concat("//[", "pjit", \'/[\')', "//[pjit/["),
+    ("string(\"x /[y\")", "x /[y"),
+    ("substring-before('pjit(x)', '(')", "pjit"),
+])
+def test_string_literals_are_left_as_written(seq, query, expected):
+    assert yax.query(query, seq) == expected
+
+
+def test_a_literal_that_looks_like_the_dialect_matches_only_itself(seq):
+    assert normalise("//*[@name='x /[y']") == "//*[@name='x /[y']"
+    assert yax.query("//*[@name='x /[y']", seq) == []
+    assert yax.query('count(//*[@name="a pjit b"])', seq) == 0
+
+
+def test_the_dialect_is_still_translated_outside_literals(seq):
+    assert normalise('//pjit[@name="relu"]') == '//jit[@name="relu"]'
+    assert normalise('//[@name="relu"]') == '//*[@name="relu"]'
+    assert normalise("/") == "/*"
+    assert normalise("//pjit[@name='pjit']|//[@name=\"//[\"]") == "//jit[@name='pjit']|//*[@name=\"//[\"]"
+    # after a literal, `//[` is a step of its own again
+    assert normalise('//*[@name="a"] | //[@type="Dense"]') == '//*[@name="a"] | //*[@type="Dense"]'
+    assert [n.path for n in yax.query('//[@type="Dense"]', seq)] == ["Sequential/layers_0"]
+    relu_jits = yax.query('//jit[@name="relu"]', seq)
+    assert relu_jits and yax.query('//pjit[@name="relu"]', seq) == relu_jits
+
+
+def test_an_unterminated_literal_is_reported_by_lxml(seq):
+    with pytest.raises(yax.YaxQueryError, match="is invalid"):
+        yax.query("//*[@name='pjit", seq)
+
+
+# arbitrary text, and text made of the pieces the translation looks for
+_TEXT = st.one_of(
+    st.text(st.characters(blacklist_categories=("Cs", "Cc")), max_size=12),
+    st.lists(st.sampled_from(["pjit", " ", "/", "//", "[", "(", "|", "@", "x", "é", "'", '"']), max_size=8).map("".join),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=_TEXT.filter(lambda t: "'" not in t), b=_TEXT.filter(lambda t: '"' not in t),
+       outside=st.sampled_from(["//pjit", "//[@x]", "/", "//*", " pjit ", "|//["]))
+def test_literals_pass_through_translation_unchanged(a, b, outside):
+    q = f"{outside}'{a}'{outside}\"{b}\"{outside}"
+    out = normalise(q)
+    assert f"'{a}'" in out and f'"{b}"' in out
+    # and nothing outside them changed because of what they hold
+    assert out.replace(f"'{a}'", "''").replace(f'"{b}"', '""') == normalise(f"{outside}''{outside}\"\"{outside}")
