@@ -41,6 +41,7 @@ from yax.internal import (
 
 from . import _payloads, _protocol
 from ._code import replacement_code, xpath_for
+from ._export import input_names
 from ._targets import hf_call, opening_lines, target_kind
 from ._values import Values
 
@@ -193,6 +194,8 @@ class Explorer(Values, anywidget.AnyWidget):
         self._names: list[str] | None = None  # the expressions `%yax` was given: the script's names
         params = params_argument(mox, args)  # the variables or state `yax.sub` reconciles, or None
         self._has_params = params is not None
+        # what the positional inputs are called in the model's own signature: the export's README names them so
+        self._input_names = input_names(given, len(args) - self._has_params, self._has_params)
         self._init_values(batches)  # the named batches (_values.py)
         self._key = jax.random.key(0) if key is None else key
         self._states: list[Change] = [Change("original", "", mox, params)]
@@ -312,6 +315,15 @@ class Explorer(Values, anywidget.AnyWidget):
         registered as ``name``; compare with the original. Returns the
         change's description. Raises `yax.YaxRewriteError` and changes
         nothing when it does not fit."""
+        change = self._change(target, name)
+        self._move([*self._states[:self._index + 1], change], self._index + 1)
+        self._notice = {}
+        return change.description
+
+    def _change(self, target: Any, name: str) -> Change:
+        """The change `substitute` makes to the current model, not applied yet (no
+        comparison): what a drop does, so what the fits menu must predict. Raises
+        `yax.YaxError` when it does not fit."""
         item = self._items.get(name) if isinstance(name, str) else None
         if item is None:
             raise yax.YaxInputError(f"No replacement is registered as {name!r}; registered: "
@@ -339,9 +351,7 @@ class Explorer(Values, anywidget.AnyWidget):
         desc = f"replaced {what} with {name}"
         if item.code is None:
             code = f"# `{item.expr}`: the replacement registered as {name!r}; define it first\n{code}"
-        self._move([*self._states[:self._index + 1], Change(desc, code, new, new_params)], self._index + 1)
-        self._notice = {}
-        return desc
+        return Change(desc, code, new, new_params)
 
     def undo(self) -> None:
         """Go back one change (nothing happens at the original)."""
@@ -398,18 +408,24 @@ class Explorer(Values, anywidget.AnyWidget):
 
     def export(self, stem: str | pathlib.Path = "yax_model") -> list[str]:
         """Save the current model to run without yax: ``{stem}.jax_exported``
-        (`jax.export` of the function, taking the leaves of ``(params,
-        *inputs)`` and returning the output's leaves) and ``{stem}.params.npz``
-        (the current parameters, by tree path). Returns the paths written.
+        (`jax.export` of the function), ``{stem}.params.npz`` (the current
+        parameters, by tree path), and ``{stem}.README.md`` and
+        ``{stem}.manifest.json``, which say how to call it: ``exported.call(
+        *params, *positional, **keywords)``, the inputs named and ordered as
+        the explorer was given them (keyword inputs stay keywords), with
+        their types, and the output's leaves it returns. Returns the paths
+        written, in that order.
 
         Example:
           >>> import jax, jax.numpy as jnp, flax.linen as nn, numpy as np, tempfile, os
           >>> from yax_widget import Explorer
           >>> m = nn.Dense(2); x = jnp.ones((1, 3)); v = m.init(jax.random.key(0), x)
           >>> ex = Explorer(m, v, x, warm=False)
-          >>> fn, npz = ex.export(os.path.join(tempfile.mkdtemp(), "dense"))
-          >>> f = jax.export.deserialize(open(fn, "rb").read()); p = np.load(npz)
-          >>> out, = f.call(*[p[k] for k in p.files], x); bool(jnp.allclose(out, m.apply(v, x)))
+          >>> fn, npz, readme, manifest = ex.export(os.path.join(tempfile.mkdtemp(), "dense"))
+          >>> [line for line in open(readme) if line.startswith("outputs =")]
+          ['outputs = exported.call(*params, inputs)\\n']
+          >>> exported = jax.export.deserialize(open(fn, "rb").read()); p = np.load(npz)
+          >>> out, = exported.call(*[p[k] for k in p.files], x); bool(jnp.allclose(out, m.apply(v, x)))
           True
         """
         from ._export import export

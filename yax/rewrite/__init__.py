@@ -162,27 +162,22 @@ def _built(mox: Mox, sites: list[Site], var_maps: dict[int, dict], dropped: set)
 def misfit(repl: Any, node: Any, mox: Mox, *, cast: bool = False, cache: dict | None = None,
            params: Any = None) -> str | None:
     """Why ``repl`` cannot replace ``node`` of ``mox``, or ``None`` when it
-    fits: the checks `sub` runs before it changes anything (the explorer
-    offers only the replacements that fit a row). With ``params`` (as `sub`
-    takes them) also where its variables would go, on abstract copies of the
-    parameters: nothing is initialised. ``cache`` may be shared between calls
-    to trace each replacement once per input shapes."""
-    _, nested = locate(mox, [node])
+    fits: `sub` itself run on ``node`` (the explorer offers only the
+    replacements that fit a row, so the menu never offers what a drop
+    refuses), its result thrown away. With ``params`` (as `sub` takes them)
+    that is done on abstract copies of the parameters: nothing is initialised.
+    ``cache`` may be shared between calls to trace each replacement once per
+    input shapes."""
+    abstract = None if params is None else jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(np.shape(x), getattr(x, "dtype", None) or np.asarray(x).dtype), params)
     try:
-        r = _decided(repl, node) if is_decider(repl) else repl
-        if r is not node:
-            layout = None
-            if params is not None:
-                abstract = jax.tree_util.tree_map(
-                    lambda x: jax.ShapeDtypeStruct(np.shape(x), getattr(x, "dtype", None) or np.asarray(x).dtype),
-                    params)
-                layout = frontends.variables(mox, abstract)
-            site = checked(node, r, cast, nested.get(id(node), ()), {} if cache is None else cache,
-                           _held(mox, layout))
-            if layout is not None:
-                layout.place([site], None)
-    except YaxRewriteError as e:
+        # every check `sub` makes, the ones made while the result is built too (an nnx MoX that
+        # functions were put in refuses nnx modules only then): a copy of them would drift
+        _sub([node], repl, mox, abstract, None, cast, True, None, cache)
+    except YaxError as e:
         return str(e)
+    except Exception as e:  # as `sub` reports it
+        return str(errors.unexpected("`yax.sub`", e, YaxRewriteError))
     return None
 
 
@@ -254,7 +249,7 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
 
 
 def _sub(pattern: Any, repl: Any, mox: Mox, params: Any, key: Any, cast: bool, must_match: bool,
-         keep: dict[str, str] | None) -> Any:
+         keep: dict[str, str] | None, cache: dict | None = None) -> Any:
     _check_key(key)
     plan, nested = _plan(pattern, repl, mox, must_match)
     if not plan:  # nothing to replace (`must_match=False`, or a decider kept every match)
@@ -266,7 +261,7 @@ def _sub(pattern: Any, repl: Any, mox: Mox, params: Any, key: Any, cast: bool, m
             f"`params` is a `{type(params).__name__}`, which no module system of this MoX holds its variables "
             "in. Pass the variables the MoX was traced with (the first argument of `model.apply`, or an nnx state)."
         )
-    cache: dict = {}
+    cache = {} if cache is None else cache
     held = _held(mox, layout)
     sites: list[Site] = [checked(node, r, cast, nested.get(id(node), ()), cache, held) for node, r in plan]
     new = _built(mox, sites, layout.place(sites, key, keep), getattr(layout, "dropped", set)())
