@@ -10,6 +10,14 @@ library's own functions). For the length of a trace, the public names in
 tables (`TABLES`) point at marking wrappers (`patched_names`), and frontends
 point fields and attributes at them (`swapped`); every swap is undone in a
 ``finally`` block, also when tracing fails.
+
+Traces may run in several threads at once (the explorer's worker while the
+user traces in a cell). Names and fields are shared by every thread, so what
+is patched is counted, not owned: the first trace to need a swap makes it,
+later ones join it, and the last one to leave undoes it (under `_lock`). A
+wrapper marks only in the thread whose recorder is tracing (`recorder` is
+thread-local); called anywhere else it is the function it wraps. A trace in
+one thread never sees another put the original back half-way through.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ import functools
 import importlib
 import inspect
 import sys
+import threading
 import types
 from collections.abc import Callable
 from typing import Any
@@ -154,21 +163,47 @@ def _table_entries(modname: str, tbl: Any, out: dict[int, _Entry]) -> None:
 
 
 _cache: dict[tuple, dict[int, _Entry]] = {}
-# While traces run (in any thread), the table they patched with: `swapped`
-# asks for it at every module call, and a table read from patched entries
-# would miss them.
-_patching = 0
+#: Guards what traces in several threads share: building a table, the
+#: patched names (`_users`, `_during`, `_undo`) and the field swaps
+#: (`_swaps`, `_placed`). Taken once per trace, and by `swapped` only for
+#: a module call that holds an activation.
+_lock = threading.Lock()
+#: Traces running with the names patched, in all threads; the first patches, the last undoes.
+_users = 0
+#: While `_users`: the table every trace patches and swaps with (`swapped`
+#: asks for it at every module call, and a table read from patched entries
+#: would miss them).
 _during: dict[int, _Entry] | None = None
+_undo: list[tuple[Any, str, Any]] = []  # (holder, key, original) patched by `patched_names`
+#: ``(id(holder), key) -> [holder, original, placed value, holding calls]``: the fields `swapped` points
+#: at wrappers, counted over every running module call holding them, in any thread.
+_swaps: dict[tuple[int, Any], list] = {}
+#: ``id(placed value) -> how many fields hold it``: tells `swapped` a wrapper another call put there.
+_placed: dict[int, int] = {}
 
 
 def table() -> dict[int, _Entry]:
     """``id(original function or partial) -> (name, original, wrapper)``:
     the known activations and the entries of the loaded `TABLES`. Built once
     per set of loaded tables (a few dict lookups to tell which)."""
-    if _during is not None:
-        return _during
+    t = _during
+    if t is not None:
+        return t
+    hit = _cache.get(_key(_loaded()))
+    if hit is not None:
+        return hit
+    with _lock:  # not while another thread's trace has the entries patched: they would be missed
+        return _during if _during is not None else _fresh()
+
+
+def _key(loaded: list[tuple[str, Any]]) -> tuple:
+    return tuple((id(t), len(t) if isinstance(t, dict) else len(vars(t))) for _, t in loaded)
+
+
+def _fresh() -> dict[int, _Entry]:
+    """`table`, read from the names and tables themselves; with `_lock` held and nothing patched."""
     loaded = _loaded()
-    key = tuple((id(t), len(t) if isinstance(t, dict) else len(vars(t))) for _, t in loaded)
+    key = _key(loaded)
     hit = _cache.get(key)
     if hit is not None:
         return hit
@@ -198,51 +233,97 @@ def marking(v: Any, t: dict[int, _Entry] | None = None) -> Any:
 @contextlib.contextmanager
 def patched_names(rec: Any = None):
     """Point the public activation names and the entries of the loaded
-    activation tables at their marking wrappers (a trace hook)."""
-    global _patching, _during
-    t = table()
-    undo: list[tuple[Any, str, Any]] = []
-    _patching += 1
-    _during = t
+    activation tables at their marking wrappers (a trace hook), for as long
+    as any trace in any thread runs."""
     try:
+        _patch()
+        yield
+    finally:
+        _unpatch()
+
+
+def _patch() -> None:
+    global _users, _during
+    with _lock:
+        _users += 1
+        if _during is None:
+            _during = _fresh()
+        else:  # joining traces already running: a table imported since gets patched too
+            for modname, tbl in _loaded():
+                _table_entries(modname, tbl, _during)
+        t = _during
         holders = [(mod, [(n, getattr(mod, n, None)) for n in ACTIVATIONS]) for mod in _homes()]
         holders += [(tbl, _items(tbl)) for _, tbl in _loaded()]
         for holder, items in holders:
             for k, v in items:
                 hit = t.get(id(v))
                 if hit is not None and hit[1] is v:
-                    undo.append((holder, k, v))
+                    _undo.append((holder, k, v))
                     _put(holder, k, hit[2])
-        yield
-    finally:
-        for holder, k, v in reversed(undo):
-            _put(holder, k, v)
-        _patching -= 1
-        if not _patching:
+
+
+def _unpatch() -> None:
+    global _users, _during
+    with _lock:
+        _users -= 1
+        if not _users:
+            for holder, k, v in reversed(_undo):
+                _put(holder, k, v)
+            _undo.clear()
             _during = None
 
 
 def swapped(items: list[tuple[Any, Any]], get: Callable, put: Callable) -> list[tuple[Any, Any]]:
     """Point each ``(holder, key)`` whose value is an activation (or a plain
     list/tuple holding some: ``nn.Sequential`` layers) at the marking
-    wrapper, with ``put(holder, key, value)``; returns what `restore` puts back."""
+    wrapper, with ``put(holder, key, value)``; returns what `restore` puts
+    back. A field another running call (in this thread or another) already
+    points at a wrapper is held as well, so that it stays swapped until the
+    last of them returns."""
     t = table()
-    undo = []
+    held = []
     for holder, k in items:
         v = get(holder, k)
         if type(v) in (list, tuple):
-            new = type(v)(marking(x, t) for x in v)
-            if any(a is not b for a, b in zip(new, v)):
-                undo.append((holder, k, v))
-                put(holder, k, new)
-        elif callable(v):
-            w = marking(v, t)
-            if w is not v:
-                undo.append((holder, k, v))
-                put(holder, k, w)
-    return undo
+            if any(marking(x, t) is not x for x in v) or (_placed and id(v) in _placed):
+                held.append((holder, k))
+        elif callable(v) and (marking(v, t) is not v or (_placed and id(v) in _placed)):
+            held.append((holder, k))
+    if not held:
+        return held
+    with _lock:  # read again: another thread may have swapped or restored it since
+        return [(holder, k) for holder, k in held if _hold(holder, k, get, put, t)]
 
 
-def restore(undo: list[tuple[Any, Any, Any]], put: Callable) -> None:
-    for holder, k, v in reversed(undo):
-        put(holder, k, v)
+def _hold(holder: Any, k: Any, get: Callable, put: Callable, t: dict[int, _Entry]) -> bool:
+    """Swap one field or join the swap already there (with `_lock` held); whether it is held now."""
+    v = get(holder, k)
+    s = _swaps.get((id(holder), k))
+    if s is not None:
+        if s[0] is holder and s[2] is v:
+            s[3] += 1
+            return True
+        return False  # changed by the model's own code since it was swapped: left to it
+    new = type(v)(marking(x, t) for x in v) if type(v) in (list, tuple) else marking(v, t)
+    if new is v or (type(v) in (list, tuple) and all(a is b for a, b in zip(new, v))):
+        return False
+    _swaps[(id(holder), k)] = [holder, v, new, 1]
+    _placed[id(new)] = _placed.get(id(new), 0) + 1
+    put(holder, k, new)
+    return True
+
+
+def restore(undo: list[tuple[Any, Any]], put: Callable) -> None:
+    """Give back the fields `swapped` held; the last call holding one puts its value back."""
+    if not undo:
+        return
+    with _lock:
+        for holder, k in reversed(undo):
+            s = _swaps[(id(holder), k)]
+            s[3] -= 1
+            if not s[3]:
+                del _swaps[(id(holder), k)]
+                n = _placed.pop(id(s[2])) - 1
+                if n:
+                    _placed[id(s[2])] = n
+                put(holder, k, s[1])

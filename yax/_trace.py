@@ -11,6 +11,7 @@ import contextlib
 import functools
 import gc
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -95,17 +96,40 @@ def make_mox(fn: Callable, *, static_argnums: int | Sequence[int] | None = None,
     return traced
 
 
-@contextlib.contextmanager
-def _headroom(factor: int = 2):
-    """Python's recursion limit raised ``factor`` times while tracing: the
-    hooks add frames to every nested module call (interceptor, marker), and
-    models as deep as Flax itself can run must still trace."""
-    old = sys.getrecursionlimit()
-    sys.setrecursionlimit(old * factor)
-    try:
-        yield
-    finally:
-        sys.setrecursionlimit(old)
+class _Setting:
+    """A process-wide setting a trace changes (the recursion limit, the
+    collector), for traces that may run in several threads at once: the
+    first of them changes it, the last puts back what the first found, so
+    that one ending never takes it from under another. Entered, yields what
+    the first found."""
+
+    def __init__(self, get: Callable[[], Any], put: Callable[[Any], Any], during: Callable[[Any], Any]):
+        self._get, self._put, self._during = get, put, during
+        self._lock = threading.Lock()
+        self._traces = 0
+        self._found: Any = None
+
+    @contextlib.contextmanager
+    def __call__(self):
+        with self._lock:
+            if not self._traces:
+                self._found = self._get()
+                self._put(self._during(self._found))
+            self._traces += 1
+            found = self._found
+        try:
+            yield found
+        finally:
+            with self._lock:
+                self._traces -= 1
+                if not self._traces:
+                    self._put(self._found)
+
+
+#: Python's recursion limit raised twice while tracing: the hooks add frames
+#: to every nested module call (interceptor, marker), and models as deep as
+#: Flax itself can run must still trace.
+_headroom = _Setting(sys.getrecursionlimit, sys.setrecursionlimit, lambda limit: 2 * limit)
 
 
 def _traced_root(target: Callable, args: tuple, kwargs: dict, frontend: str, origin: Any,
@@ -148,30 +172,25 @@ def _traced_root(target: Callable, args: tuple, kwargs: dict, frontend: str, ori
 _YOUNG_LIMIT = 500_000
 
 
-@contextlib.contextmanager
-def _collector_paused():
-    """Python's cyclic garbage collector paused for one trace and build;
-    yields whether it was running (and so was paused here).
+def _collect(on: bool) -> None:
+    (gc.enable if on else gc.disable)()
 
-    A trace keeps almost everything it makes (the jaxpr, the recorded calls,
-    then the MoX: tens of objects per equation), so collections during it
-    free little and move what lives on to the old generation, until a full
-    collection of the whole process heap runs (0.11-0.15 s here, more in a
-    larger process). make_mox makes about twice what make_jaxpr makes and
-    so paid one in every trace of the 48-layer and 7B models, making it
-    1.4-1.5 times make_jaxpr. Paused, what the trace leaves young is
-    collected once, at the next collection after it (2-10 ms on those
-    models); a trace that makes more than `_YOUNG_LIMIT` young objects
-    collects them on the way (`yax._record.marked_call`). The collector is
-    left as it was found: paused by the caller, it stays paused.
-    """
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield was
-    finally:
-        if was:
-            gc.enable()
+
+#: Python's cyclic garbage collector paused for a trace and build; yields
+#: whether it was running (and so was paused here).
+#:
+#: A trace keeps almost everything it makes (the jaxpr, the recorded calls,
+#: then the MoX: tens of objects per equation), so collections during it
+#: free little and move what lives on to the old generation, until a full
+#: collection of the whole process heap runs (0.11-0.15 s here, more in a
+#: larger process). make_mox makes about twice what make_jaxpr makes and
+#: so paid one in every trace of the 48-layer and 7B models, making it
+#: 1.4-1.5 times make_jaxpr. Paused, what the trace leaves young is
+#: collected once, at the next collection after it (2-10 ms on those
+#: models); a trace that makes more than `_YOUNG_LIMIT` young objects
+#: collects them on the way (`yax._record.marked_call`). The collector is
+#: left as it was found: paused by the caller, it stays paused.
+_collector_paused = _Setting(gc.isenabled, _collect, lambda was: False)
 
 
 def _call(f: Callable, *args: Any) -> Any:

@@ -5,7 +5,10 @@ methods of every ``nnx.Module`` subclass (``__call__`` and public methods
 defined in the class, as ``nnx.tabulate`` does) are wrapped to run through
 `yax._record.marked_call`; the classes get their own functions back in a
 ``finally`` block, also when the trace fails half-way; a wrapped method
-called outside a yax trace (another thread) just calls through.
+called outside a yax trace (another thread) just calls through. Classes are
+shared by every thread, so traces running at once share the wrapping: the
+first wraps, later ones join (and wrap classes defined since), the last one
+to end unwraps (`_wrap_methods`, `_unwrap_methods`).
 
 Paths come from attribute names (``Transformer/blocks/0/attn/query``).
 Before the first call, each module object of the traced graph is *stamped*
@@ -15,7 +18,9 @@ and a state and merge new objects inside; static attributes travel in the
 graphdef, so the objects merged inside a scanned body still know their path.
 The trace number keeps ``nnx.jit``'s cache from handing a later trace a body
 traced (and marked) by an earlier one. Stamps put on objects the caller owns
-are removed when the trace ends.
+are removed when the trace ends. An object two threads trace at once (a
+model called in place from two traced functions) holds a stamp per trace:
+the attribute is a tuple of ``(trace number, path, keys)``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import dataclasses
 import functools
 import inspect
 import itertools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -74,14 +80,27 @@ def stamp(root: Any, path: str, tr: _Trace, keys: tuple[str, ...] = ()) -> None:
         seen.add(id(node))
         if isinstance(node, nnx.Module):
             old = vars(node).get(_STAMP)
-            if old is None or old[0] != tr.token:
-                object.__setattr__(node, _STAMP, (tr.token, p, ks))
+            if old is None:
+                object.__setattr__(node, _STAMP, ((tr.token, p, ks),))
+                tr.stamped.append(node)
+            elif _stamp_of(old, tr.token) is None:  # stamped by a trace running in another thread
+                object.__setattr__(node, _STAMP, (*old, (tr.token, p, ks)))
                 tr.stamped.append(node)
         for k, v in sorted(vars(node).items(), key=lambda kv: _order(kv[0])):
             if is_graph_type(type(v)):
                 visit(v, f"{p}/{k}", (*ks, str(k)))
 
-    visit(root, path, keys)
+    with _lock:  # another thread's trace may stamp the same objects
+        visit(root, path, keys)
+
+
+def _stamp_of(st: tuple | None, token: int) -> tuple | None:
+    """This trace's ``(token, path, keys)`` among a module's stamps ``st``."""
+    if st is not None:
+        for s in st:
+            if s[0] == token:
+                return s
+    return None
 
 
 def _order(k: str) -> tuple:
@@ -90,17 +109,22 @@ def _order(k: str) -> tuple:
 
 
 def _unstamp(tr: _Trace) -> None:
-    for node in tr.stamped:
-        if vars(node).get(_STAMP, (None,))[0] == tr.token:
-            vars(node).pop(_STAMP, None)
-    tr.stamped.clear()
+    with _lock:
+        for node in tr.stamped:
+            st = vars(node).get(_STAMP)
+            rest = tuple(s for s in st or () if s[0] != tr.token)
+            if rest:
+                object.__setattr__(node, _STAMP, rest)
+            elif st is not None:
+                vars(node).pop(_STAMP, None)
+        tr.stamped.clear()
 
 
 def _path(module: Any, rec: Recorder, tr: _Trace) -> tuple[str, tuple[str, ...]]:
     """The module's path in this trace and its keys below the root (its
     scope; the last one is its name)."""
-    st = vars(module).get(_STAMP)
-    if st is not None and st[0] == tr.token:
+    st = _stamp_of(vars(module).get(_STAMP), tr.token)
+    if st is not None:
         return st[1], st[2]
     # Not stamped: the outermost module of functional code (``merge(g, s)(x)``),
     # or one made during the trace. Find it under its caller if it is there.
@@ -109,8 +133,8 @@ def _path(module: Any, rec: Recorder, tr: _Trace) -> tuple[str, tuple[str, ...]]
     if rec.stack:
         cid, parent = rec.stack[-1]
         ppath = rec.calls[cid].path
-        st = vars(parent).get(_STAMP) if parent is not None else None
-        pscope = st[2] if st is not None and st[0] == tr.token else tuple(ppath.split("/")[1:])
+        st = _stamp_of(vars(parent).get(_STAMP), tr.token) if parent is not None else None
+        pscope = st[2] if st is not None else tuple(ppath.split("/")[1:])
         path, scope = f"{ppath}/{name}", (*pscope, name)
         if parent is not None:
             for keys, node in flax_nnx().graph.iter_graph(parent):
@@ -237,26 +261,51 @@ def _classes() -> list[type]:
     return out
 
 
+#: Guards what traces in several threads share: the wrapped methods and the stamps.
+_lock = threading.Lock()
+_users = 0  # traces running with the methods wrapped, in all threads
+_undo: list[tuple[type, str, Callable]] = []  # (class, name, own function), unwrapped by the last
+
+
 @contextlib.contextmanager
 def patched_methods(rec: Recorder):
-    """Wrap the methods of every ``nnx.Module`` subclass for one trace."""
+    """Wrap the methods of every ``nnx.Module`` subclass for one trace
+    (while any trace in any thread runs)."""
     if not nnx_loaded():
         yield
         return
     tr = rec.scratch["nnx"] = _Trace(next(_tokens))
-    undo = []
     try:
+        _wrap_methods()
+        yield
+    finally:
+        _unwrap_methods()
+        _unstamp(tr)
+
+
+def _wrap_methods() -> None:
+    """Wrap what is not wrapped yet: every method for the first of traces
+    running at once, the classes defined since for a later one."""
+    global _users
+    with _lock:
+        _users += 1
         for cls in _classes():
             for name, fn in list(vars(cls).items()):
                 if (name == "__call__" or not name.startswith("_")) and inspect.isfunction(fn) \
                         and not hasattr(fn, "__yax_method__"):
-                    undo.append((cls, name, fn))
+                    _undo.append((cls, name, fn))
                     setattr(cls, name, _wrap(name, fn))
-        yield
-    finally:
-        for cls, name, fn in reversed(undo):
-            setattr(cls, name, fn)
-        _unstamp(tr)
+
+
+def _unwrap_methods() -> None:
+    """The last of traces running at once gives every class its own functions back."""
+    global _users
+    with _lock:
+        _users -= 1
+        if not _users:
+            for cls, name, fn in reversed(_undo):
+                setattr(cls, name, fn)
+            _undo.clear()
 
 
 @functools.cache
