@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import frontends
+from . import _roots, frontends
 from ._activations import ACTIVATIONS as ACTIVATIONS
 from ._build import build
 from ._ir import Packing
@@ -91,7 +91,8 @@ def make_mox(fn: Callable, *, static_argnums: int | Sequence[int] | None = None,
             static = (which.idx - shift in nums) if where == 0 else (which.key in names)
             return not static and (is_dynamic(x) or isinstance(x, (bool, int, float, complex)))
 
-        return _traced_root(target, args, kwargs, frontend.name, origin, dynamic)
+        # remembered while it lives: a node cut from it and used in another MoX names its variables here
+        return _roots.note(_traced_root(target, args, kwargs, frontend.name, origin, dynamic))
 
     return traced
 

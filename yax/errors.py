@@ -195,3 +195,99 @@ def decider_mutated(decider: str, node: object, changed: list[str]) -> YaxRewrit
         "`dataclasses.replace(node, ...)`."
     )
 
+
+def inside_custom_rule(node: object, rule: object, holder: object = None) -> YaxRewriteError:
+    """A node selected for `sub` is only part of the computation a custom
+    derivative rule (``rule``, a ``custom_jvp_call``/``custom_vjp_call``
+    equation) was written for; ``holder`` is the call node holding the rule,
+    named when it is an activation or function (for a module it would be
+    much more than the rule)."""
+    name = getattr(rule, "name", "custom_jvp_call")
+    at = getattr(rule, "path", "")
+    instead = f"the `{name}` equation (`//{name}[@path=\"{at}\"]`)"
+    if getattr(holder, "kind", None) in ("activation", "function"):
+        instead += (f" or {where(holder)} that holds it "
+                    f"(`//{getattr(holder, 'kind', '*')}[@path=\"{getattr(holder, 'path', '')}\"]`)")
+    return YaxRewriteError(
+        f"{where(node).capitalize()} is part of the computation of the `{name}` at `{at or 'the root'}`, whose "
+        "derivative is given by a custom rule written for that whole computation. Replacing only this part "
+        "would keep the old rule around the new computation, and `jax.grad` through the result would be "
+        f"wrong. Try replacing the whole rule: select {instead}."
+    )
+
+
+def traced_on_other_inputs(what: str, node: object, i: int, found: str, expected: str) -> YaxRewriteError:
+    """A MoX or equation replacement was traced on inputs of other shapes or dtypes than the node's."""
+    return YaxRewriteError(
+        f"The replacement `{what}` for {where(node)} was traced on other inputs: its input {i} is {found} but "
+        f"the node's is {expected}. A MoX computes exactly what it was traced on. Try tracing it again on "
+        "arrays of the node's input shapes, or pass the function or module itself (`yax.module_of(node)` "
+        "rebuilds a call node's module from its fields, without what its trace changed)."
+    )
+
+
+def _call_of(call: object) -> str:
+    return f"`{getattr(call, 'type', '?')}` call at `{getattr(call, 'path', '') or 'the root'}`"
+
+
+def mox_side_results(call: object, types: str) -> YaxRewriteError:
+    """A call used as a replacement computes values that leave it other than as its results."""
+    return YaxRewriteError(
+        f"The MoX replacement (the {_call_of(call)}) computes values that leave it other than as its results "
+        f"({types}): updated variables (batch statistics, an nnx module's state) or values the model it comes "
+        "from reads elsewhere. A replacement gives only its results to the model. Try tracing it without "
+        "updating its variables (evaluation mode, no `mutable=`), or pass the module itself."
+    )
+
+
+def mox_reads_unnamed(call: object, types: str, what: str) -> YaxRewriteError:
+    """A call used as a replacement reads values yax cannot name as its module's variables."""
+    return YaxRewriteError(
+        f"The MoX replacement (the {_call_of(call)}) reads {types}, {what}. yax can give a replacement only "
+        "its inputs and its module's variables. Try tracing the module's `apply` with its variables as the "
+        "first argument (`yax.make_mox(Block().apply)(variables, x)`), or pass the module itself."
+    )
+
+
+def mox_cut_from_unknown(call: object) -> YaxRewriteError:
+    """A call node used as a replacement lives in no MoX yax knows of."""
+    return YaxRewriteError(
+        f"The {_call_of(call)}, used as a replacement, is not part of any MoX that `make_mox` or `sub` made "
+        "and that still exists, so yax cannot tell which of that MoX's inputs are the variables it reads. "
+        "Try keeping the MoX you cut it from (assign it to a name) and cutting the node again, or passing the "
+        "root MoX of the module's `apply` instead."
+    )
+
+
+def mox_no_values(what: str, node: object, why: str) -> YaxRewriteError:
+    """A MoX replacement reads variables the model does not have, and there is nothing to give them values."""
+    return YaxRewriteError(
+        f"The replacement `{what}` for {where(node)} reads variables the model does not have there, and a MoX "
+        f"holds no values for its variables: {why}. Try tracing it from a module whose variables have the "
+        "replaced module's names and shapes, saying which old variable each new one takes with "
+        "`keep={\"params/new/kernel\": \"params/kernel\"}`, or passing the module itself, whose new variables "
+        "yax initialises with `key=`."
+    )
+
+
+def mox_no_place(what: str, node: object, leaf: str, why: str) -> YaxRewriteError:
+    """A MoX replacement on a model whose state a MoX cannot extend (nnx) reads a
+    variable the replaced node does not have."""
+    return YaxRewriteError(
+        f"The replacement `{what}` for {where(node)} reads the variable `{leaf}`, {why}. On this model "
+        "a MoX replacement reads the replaced module's own variables (its state has no place for new ones, "
+        "and a MoX holds no values). Try tracing it from a module with the same variables, or pass the "
+        "module itself, whose variables yax adds to the state."
+    )
+
+
+def broadcast_new_variables(what: str, node: object, new: list[str]) -> YaxRewriteError:
+    """A replacement adds variables to a module whose variables a scan broadcasts to every step."""
+    shown = ", ".join(f"`{n}`" for n in new[:4]) + (" …" if len(new) > 4 else "")
+    return YaxRewriteError(
+        f"The replacement `{what}` for {where(node)} has variables the model does not have there ({shown}), but "
+        "the node runs inside a scan that gives every step the same variables (`nn.scan(..., "
+        "variable_broadcast=...)`, as a recurrent cell's): yax keeps a module's variables there but cannot add "
+        "new ones yet. Try a replacement with the same variables (names and shapes), or replace the module that "
+        "runs the scan."
+    )

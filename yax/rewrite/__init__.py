@@ -15,12 +15,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from .. import errors, frontends
+from .. import _roots, errors, frontends
 from .._ir import Kind, Mox
 from .._map import map_mox
 from ..errors import YaxError, YaxRewriteError
 from .replacement import Site, checked, is_decider, is_module
-from .select import locate, matches
+from .select import locate, matches, outside_rules
 from .splice import spliced, unbound
 from .thread import Threads
 
@@ -29,7 +29,8 @@ __all__ = ["sub", "misfit", "is_decider", "is_module"]
 
 def _plan(pattern: Any, repl: Any, mox: Mox, must_match: bool) -> tuple[list[tuple[Any, Any]], dict[int, tuple]]:
     """``(node, replacement)`` for each match, outermost first, and the ids of
-    matches inside nested computations. A decider's "keep" (the node itself) drops the match."""
+    matches inside nested computations. A decider's "keep" (the node itself) drops the match.
+    A match inside a custom derivative rule's computation is replaced with the rule (`outside_rules`)."""
     targets, nested = locate(mox, matches(pattern, mox))
     if not targets and must_match:
         from .._xpath import explain
@@ -40,7 +41,11 @@ def _plan(pattern: Any, repl: Any, mox: Mox, must_match: bool) -> tuple[list[tup
     for node in targets:
         r = _decided(repl, node) if decide else repl
         if r is not node:
-            plan.append((node, r))
+            node, chain = outside_rules(mox, node, nested.get(id(node), ()))
+            if chain:
+                nested[id(node)] = chain
+            if all(node is not n for n, _ in plan):  # two matches that are one rule's whole computation
+                plan.append((node, r))
     return plan, nested
 
 
@@ -150,6 +155,9 @@ def _built(mox: Mox, sites: list[Site], var_maps: dict[int, dict], dropped: set)
     nested computations passed down to them, dropped ones no longer passed."""
     threads = Threads()
     threads.dropped = set(dropped)
+    for s in sites:  # a MoX reading the replaced module's variables where they are (`own.resolve`)
+        if s.reads:
+            var_maps[id(s.node)] = {**s.reads, **var_maps.get(id(s.node), {})}
     for s in sites:
         threads.follow(s.chain)
         if s.chain:
@@ -193,9 +201,14 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
         a function (``jax.nn.gelu``, ``lambda x: x``), a Flax linen module
         instance (its fields left ``None`` are taken from the module it
         replaces, so ``yax.LoRA(rank=4)`` fits every ``Dense``), an nnx module
-        (on a MoX of an nnx model), a root MoX, an Equation, or a function
+        (on a MoX of an nnx model), a root MoX or a call node cut from
+        another MoX (put in with its own equations, never re-traced; its
+        variables placed like a module's), an Equation, or a function
         whose first two parameters are named ``path`` and ``node`` that
         returns the replacement for each match (or the node itself, to keep it).
+        A node that is the whole computation of a custom derivative rule
+        (``//jit[@name="relu"]`` inside ``jax.nn.relu``) is replaced with
+        its rule; one that is only part of it is refused.
       mox: the root MoX to rewrite.
       params: the variables the MoX was traced with (the first argument of
         ``model.apply``; for an nnx model, its state). Needed when a
@@ -263,7 +276,7 @@ def _sub(pattern: Any, repl: Any, mox: Mox, params: Any, key: Any, cast: bool, m
         )
     cache = {} if cache is None else cache
     held = _held(mox, layout)
-    sites: list[Site] = [checked(node, r, cast, nested.get(id(node), ()), cache, held) for node, r in plan]
+    sites: list[Site] = [checked(node, r, cast, nested.get(id(node), ()), cache, held, mox) for node, r in plan]
     new = _built(mox, sites, layout.place(sites, key, keep), getattr(layout, "dropped", set)())
     result = layout.finish(new, sites)
     root = result[0] if isinstance(result, tuple) else result
@@ -272,4 +285,5 @@ def _sub(pattern: Any, repl: Any, mox: Mox, params: Any, key: Any, cast: bool, m
         from .._print import window
 
         raise errors.dangling(errors.where(bad[0]), window(root, bad[0]))
+    _roots.note(root)  # a node cut from it can be used in another MoX (`own`)
     return result

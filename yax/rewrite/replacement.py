@@ -1,10 +1,13 @@
 """Tracing a replacement on the node it replaces, and the checks it must pass.
 
-A replacement (a function, a module of any frontend, a root MoX, an
-Equation) is traced with `make_mox` on the avals of the node's inputs and
-checked: it takes as many arrays as the node has inputs and returns arrays of
-the node's output shapes and dtypes (with ``cast``, other dtypes are cast
-back). Each site gets its own copy with fresh vars (`fresh`).
+A replacement (a function, a module of any frontend) is traced with
+`make_mox` on the avals of the node's inputs; one that is already a
+computation (a root MoX, a call node cut from another MoX, an Equation) is
+used as it is (`yax.rewrite.own`), never re-traced. Either is checked: it
+takes as many arrays as the node has inputs (a computation: of the node's
+shapes and dtypes) and returns arrays of the node's output shapes and dtypes
+(with ``cast``, other dtypes are cast back). Each site gets its own copy with
+fresh vars (`fresh`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from .. import errors, frontends
 from .._ir import Equation, Kind, Mox, Packing, Var
 from .._print import type_str
 from ..errors import YaxRewriteError
-from . import thread
+from . import own, thread
 from .splice import subst
 
 Node = Equation | Mox
@@ -41,6 +44,8 @@ class Traced:
     call: Any = None              # xs -> (args, kwargs): how the replacement is called on the node's inputs
     key: Any = None               # equal for replacements that compute and initialise the same (`fingerprint`)
     mapped: Mapped | None = None  # how the replacement was mapped like the node's module (`nn.vmap`)
+    fixed: bool = False           # a computation used as it is (a MoX, an Equation): traced on its own inputs
+    reads: tuple | None = None    # a MoX reading the replaced module's variables where they are: their paths
 
     @property
     def outvars(self) -> tuple:
@@ -63,6 +68,7 @@ class Site:
     casts: tuple = ((), {})
     chain: tuple = ()            # (equation, parameter) pairs from the root down to the node
     stack: tuple[int, ...] = ()  # the leading axes its variables have at the root (one per scan, then nn.vmap's)
+    reads: dict = dataclasses.field(default_factory=dict)  # a MoX's variable vars -> the root vars it reads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +220,9 @@ def _avals(atoms: Any) -> list[jax.ShapeDtypeStruct]:
 
 
 def _name(repl: Any) -> str:
+    if isinstance(repl, Mox):
+        call = own.call_of(repl)
+        return f"MoX of {call.type}" if call is not None else f"MoX of {repl.name or repl.kind}"
     return getattr(repl, "__name__", None) or type(repl).__name__
 
 
@@ -250,26 +259,11 @@ def fresh(root: Mox) -> Mox:
 
 
 def _cut(repl: Any) -> Any:
-    """The earlier prototype's forms of a replacement: a root MoX of
-    ``module.apply`` (its one module call) or a call node cut from another
-    MoX stand for a module like the one they called; a cut activation or
-    function node, for the computation it holds."""
+    """A cut activation or function node stands for the computation it holds
+    (a module call, cut or the one call of a root, is `yax.rewrite.own`'s)."""
     if not isinstance(repl, Mox):
         return repl
     node = repl
-    if repl.kind == Kind.ROOT:
-        calls = [c for c in repl.children if isinstance(c, Mox)]
-        if len(repl.children) != 1 or not calls or calls[0].kind != Kind.MODULE_CALL:
-            return repl
-        node = calls[0]
-    if node.kind in (Kind.MODULE_CALL, Kind.METHOD_CALL) and node.module_type is not None:
-        module = frontends.get(node.info.frontend).rebuild(node)
-        if module is None:
-            raise YaxRewriteError(
-                f"The call node `{node.path}` ({node.type}) cannot stand for a replacement: yax cannot build a "
-                f"new `{node.type}` from its fields. Pass a module instance instead."
-            )
-        return module
     if node.kind in (Kind.ACTIVATION, Kind.FUNCTION):
         return Mox(kind=Kind.ROOT, children=node.children, inputs=node.invars, invars=node.invars,
                    outvars=node.outvars, outputs=tuple(a for a in node.outvars if isinstance(a, Var)),
@@ -333,10 +327,10 @@ def _trace_one(repl: Any, module: Any, fe: Any, avals: list, call: Any, how: Map
 
 def _trace(repl: Any, module: Any, fe: Any, node: Node, avals: list, how: Mapped | None) -> Traced:
     if isinstance(repl, Mox):
-        return Traced(repl)
+        return Traced(repl, fixed=True)
     if isinstance(repl, Equation):
         return Traced(Mox(kind=Kind.ROOT, children=(repl,), inputs=repl.inputs, invars=repl.inputs,
-                          outvars=repl.outputs, outputs=repl.outputs, name=repl.name))
+                          outvars=repl.outputs, outputs=repl.outputs, name=repl.name), fixed=True)
     first = None
     for call in _conventions(node, module):
         try:
@@ -348,14 +342,40 @@ def _trace(repl: Any, module: Any, fe: Any, node: Node, avals: list, how: Mapped
     raise first
 
 
+def _own(repl: Mox, node: Node, cache: dict, mox: Mox | None) -> Traced:
+    """A root MoX of ``module.apply`` or a cut call node, as its own
+    computation (`yax.rewrite.own`), for this site: its variables placed by
+    the layout like a module's (new ones initialised by the module type's
+    ``init``, checked), or read where the replaced module has them."""
+    hit = cache.get(("own", id(repl)))
+    if hit is None or hit[0] is not repl:
+        hit = cache[("own", id(repl))] = (repl, own.own(repl, mox if mox is not None else repl))
+    o = hit[1]
+    call = o.call
+    if own.rebuilds(call):
+        how = Called(call.sig.ins) if call.sig.ins.tree is not None else Called()
+        init = own.initialiser(o, node, _name(repl))
+        # initialisers are compiled once per key (`_inits` in the linen frontend): what makes the values
+        made = fingerprint(init.module) if init.module is not None else ("none", init)  # refuses: never shared
+        key = ("mox", made, tuple((r, type_str(a)) for r, a in own.leaves(o.var_tree)), call.method, repr(how))
+        t = Traced(o.root, len(o.names), init, o.var_tree, 0, call.info.frontend, how, key=key, fixed=True)
+    else:
+        t = Traced(o.root, len(o.names), fixed=True, reads=o.names)
+    return dataclasses.replace(t, root=fresh(t.root))
+
+
 def trace(repl: Any, node: Node, cache: dict[tuple, tuple[Any, Traced]], chain: tuple = (),
-          held: Callable | None = None) -> Traced:
+          held: Callable | None = None, mox: Mox | None = None) -> Traced:
     """The replacement traced on the node's input avals, with fresh vars for
     this site; ``cache`` (one per `sub` call) keeps traces by replacement,
     avals and call structure, so 96 equal replacements trace once per shape.
     A module replacing a call that ``nn.vmap`` maps is mapped the same way
     (`mapped`; ``chain`` and ``held`` tell where its variables are stacked);
-    a function sees the whole mapped call."""
+    a function sees the whole mapped call. A MoX standing for a module call
+    is used as it is (``mox``, the MoX rewritten, is where a node cut from it
+    finds its variables)."""
+    if own.call_of(repl) is not None:
+        return _own(repl, node, cache, mox)
     given, repl = repl, _cut(repl)
     _validate(repl)
     avals = _avals(node.inputs)
@@ -395,6 +415,10 @@ def check(t: Traced, node: Node, repl: Any) -> None:
     if len(t.root.invars) - t.n_vars != len(node.inputs):
         raise errors.wrong_count(what, node, "takes", len(t.root.invars) - t.n_vars, len(node.inputs),
                                  " ".join(map(type_str, node.inputs)))
+    if t.fixed:  # not traced on the node's inputs: it computes what it was traced on
+        for i, (a, b) in enumerate(zip(t.root.invars[t.n_vars:], node.inputs)):
+            if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
+                raise errors.traced_on_other_inputs(what, node, i, type_str(a), type_str(b))
     if len(t.outvars) != len(node.outputs):
         raise errors.wrong_count(what, node, "returns", len(t.outvars), len(node.outputs),
                                  " ".join(map(type_str, node.outputs)))
@@ -432,16 +456,43 @@ def fit(t: Traced, node: Node, repl: Any, cast: bool) -> tuple[tuple[Equation, .
     return tuple(body.children), {i: v for (i, _), v in zip(casts, c.outvars)}
 
 
-def checked(node: Node, r: Any, cast: bool, chain: tuple, cache: dict, held: Callable | None = None) -> Site:
+def _broadcast(node: Node, held: Callable | None) -> bool:
+    """Whether the model holds the module's variables in the shapes the
+    module saw although scans run it: they are broadcast to every step, not
+    stacked per layer."""
+    have = held(node) if held is not None and getattr(node, "var_tree", None) else None
+    if not have:
+        return False
+    there = dict(own.leaves(have))
+    mine = own.leaves(node.var_tree)
+    return bool(mine) and all(r in there and tuple(there[r].shape) == tuple(a.shape) for r, a in mine)
+
+
+def checked(node: Node, r: Any, cast: bool, chain: tuple, cache: dict, held: Callable | None = None,
+            mox: Mox | None = None) -> Site:
     """``r`` traced on ``node``'s inputs after every check `sub` makes
     before it changes anything; raises `YaxRewriteError`. ``chain`` leads to
     a node inside nested computations, where new variables are passed down
     (`yax.rewrite.thread`); ``held(node)``, the shapes of a module's
-    variables in the model (``{collection: tree}``), tells how ``nn.vmap`` maps them."""
-    t = trace(r, node, cache, chain, held)
+    variables in the model (``{collection: tree}``), tells how ``nn.vmap``
+    maps them; ``mox`` is the MoX rewritten (a MoX replacement reading the
+    replaced module's variables finds them there)."""
+    t = trace(r, node, cache, chain, held, mox)
     check(t, node, r)
     casts = fit(t, node, r, cast)
     stack = thread.stack(chain, node) if t.n_vars and chain else ()
+    if stack and t.mapped is None and t.var_avals is not None and _broadcast(node, held):
+        # the scans around it pass its variables as they are (`nn.scan(..., variable_broadcast=...)`,
+        # a recurrent cell): kept ones are followed down, new ones would need a place per scan
+        there = dict(own.leaves(held(node)))
+        new = ["/".join(r) for r, a in own.leaves(t.var_avals)
+               if r not in there or tuple(there[r].shape) != tuple(a.shape) or there[r].dtype != a.dtype]
+        if new:
+            raise errors.broadcast_new_variables(_name(r), node, new)
+        stack = ()
     if t.n_vars and t.mapped is not None and t.mapped.var_axis == 0:
         stack = (*stack, t.mapped.size)  # one slice per instance, inside the layers of enclosing scans
-    return Site(node, r, t, casts, chain, stack)
+    site = Site(node, r, t, casts, chain, stack)
+    if t.reads is not None and mox is not None:
+        site.reads = own.resolve(mox, node, t.reads, t.root.invars[: t.n_vars], stack, _name(r))
+    return site

@@ -1,10 +1,14 @@
-"""Selecting what `sub` replaces: a pattern to the matched nodes, in tree order."""
+"""Selecting what `sub` replaces: a pattern to the matched nodes, in tree
+order; where a node sits in the tree (`ancestry`); and what a rewrite of a
+node inside a custom derivative rule replaces (`outside_rules`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .._ir import CALL_KINDS, Equation, Mox
+from .. import errors
+from .._calls import how
+from .._ir import CALL_KINDS, FN_KINDS, Equation, Mox
 from ..errors import YaxRewriteError, where
 
 Node = Equation | Mox
@@ -57,3 +61,70 @@ def locate(mox: Mox, targets: list[Node]) -> tuple[list[Node], dict[int, tuple]]
         if outside:
             raise YaxRewriteError(f"{where(outside[0]).capitalize()} is not part of this MoX. Query the MoX you rewrite.")
     return order, nested
+
+
+def ancestry(start: Mox | Equation, target: Node) -> list[Node] | None:
+    """The nodes from ``start`` down to ``target`` (both included): each a
+    child of the one before, a call's child or a computation an equation
+    holds; ``None`` when ``target`` is not below ``start``. Iterative: any depth."""
+    if start is target:
+        return [start]
+    parent: dict[int, Node] = {}
+    todo: list[Node] = [start]
+    while todo:
+        n = todo.pop()
+        for c in (n.children if isinstance(n, Mox) else [s for _, s in n.subs]):
+            if id(c) in parent:  # a computation shared by two equations: the first holds it
+                continue
+            parent[id(c)] = n
+            if c is target:
+                path: list[Node] = [c]
+                while path[-1] is not start:
+                    path.append(parent[id(path[-1])])
+                return path[::-1]
+            todo.append(c)
+    return None
+
+
+def chain_of(path: list[Node]) -> tuple[tuple[Equation, str], ...]:
+    """The ``(equation, parameter)`` pairs an `ancestry` passes through."""
+    return tuple((n, next(k for k, s in n.subs if s is path[i + 1]))
+                 for i, n in enumerate(path[:-1]) if isinstance(n, Equation))
+
+
+# -- custom derivative rules -------------------------------------------------------------
+#
+# A `custom_jvp_call`/`custom_vjp_call` holds a computation and, beside it, a rule for its
+# derivative (`jax.nn.relu` is one, around a jitted `max`). Replacing something inside the
+# computation keeps the old rule around the new computation: the forward pass is the new one,
+# `jax.grad` the old one's. So a selected node inside a rule's computation is replaced together
+# with the rule where it is the whole computation (the rule computed nothing else), and refused
+# otherwise.
+
+def _whole(parent: Node, child: Node) -> bool:
+    """Whether ``parent`` computes exactly what ``child`` does, from the same inputs."""
+    if isinstance(parent, Equation):  # a jit/remat/custom call of the computation `child`
+        return how(parent) in ("inline", "remat", "custom") and len(parent.subs) == 1
+    return (len(parent.children) == 1 and parent.children[0] is child
+            and tuple(child.inputs) == tuple(parent.invars) and tuple(child.outputs) == tuple(parent.outvars))
+
+
+def outside_rules(mox: Mox, node: Node, chain: tuple) -> tuple[Node, tuple]:
+    """The node a rewrite of ``node`` (reached through ``chain``) replaces:
+    ``node`` itself, or, inside a custom derivative rule's computation that
+    it is the whole of, the rule's equation (or the activation that is just
+    that equation, as ``jax.nn.relu``'s node is), with its chain. Refuses a
+    node that is only part of such a computation."""
+    k = next((i for i, (e, _) in enumerate(chain) if how(e) == "custom"), None)
+    if k is None:
+        return node, chain
+    rule = chain[k][0]
+    outer = dict(chain[k - 1][0].subs)[chain[k - 1][1]] if k else mox
+    up = ancestry(outer, rule) or [rule]
+    holder = up[-2] if len(up) > 1 and isinstance(up[-2], Mox) and up[-2].kind in CALL_KINDS else None
+    path = ancestry(rule, node) or []
+    if not path or not all(_whole(a, b) for a, b in zip(path, path[1:])):
+        raise errors.inside_custom_rule(node, rule, holder)
+    if holder is not None and holder.kind in FN_KINDS and _whole(holder, rule):
+        return holder, chain[:k]
+    return rule, chain[:k]
