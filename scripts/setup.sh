@@ -31,7 +31,8 @@ $PY -m venv .venv-oldest
 .venv-oldest/bin/python -m pip install -q --upgrade pip
 .venv-oldest/bin/python -m pip install -q "jax==0.9.0" "jaxlib==0.9.0" "flax==0.12.6" \
     "lxml>=5" "pytest>=8" "hypothesis>=6" "pytest-xdist>=3" "ytsaurus-client" "optax" "flatbuffers" \
-    "nbclient" "nbformat" "ipykernel" "anywidget>=0.9" "ipywidgets>=8" "transformers<5"
+    "nbclient" "nbformat" "ipykernel" "anywidget>=0.9" "ipywidgets>=8" "transformers<5" \
+    "equinox>=0.13" "safetensors>=0.4" "jmp>=0.0.4"
 .venv-oldest/bin/python -m pip install -q -e . --no-deps
 
 .venv/bin/python -c "import jax, flax, yax; print('newest: jax', jax.__version__, 'flax', flax.__version__)"
