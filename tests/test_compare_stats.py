@@ -101,3 +101,18 @@ def test_gradients_compared_with_respect_to_the_parameters():
     assert not c.allclose
     with pytest.raises(yax.YaxInputError, match="scalar"):
         yax.compare(mox, gelu, p, x, grad_of=lambda out: out)
+
+
+def test_finite_values_whose_squares_overflow_float32_keep_exact_statistics():
+    """Entries near float32's maximum are finite, but their squares and differences are not:
+    the norms are then taken in float64 rather than reported as inf, 0 or NaN."""
+    from yax._compare import _stats
+
+    x = np.array([3e38, -3e38, 1.0], np.float32)
+    y = np.array([3e38, 3e38, 1.0], np.float32)
+    s = _stats(x, y, 1e-5, 1e-6)
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    assert s.max_abs == pytest.approx(6e38) and s.nonfinite == 0 and not s.undefined
+    assert s.rel == pytest.approx(np.linalg.norm(y64 - x64) / np.linalg.norm(x64))
+    assert s.cosine == pytest.approx(x64 @ y64 / (np.linalg.norm(x64) * np.linalg.norm(y64)))
+    assert not s.allclose

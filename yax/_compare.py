@@ -174,8 +174,13 @@ def _stats(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> Stats:
         why = (f"no entry is finite in both models ({nonfinite} non-finite)" if nonfinite else "the value is empty")
         undefined = [(k, why) for k in ("max_abs", "mean_abs", "rel", "cosine")]
         return Stats(np.nan, np.nan, np.nan, np.nan, changed == 0, nonfinite, changed, tuple(undefined))
-    d = np.abs(y - x)
-    nx, ny, nd = (float(np.sqrt(np.dot(v, v), dtype=np.float64)) for v in (x, y, d))  # BLAS
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = np.abs(y - x)
+        nx, ny, nd = (float(np.sqrt(np.dot(v, v), dtype=np.float64)) for v in (x, y, d))  # BLAS
+    if not np.isfinite(nx + ny + nd):  # finite entries whose squares overflow float32: redo in float64
+        x, y = x.astype(np.float64), y.astype(np.float64)
+        d = np.abs(y - x)
+        nx, ny, nd = (float(np.sqrt(np.dot(v, v))) for v in (x, y, d))
     if nx > 0:
         rel = nd / nx
     elif nd == 0:
