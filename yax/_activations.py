@@ -5,11 +5,13 @@ Activations are plain functions, reached by name (``jax.nn.gelu``,
 ``act = nn.gelu``, an attribute ``self.act = ACT2FN["gelu"]`` set in
 ``setup``), or looked up in a table a library built at import time (Hugging
 Face's ``ACT2FN``: names to functions, ``functools.partial``s of them and the
-library's own functions). For the length of a trace, the public names in
-``jax.nn``, ``flax.linen`` and ``flax.nnx`` and the entries of the known
-tables (`TABLES`) point at marking wrappers (`patched_names`), and frontends
-point fields and attributes at them (`swapped`); every swap is undone in a
-``finally`` block, also when tracing fails.
+library's own functions). Where they live is each frontend's to say
+(`Frontend.activation_homes`: ``jax.nn`` for plain functions, ``flax.linen``,
+``flax.nnx``; `Frontend.activation_tables`, and `TABLES` for tables registered
+by hand). For the length of a trace, the public names in the homes and the
+entries of the tables point at marking wrappers (`patched_names`), and
+frontends point fields and attributes at them (`swapped`); every swap is
+undone in a ``finally`` block, also when tracing fails.
 
 Traces may run in several threads at once (the explorer's worker while the
 user traces in a cell). Names and fields are shared by every thread, so what
@@ -44,17 +46,15 @@ ACTIVATIONS = (
     "log_sigmoid", "hard_sigmoid", "hard_silu", "hard_swish", "hard_tanh",
     "glu", "mish", "sparse_plus", "squareplus", "identity",
 )
-_HOMES = ("jax.nn", "flax.linen", "flax.linen.activation", "flax.nnx")
 
-#: Activation tables libraries build at import time, as ``(module, attribute)``:
-#: a dict ``name -> function`` or, with attribute ``None``, the module itself.
-#: Entries that are known activations, functions defined in that module, or
+#: Activation tables registered besides those the frontends contribute
+#: (`Frontend.activation_tables`), as ``(module, attribute)``: a dict ``name ->
+#: function`` or, with attribute ``None``, the module itself. Entries that are
+#: known activations, functions defined in that module, or
 #: ``functools.partial``s of either become nodes named by their key (the
 #: config's ``hidden_act``). A table is read only once its module is imported:
 #: yax never imports a library for it.
-TABLES: list[tuple[str, str | None]] = [
-    ("transformers.modeling_flax_utils", "ACT2FN"),  # Hugging Face's Flax models
-]
+TABLES: list[tuple[str, str | None]] = []
 
 _Entry = tuple[str, Callable, Callable]  # (name, original, marking wrapper)
 
@@ -88,21 +88,37 @@ def _wrapper(name: str, fn: Callable, method: str | None = None) -> Callable:
     return wrapper
 
 
+def _home_names() -> tuple[str, ...]:
+    """The frontends' activation homes, in their order, each once."""
+    from . import frontends
+
+    return tuple(dict.fromkeys(h for f in frontends.registry() for h in f.activation_homes))
+
+
 def _homes() -> list[Any]:
+    return list(_imported(_home_names()))
+
+
+@functools.cache
+def _imported(names: tuple[str, ...]) -> tuple[Any, ...]:
     out = []
-    for home in _HOMES:
+    for home in names:
         try:
             out.append(importlib.import_module(home))
         except ImportError:
             continue
-    return out
+    return tuple(out)
+
+
+def _known() -> dict[int, _Entry]:
+    """The functions of `ACTIVATIONS` in the frontends' homes (jax.nn, flax.linen, flax.nnx), by id."""
+    return _known_in(_home_names())
 
 
 @functools.cache
-def _known() -> dict[int, _Entry]:
-    """The functions of `ACTIVATIONS` in jax.nn, flax.linen and flax.nnx, by id."""
+def _known_in(names: tuple[str, ...]) -> dict[int, _Entry]:
     out: dict[int, _Entry] = {}
-    for mod in _homes():
+    for mod in _imported(names):
         for name in ACTIVATIONS:
             fn = getattr(mod, name, None)
             if callable(fn) and id(fn) not in out and not hasattr(fn, "__yax_activation__"):
@@ -112,8 +128,10 @@ def _known() -> dict[int, _Entry]:
 
 def _loaded() -> list[tuple[str, Any]]:
     """The `TABLES` of modules already imported, as ``(module name, table)``."""
+    from . import frontends
+
     out = []
-    for modname, attr in TABLES:
+    for modname, attr in dict.fromkeys([*(t for f in frontends.registry() for t in f.activation_tables), *TABLES]):
         mod = sys.modules.get(modname)
         tbl = mod if attr is None else getattr(mod, attr, None)
         if isinstance(tbl, (dict, types.ModuleType)):

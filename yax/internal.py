@@ -19,6 +19,8 @@ Contents:
                    `capturable_calls` (the calls whose values `capture` can bring out)
   tracing          `trace_target` (a MoX and the arguments it is evaluated with),
                    `params_argument` (which of them `yax.sub`'s ``params=`` takes)
+  frontends        `Frontend`, `register`, `frontends` (all, in order), `frontend_named`,
+                   `unwrap_target` (a model holding its own variables as a function of them)
 """
 
 from __future__ import annotations
@@ -75,4 +77,27 @@ def params_argument(mox: Any, args: tuple) -> Any:
     places them."""
     from .frontends import first_answer
 
-    return first_answer(mox, "params_argument", args)
+    return first_answer(mox, lambda f: f.params_argument(mox, args))
+
+
+def frontends() -> list[Frontend]:
+    """Every frontend, in the order they are asked (`yax.frontends.registry`)."""
+    from .frontends import registry
+
+    return list(registry())
+
+
+def frontend_named(name: str | None) -> Frontend:
+    """The frontend called ``name`` (the plain-function one for ``None`` or an unknown name)."""
+    from .frontends import get
+
+    return get(name)
+
+
+def unwrap_target(target: Any, args: tuple) -> tuple[Any, tuple, Frontend] | None:
+    """``(function, arguments, frontend)`` for a model object holding its own
+    variables (a Hugging Face Flax wrapper): a function of ``(variables,
+    *args)`` and the arguments it takes (`Frontend.unwrap`); else ``None``."""
+    from .frontends import unwrap
+
+    return unwrap(target, args)

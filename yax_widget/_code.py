@@ -9,11 +9,14 @@ from typing import Any
 
 import yax
 from yax import Equation, Mox
-from yax.internal import node_ids
+from yax.internal import frontends, node_ids
 
-# Where users import things from, most familiar first.
-_HOMES = ("yax", "jax.nn", "jax.numpy", "flax.linen", "flax.nnx", "yax_widget")
-_ALIASES = {"jax.numpy": "jnp", "flax.linen": "nn", "flax.nnx": "nnx"}
+
+def _homes() -> list[tuple[str, str]]:
+    """Where users import things from, as ``(module, alias)``, most familiar
+    first: yax and JAX, then each frontend's modules (``flax.linen`` as ``nn``)."""
+    first = [("yax", "yax"), ("jax.nn", "jax.nn"), ("jax.numpy", "jnp")]
+    return [*first, *(h for f in frontends() for h in f.code_homes), ("yax_widget", "yax_widget")]
 
 
 def _public_name(obj: Any) -> str | None:
@@ -22,13 +25,13 @@ def _public_name(obj: Any) -> str | None:
     name = getattr(obj, "__name__", None)
     if name is None:
         return None
-    for home in _HOMES:
+    for home, alias in _homes():
         try:
             mod = importlib.import_module(home)
         except ImportError:
             continue
         if getattr(mod, name, None) is obj:
-            return f"{_ALIASES.get(home, home)}.{name}"
+            return f"{alias}.{name}"
     mod, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
     if mod and "<" not in qual and not any(p.startswith("_") for p in mod.split(".")):
         return f"{mod}.{qual}"
@@ -36,14 +39,14 @@ def _public_name(obj: Any) -> str | None:
 
 
 def replacement_code(repl: Any) -> str | None:
-    """A Python expression for ``repl``, or ``None`` when it has no importable name."""
-    import flax.linen as nn
-
-    if isinstance(repl, nn.Module):
+    """A Python expression for ``repl``, or ``None`` when it has no importable
+    name. A dataclass instance (a linen module, `yax.LoRA`) is written as its
+    class called with the fields that differ from their defaults."""
+    if dataclasses.is_dataclass(repl) and not isinstance(repl, type):
         cls = _public_name(type(repl)) or type(repl).__name__
         args = []
         for f in dataclasses.fields(repl):
-            if f.name in ("parent", "name") or not f.init:
+            if f.name in ("parent", "name") or not f.init:  # linen's own fields
                 continue
             v = getattr(repl, f.name)
             default = f.default if f.default is not dataclasses.MISSING else (

@@ -22,6 +22,7 @@ from . import Frontend
 class FunctionFrontend(Frontend):
     name = "function"
     order = 100  # accepts every callable: asked last
+    activation_homes = ("jax.nn",)
 
     def hooks(self, rec: Any) -> Any:
         return _activations.patched_names(rec)

@@ -134,20 +134,11 @@ def _check_key(key: Any) -> None:
     )
 
 
-def _held(mox: Mox, layout: Any) -> Callable[[Any], Any]:
+def _held(layout: frontends.Variables) -> Callable[[Any], Any]:
     """``held(node)``: the shapes of a module's variables as the model holds them
-    (``{collection: tree}``, or ``None``), asked of the variables layout (made
-    without parameters when none is given, on first use): how `nn.vmap` stacks
-    a module's variables is read from them."""
-    box = [layout]
-
-    def held(node: Any) -> Any:
-        if box[0] is None:
-            box[0] = frontends.variables(mox, None)
-        ask = getattr(box[0], "held", None)
-        return ask(node) if ask is not None else None
-
-    return held
+    (``{collection: tree}``, or ``None``; `Variables.held`): how a mapping
+    transform (``nn.vmap``) stacks a module's variables is read from them."""
+    return layout.held
 
 
 def _built(mox: Mox, sites: list[Site], var_maps: dict[int, dict], dropped: set) -> Mox:
@@ -198,10 +189,11 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
         method calls, activations or equations). A match inside another
         match is left to the outer one's replacement.
       repl: what to put there, called on the node's array inputs:
-        a function (``jax.nn.gelu``, ``lambda x: x``), a Flax linen module
-        instance (its fields left ``None`` are taken from the module it
-        replaces, so ``yax.LoRA(rank=4)`` fits every ``Dense``), an nnx module
-        (on a MoX of an nnx model), a root MoX or a call node cut from
+        a function (``jax.nn.gelu``, ``lambda x: x``), a module of the
+        MoX's module system (a Flax linen module instance, its fields left
+        ``None`` taken from the module it replaces; an nnx module on a MoX of
+        an nnx model), a template completed from each node it replaces
+        (``yax.LoRA(rank=4)``: each layer's own adapter), a root MoX or a call node cut from
         another MoX (put in with its own equations, never re-traced; its
         variables placed like a module's), an Equation, or a function
         whose first two parameters are named ``path`` and ``node`` that
@@ -275,9 +267,9 @@ def _sub(pattern: Any, repl: Any, mox: Mox, params: Any, key: Any, cast: bool, m
             "in. Pass the variables the MoX was traced with (the first argument of `model.apply`, or an nnx state)."
         )
     cache = {} if cache is None else cache
-    held = _held(mox, layout)
+    held = _held(layout)
     sites: list[Site] = [checked(node, r, cast, nested.get(id(node), ()), cache, held, mox) for node, r in plan]
-    new = _built(mox, sites, layout.place(sites, key, keep), getattr(layout, "dropped", set)())
+    new = _built(mox, sites, layout.place(sites, key, keep), layout.dropped())
     result = layout.finish(new, sites)
     root = result[0] if isinstance(result, tuple) else result
     bad = unbound(root)

@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import inspect
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -25,6 +25,7 @@ from .. import errors, frontends
 from .._ir import Equation, Kind, Mox, Packing, Var
 from .._print import type_str
 from ..errors import YaxRewriteError
+from ..frontends import MappedCall, Template
 from . import own, thread
 from .splice import subst
 
@@ -43,7 +44,7 @@ class Traced:
     frontend: str | None = None   # the module's frontend
     call: Any = None              # xs -> (args, kwargs): how the replacement is called on the node's inputs
     key: Any = None               # equal for replacements that compute and initialise the same (`fingerprint`)
-    mapped: Mapped | None = None  # how the replacement was mapped like the node's module (`nn.vmap`)
+    mapped: MappedCall | None = None  # how the replacement was mapped like the node's module (`nn.vmap`)
     fixed: bool = False           # a computation used as it is (a MoX, an Equation): traced on its own inputs
     reads: tuple | None = None    # a MoX reading the replaced module's variables where they are: their paths
 
@@ -69,101 +70,6 @@ class Site:
     chain: tuple = ()            # (equation, parameter) pairs from the root down to the node
     stack: tuple[int, ...] = ()  # the leading axes its variables have at the root (one per scan, then nn.vmap's)
     reads: dict = dataclasses.field(default_factory=dict)  # a MoX's variable vars -> the root vars it reads
-
-
-@dataclasses.dataclass(frozen=True)
-class Mapped:
-    """How a module call runs inside ``nn.vmap``: the axis each of the node's
-    inputs and outputs carries (``None``: not mapped), how many instances,
-    and the axis its variables are stacked along at the node's level
-    (``None``: broadcast, one set shared by all instances). A replacement
-    module is traced under ``jax.vmap`` the same way, on one instance's inputs."""
-
-    size: int
-    in_axes: tuple[int | None, ...]
-    out_axes: tuple[int | None, ...]
-    var_axis: int | None
-
-    def instance(self, avals: Sequence[Any]) -> list[jax.ShapeDtypeStruct]:
-        """One instance's avals of the node's inputs."""
-        return [jax.ShapeDtypeStruct(a.shape if k is None else a.shape[:k] + a.shape[k + 1:], a.dtype)
-                for a, k in zip(avals, self.in_axes)]
-
-    def stacked(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """A variable's shape at the node's level, from one instance's."""
-        k = self.var_axis
-        return tuple(shape) if k is None else (*shape[:k], self.size, *shape[k:])
-
-
-def _inserted(small: tuple[int, ...], big: tuple[int, ...]) -> list[int]:
-    """The axes ``k`` with ``big == small[:k] + (n,) + small[k:]``."""
-    if len(big) != len(small) + 1:
-        return []
-    return [k for k in range(len(big)) if big[:k] + big[k + 1:] == small]
-
-
-def _unmappable(node: Node, why: str) -> YaxRewriteError:
-    return YaxRewriteError(
-        f"{errors.where(node).capitalize()} runs inside `nn.vmap`, {why}. yax maps a replacement module like "
-        "the original over one axis, with variables stacked along axis 0 (`variable_axes={'params': 0}`) or "
-        "broadcast. Replace the module that calls the `nn.vmap`, or use a function of the node's inputs."
-    )
-
-
-def mapped(node: Node, chain: tuple, held: Callable | None) -> Mapped | None:
-    """How the module call ``node`` is mapped by ``nn.vmap``, told by the
-    shapes its module saw (``info.seen``) against the node's, and by its
-    variables as the model holds them (``held(node)``: ``{collection: tree of
-    shapes}`` at the root, scans' layer axes first); ``None`` when it is not
-    mapped. Refuses what yax cannot map the same way."""
-    seen = getattr(getattr(node, "info", None), "seen", None)
-    if not isinstance(node, Mox) or seen is None:
-        return None
-    ins, outs = seen
-    atoms = (*node.inputs, *node.outputs)
-    if len(ins) != len(node.inputs) or len(outs) != len(node.outputs):
-        return None
-    pairs = [(tuple(s), tuple(a.shape)) for s, a in zip((*ins, *outs), atoms)]
-    if all(s == b for s, b in pairs):
-        return None
-    axes: list[int | None] = []
-    for s, b in pairs:
-        ks = _inserted(s, b)
-        if s != b and not ks:
-            raise _unmappable(node, f"seeing {type_str(jax.ShapeDtypeStruct(s, atoms[len(axes)].dtype))} where "
-                                    f"the call has {type_str(atoms[len(axes)])} (more than one mapped axis)")
-        axes.append(None if s == b else ks[0])  # ambiguous (equal neighbouring sizes): flax's default, the first
-    sizes = {b[k] for (_, b), k in zip(pairs, axes) if k is not None}
-    if len(sizes) != 1:
-        raise _unmappable(node, f"with mapped axes of sizes {sorted(sizes)}")
-    size = sizes.pop()
-    var_axis = _var_axis(node, chain, held, size) if node.var_tree else None
-    n = len(node.inputs)
-    return Mapped(size, tuple(axes[:n]), tuple(axes[n:]), var_axis)
-
-
-def _var_axis(node: Mox, chain: tuple, held: Callable | None, size: int) -> int | None:
-    """The axis the node's variables are stacked along at its level (``None``: broadcast)."""
-    root = held(node) if held is not None else None
-    if root is None:
-        raise _unmappable(node, "and yax cannot find its variables among the model's to tell how they are "
-                                "mapped (pass `params=`)")
-    lead = len(thread.stack(chain, node)) if chain else 0  # layer axes of enclosing scans
-    found = set()
-    for coll, tree in node.var_tree.items():
-        outer = root.get(coll)
-        if outer is None:
-            raise _unmappable(node, f"and yax cannot find its `{coll}` among the model's variables")
-        for a, b in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(outer)):
-            s, b = tuple(a.shape), tuple(b.shape)[lead:]
-            ks = [k for k in _inserted(s, b) if b[k] == size]
-            found.add(None if s == b else (ks[0] if ks else "?"))
-    if len(found) != 1 or "?" in found:
-        raise _unmappable(node, "with variables stacked along different axes, or not along the mapped one")
-    axis = found.pop()
-    if axis not in (None, 0):
-        raise _unmappable(node, f"with variables stacked along axis {axis}")
-    return axis
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -211,8 +117,9 @@ def is_decider(fn: Any) -> bool:
 
 
 def is_module(x: Any) -> bool:
-    """Whether ``x`` is a module of some frontend (a replacement with variables)."""
-    return frontends.of_replacement(x) is not None
+    """Whether ``x`` is a module of some frontend, or a template completed as
+    one from each node it replaces (`yax.LoRA`): a replacement with variables."""
+    return isinstance(x, Template) or frontends.of_replacement(x) is not None
 
 
 def _avals(atoms: Any) -> list[jax.ShapeDtypeStruct]:
@@ -308,12 +215,11 @@ def _conventions(node: Node, module: Any) -> list[Called]:
     return [structured, Called()] if module is not None else [Called(), structured]
 
 
-def _trace_one(repl: Any, module: Any, fe: Any, avals: list, call: Any, how: Mapped | None = None) -> Traced:
+def _trace_one(repl: Any, module: Any, fe: Any, avals: list, call: Any, how: MappedCall | None = None) -> Traced:
     from .._trace import make_mox
 
     if module is not None:
-        extra = {} if how is None else {"mapped": how}  # only frontends whose calls `nn.vmap` maps get it
-        root, var_avals, n_state = fe.trace_replacement(module, avals, call, **extra)
+        root, var_avals, n_state = fe.trace_replacement(module, avals, call, mapped=how)
         return Traced(root, len(jax.tree_util.tree_leaves(var_avals)), module, var_avals, n_state, fe.name, call,
                       mapped=how)
 
@@ -325,7 +231,7 @@ def _trace_one(repl: Any, module: Any, fe: Any, avals: list, call: Any, how: Map
     return Traced(make_mox(fn if call.packing is not None else repl)(*avals), call=call)
 
 
-def _trace(repl: Any, module: Any, fe: Any, node: Node, avals: list, how: Mapped | None) -> Traced:
+def _trace(repl: Any, module: Any, fe: Any, node: Node, avals: list, how: MappedCall | None) -> Traced:
     if isinstance(repl, Mox):
         return Traced(repl, fixed=True)
     if isinstance(repl, Equation):
@@ -369,9 +275,10 @@ def trace(repl: Any, node: Node, cache: dict[tuple, tuple[Any, Traced]], chain: 
     """The replacement traced on the node's input avals, with fresh vars for
     this site; ``cache`` (one per `sub` call) keeps traces by replacement,
     avals and call structure, so 96 equal replacements trace once per shape.
-    A module replacing a call that ``nn.vmap`` maps is mapped the same way
-    (`mapped`; ``chain`` and ``held`` tell where its variables are stacked);
-    a function sees the whole mapped call. A MoX standing for a module call
+    A module replacing a call its module system maps (``nn.vmap``) is mapped
+    the same way (`Frontend.mapping`; ``chain`` and ``held`` tell where its
+    variables are stacked); a function sees the whole mapped call. A template
+    (`yax.LoRA`) is completed from the node first. A MoX standing for a module call
     is used as it is (``mox``, the MoX rewritten, is where a node cut from it
     finds its variables)."""
     if own.call_of(repl) is not None:
@@ -379,11 +286,19 @@ def trace(repl: Any, node: Node, cache: dict[tuple, tuple[Any, Traced]], chain: 
     given, repl = repl, _cut(repl)
     _validate(repl)
     avals = _avals(node.inputs)
-    fe = frontends.of_replacement(repl)
-    module = fe.fill(repl, node) if fe is not None else None
-    if module is not None and not fe.owns(module):  # filled as another system's module (LoRA on nnx)
+    if isinstance(repl, Template):  # completed as the node's own system's module (`yax.LoRA`)
+        module = repl.__yax_fill__(node)
         fe = frontends.of_replacement(module)
-    mapping = mapped(node, chain, held) if module is not None else None
+        if fe is None:
+            raise YaxRewriteError(
+                f"`{type(repl).__name__}.__yax_fill__` gave a `{type(module).__name__}` for {errors.where(node)}, "
+                "which is no module of a module system yax knows. A template must give a module.")
+    else:
+        fe = frontends.of_replacement(repl)
+        module = fe.fill(repl, node) if fe is not None else None
+    scans = thread.stack(chain, node) if chain else ()
+    mapping = frontends.of_node(node).mapping(node, scans, held) if module is not None and isinstance(
+        node, Mox) else None
     # A module completed from the node (a clone) is shared by equal ones; others by identity.
     by_id = module is None or module is given
     sig = getattr(node, "sig", None)
@@ -424,12 +339,6 @@ def check(t: Traced, node: Node, repl: Any) -> None:
                                  " ".join(map(type_str, node.outputs)))
 
 
-def _vmapped(node: Node, found: tuple, expected: tuple) -> bool:
-    """Whether the node looks mapped by ``nn.vmap``: a module with variables
-    whose output is the replacement's with one more axis."""
-    return bool(getattr(node, "var_tree", None)) and bool(_inserted(found, expected))
-
-
 def fit(t: Traced, node: Node, repl: Any, cast: bool) -> tuple[tuple[Equation, ...], dict[int, Var]]:
     """Check output avals. With ``cast``, also the equations that cast
     outputs back to the node's dtypes, and which output each one replaces."""
@@ -443,10 +352,8 @@ def fit(t: Traced, node: Node, repl: Any, cast: bool) -> tuple[tuple[Equation, .
             casts.append((i, b.dtype))
             continue
         hint = "Pass `cast=True` to cast outputs back to the node's dtypes." if a.shape == b.shape else ""
-        if not hint and _vmapped(node, a.shape, b.shape):
-            hint = ("The node's output has one axis more: the module is likely mapped by `nn.vmap`. A function "
-                    "replacement is called on the whole mapped call (map it yourself with `jax.vmap`); a module "
-                    "replacement is mapped like the original.")
+        if not hint and isinstance(node, Mox):  # what the node's module system does that explains it
+            hint = frontends.of_node(node).fit_hint(node, tuple(a.shape), tuple(b.shape))
         raise errors.does_not_fit(_name(repl), node, i, type_str(a), type_str(b), hint)
     if not casts:
         return (), {}
@@ -474,8 +381,8 @@ def checked(node: Node, r: Any, cast: bool, chain: tuple, cache: dict, held: Cal
     before it changes anything; raises `YaxRewriteError`. ``chain`` leads to
     a node inside nested computations, where new variables are passed down
     (`yax.rewrite.thread`); ``held(node)``, the shapes of a module's
-    variables in the model (``{collection: tree}``), tells how ``nn.vmap``
-    maps them; ``mox`` is the MoX rewritten (a MoX replacement reading the
+    variables in the model (``{collection: tree}``), tells how a mapping
+    transform (``nn.vmap``) maps them; ``mox`` is the MoX rewritten (a MoX replacement reading the
     replaced module's variables finds them there)."""
     t = trace(r, node, cache, chain, held, mox)
     check(t, node, r)
@@ -490,8 +397,8 @@ def checked(node: Node, r: Any, cast: bool, chain: tuple, cache: dict, held: Cal
         if new:
             raise errors.broadcast_new_variables(_name(r), node, new)
         stack = ()
-    if t.n_vars and t.mapped is not None and t.mapped.var_axis == 0:
-        stack = (*stack, t.mapped.size)  # one slice per instance, inside the layers of enclosing scans
+    if t.n_vars and t.mapped is not None:
+        stack = (*stack, *t.mapped.stack)  # one slice per instance, inside the layers of enclosing scans
     site = Site(node, r, t, casts, chain, stack)
     if t.reads is not None and mox is not None:
         site.reads = own.resolve(mox, node, t.reads, t.root.invars[: t.n_vars], stack, _name(r))

@@ -11,14 +11,15 @@ attribute path.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
 from ..._ir import Mox
-from .. import Frontend
+from .._protocol import Frontend, MappedCall, Variables
+from . import _lora
 from ._base import NAME, flax_nnx, is_module
 from ._state import StateVariables, replace_modules
 from ._trace import init_defaults, module_target, patched_methods
@@ -58,8 +59,17 @@ class NnxFrontend(Frontend):
     def owns(self, x: Any) -> bool:
         return is_module(x)
 
-    def trace_replacement(self, module: Any, avals: list, call: Callable) -> tuple[Mox, Any, int]:
+    activation_homes = ("flax.nnx",)
+    lora_kinds = _lora.KINDS
+    code_homes = (("flax.nnx", "nnx"),)
+    prepended = 1  # the state
+
+    def trace_replacement(self, module: Any, avals: list, call: Callable,
+                          mapped: MappedCall | None = None) -> tuple[Mox, Any, int]:
         from ..._trace import make_mox
+
+        if mapped is not None:
+            raise NotImplementedError("An nnx module cannot be mapped like a call of another module system.")
 
         pure, _, r_state = module_target(module)
 
@@ -71,7 +81,7 @@ class NnxFrontend(Frontend):
         abstract = jax.tree_util.tree_map(_shape_of, r_state)
         return make_mox(called)(abstract, *avals), r_state, len(jax.tree_util.tree_leaves(r_state))
 
-    def variables(self, mox: Mox, params: Any) -> Any:
+    def variables(self, mox: Mox, params: Any) -> Variables | None:
         return StateVariables(mox, params) if mox.frontend == self.name else None
 
     def params_argument(self, mox: Mox, args: tuple) -> Any:
@@ -88,6 +98,20 @@ class NnxFrontend(Frontend):
         mine = set(jax.tree_util.tree_leaves(first))
         passed = set(mox.invars)
         return [j for j, i in enumerate(outs.dyn) if i in mine or mox.outvars[j] not in passed]
+
+
+    def lora(self, node: Mox, spec: Any) -> Any:
+        return _lora.adapter(node, spec.rank, spec.alpha)
+
+    def merge_lora(self, mox: Mox, params: Any) -> tuple[Mox, Any] | None:
+        return _lora.merge(mox, params) if mox.frontend == self.name else None
+
+    def script_names(self, n_inputs: int, has_params: bool) -> list[str]:
+        return ["net", "batch", *(f"input{i}" for i in range(2, n_inputs + 1))][: n_inputs + 1]
+
+    def script(self, model: str, inputs: Sequence[str], kwargs: str, has_params: bool) -> list[str]:
+        return ["from flax import nnx", f"mox = yax.make_mox({model})({', '.join(inputs)}{kwargs})",
+                f"params = nnx.state({model})"]
 
 
 frontend = NnxFrontend()

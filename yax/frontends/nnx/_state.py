@@ -28,6 +28,7 @@ from ... import errors
 from ..._ir import Kind, Mox, Packing, Var
 from ..._print import type_str
 from ...errors import YaxRewriteError, where
+from .._protocol import Variables
 from ._base import NAME, flax_nnx, is_module, is_module_type
 
 
@@ -240,7 +241,7 @@ def _var(x: Any) -> bool:
     return isinstance(x, Var)
 
 
-class StateVariables:
+class StateVariables(Variables):
     """The state of an nnx root during a `sub`: where replaced modules'
     variables go, and the new state and graphdef."""
 

@@ -27,11 +27,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _activations, errors
-from .._ir import Kind, ModuleInfo, Mox, Var
-from .._record import CallInfo, Recorder, marked_call, recorder
-from ..errors import YaxRewriteError, where
-from . import Frontend
+from ... import _activations, errors
+from ..._ir import Kind, ModuleInfo, Mox, Var
+from ..._record import CallInfo, Recorder, marked_call, recorder
+from ...errors import YaxRewriteError, where
+from .._protocol import Frontend, MappedCall, Variables
+from . import _lora, _vmap
+from ._lora import LoRA as LoRA
 
 _SKIP_FIELDS = ("parent", "name")
 
@@ -325,7 +327,7 @@ def _init(module: Any, needed: tuple[int, ...], call: Callable, fingerprint: Any
     return f
 
 
-class DictVariables:
+class DictVariables(Variables):
     """The variables of a `sub` on a linen model and where they sit among the
     root's arguments: the dict of ``apply`` (``{collection: {scope...: leaf}}``)
     or the bare ``params`` collection (``{scope...: leaf}``, as Hugging Face
@@ -540,7 +542,7 @@ class DictVariables:
                 )
             needed = tuple(j for j, (kp, _) in enumerate(flat) if _keystr(kp) not in sc.kept)
             t = sc.traced
-            how = t.mapped  # inside `nn.vmap`: one instance's inputs
+            how = t.mapped if isinstance(t.mapped, _vmap.Mapped) else None  # inside `nn.vmap`: one instance's inputs
             xs = [zeros(a.shape, a.dtype) if isinstance(a.dtype, np.dtype) else jnp.zeros(a.shape, a.dtype)
                   for a in (how.instance(sc.node.inputs) if how else sc.node.inputs)]
             for j, x in zip(needed, _init(t.module, needed, t.call, t.key, sc.stack)(key, np.uint32(i), xs)):
@@ -606,12 +608,8 @@ class LinenFrontend(Frontend):
         return module_of(node) if isinstance(t, type) and issubclass(t, nn.Module) else None
 
     def fill(self, module: Any, node: Any) -> Any:
-        """A template module completed from the node it replaces: by its own
-        ``__yax_fill__(node)`` if it has one (`yax.LoRA`), else its ``None``
+        """A template module completed from the node it replaces: its ``None``
         fields taken from the node's."""
-        own = getattr(module, "__yax_fill__", None)
-        if own is not None:
-            return own(node)
         if not isinstance(node, Mox):
             return module
         fill = {
@@ -622,12 +620,22 @@ class LinenFrontend(Frontend):
         }
         return module.clone(**fill) if fill else module
 
-    def trace_replacement(self, module: Any, avals: list, call: Callable, mapped: Any = None) -> tuple[Mox, Any, int]:
+    def mapping(self, node: Mox, scans: tuple[int, ...], held: Callable[[Any], Any] | None) -> MappedCall | None:
+        return _vmap.mapped(node, scans, held)
+
+    def fit_hint(self, node: Mox, found: tuple[int, ...], expected: tuple[int, ...]) -> str:
+        return _vmap.fit_hint(node, found, expected)
+
+    def trace_replacement(self, module: Any, avals: list, call: Callable,
+                          mapped: MappedCall | None = None) -> tuple[Mox, Any, int]:
         """``module`` traced on ``avals``; with ``mapped`` (the replaced call runs
-        inside ``nn.vmap``, `yax.rewrite.replacement.Mapped`) under ``jax.vmap``
-        the same way: on one instance's inputs, its variables stacked (or
-        broadcast) as the original's. The variables returned are one instance's."""
-        from .._trace import make_mox
+        inside ``nn.vmap``, `._vmap.Mapped`) under ``jax.vmap`` the same way:
+        on one instance's inputs, its variables stacked (or broadcast) as the
+        original's. The variables returned are one instance's."""
+        from ..._trace import make_mox
+
+        if mapped is not None and not isinstance(mapped, _vmap.Mapped):
+            raise NotImplementedError("A linen module is mapped only like a call inside `nn.vmap`.")
 
         def apply(v: Any, *xs: Any) -> Any:
             a, k = call(xs)
@@ -637,24 +645,25 @@ class LinenFrontend(Frontend):
         var_avals = jax.eval_shape(lambda *xs: _initialised(module, call, jax.random.key(0), xs), *one)
         if mapped is None:
             return make_mox(apply)(var_avals, *avals), var_avals, 0
-        stacked = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(mapped.stacked(a.shape), a.dtype), var_avals)
-        leaves = lambda v, *xs: jax.tree_util.tree_leaves(apply(v, *xs))  # noqa: E731
-        each = jax.vmap(leaves, in_axes=(mapped.var_axis, *mapped.in_axes), out_axes=list(mapped.out_axes),
-                        axis_size=mapped.size)
+        return _vmap.trace_mapped(module, apply, var_avals, avals, mapped), var_avals, 0
 
-        def vmapped(v: Any, *xs: Any) -> Any:
-            return each(v, *xs)
-
-        vmapped.__name__ = vmapped.__qualname__ = type(module).__name__
-        return make_mox(vmapped)(stacked, *avals), var_avals, 0
-
-    def variables(self, mox: Mox, params: Any) -> Any:
+    def variables(self, mox: Mox, params: Any) -> Variables | None:
         if params is not None and not isinstance(params, Mapping):
             return None
         return DictVariables(mox, params)
 
     def params_argument(self, mox: Mox, args: tuple) -> Any:
         return args[0] if args and isinstance(args[0], Mapping) else None
+
+    activation_homes = ("flax.linen", "flax.linen.activation")
+    code_homes = (("flax.linen", "nn"),)
+    lora_kinds = ("Dense", "DenseGeneral", "Einsum")
+
+    def lora(self, node: Mox, spec: Any) -> Any:
+        return _lora.adapter(node, spec.rank, spec.alpha)
+
+    def merge_lora(self, mox: Mox, params: Any) -> tuple[Mox, Any] | None:
+        return _lora.merge(mox, params)
 
 
 _defaults_cache: dict[type, dict[str, Any]] = {}
