@@ -31,8 +31,9 @@ from ... import _activations, errors
 from ..._ir import Kind, ModuleInfo, Mox, Var
 from ..._record import CallInfo, Recorder, marked_call, recorder
 from ...errors import YaxRewriteError, where
+from .. import _mapped as _vmap
 from .._protocol import Frontend, MappedCall, Variables
-from . import _lora, _vmap
+from . import _lora
 from ._lora import LoRA as LoRA
 
 _SKIP_FIELDS = ("parent", "name")
@@ -629,7 +630,7 @@ class LinenFrontend(Frontend):
     def trace_replacement(self, module: Any, avals: list, call: Callable,
                           mapped: MappedCall | None = None) -> tuple[Mox, Any, int]:
         """``module`` traced on ``avals``; with ``mapped`` (the replaced call runs
-        inside ``nn.vmap``, `._vmap.Mapped`) under ``jax.vmap`` the same way:
+        inside ``nn.vmap``, `.._mapped.Mapped`) under ``jax.vmap`` the same way:
         on one instance's inputs, its variables stacked (or broadcast) as the
         original's. The variables returned are one instance's."""
         from ..._trace import make_mox

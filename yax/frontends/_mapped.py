@@ -1,8 +1,10 @@
-"""Calls mapped by ``nn.vmap``: how a replacement module is mapped like the
-module it replaces (`LinenFrontend.mapping`, `LinenFrontend.trace_replacement`).
+"""Module calls mapped by a vectorising transform (linen's ``nn.vmap``, a
+``jax.vmap`` over an Equinox layer): how a replacement module is mapped like
+the module it replaces, for frontends whose `Frontend.mapping` and
+`Frontend.trace_replacement` need it.
 
-A module inside ``nn.vmap`` sees one instance's inputs while its call node
-carries the mapped axis; its variables are stacked per instance (or
+A module inside such a transform sees one instance's inputs while its call
+node carries the mapped axis; its variables are stacked per instance (or
 broadcast). The shapes the module saw (``info.seen``) against the node's
 tell the axes; the variables the model holds (`Variables.held`) tell how
 they are stacked.
@@ -16,14 +18,14 @@ from typing import Any
 
 import jax
 
-from ..._ir import Mox
-from ..._print import type_str
-from ...errors import YaxRewriteError, where
+from .._ir import Mox
+from .._print import type_str
+from ..errors import YaxRewriteError, where
 
 
 @dataclasses.dataclass(frozen=True)
 class Mapped:
-    """How a module call runs inside ``nn.vmap``: the axis each of the node's
+    """How a module call runs inside a vectorising transform: the axis each of the node's
     inputs and outputs carries (``None``: not mapped), how many instances,
     and the axis its variables are stacked along at the node's level
     (``None``: broadcast, one set shared by all instances). A replacement
@@ -57,16 +59,16 @@ def inserted(small: tuple[int, ...], big: tuple[int, ...]) -> list[int]:
     return [k for k in range(len(big)) if big[:k] + big[k + 1:] == small]
 
 
-def _unmappable(node: Any, why: str) -> YaxRewriteError:
+def _unmappable(node: Any, why: str, transform: str) -> YaxRewriteError:
     return YaxRewriteError(
-        f"{where(node).capitalize()} runs inside `nn.vmap`, {why}. yax maps a replacement module like "
-        "the original over one axis, with variables stacked along axis 0 (`variable_axes={'params': 0}`) or "
-        "broadcast. Replace the module that calls the `nn.vmap`, or use a function of the node's inputs."
+        f"{where(node).capitalize()} runs inside `{transform}`, {why}. yax maps a replacement module like "
+        "the original over one axis, with variables stacked along axis 0 or broadcast (one set for every "
+        f"instance). Replace the module that calls the `{transform}`, or use a function of the node's inputs."
     )
 
 
-def mapped(node: Any, scans: tuple[int, ...], held: Callable | None) -> Mapped | None:
-    """How the module call ``node`` is mapped by ``nn.vmap``, told by the
+def mapped(node: Any, scans: tuple[int, ...], held: Callable | None, transform: str = "nn.vmap") -> Mapped | None:
+    """How the module call ``node`` is mapped by ``transform``, told by the
     shapes its module saw (``info.seen``) against the node's, and by its
     variables as the model holds them (``held(node)``: ``{collection: tree of
     shapes}`` at the root, the layer axes of enclosing scans, ``scans``, first); ``None`` when it is not
@@ -86,47 +88,49 @@ def mapped(node: Any, scans: tuple[int, ...], held: Callable | None) -> Mapped |
         ks = inserted(s, b)
         if s != b and not ks:
             raise _unmappable(node, f"seeing {type_str(jax.ShapeDtypeStruct(s, atoms[len(axes)].dtype))} where "
-                                    f"the call has {type_str(atoms[len(axes)])} (more than one mapped axis)")
+                                    f"the call has {type_str(atoms[len(axes)])} (more than one mapped axis)",
+                              transform)
         axes.append(None if s == b else ks[0])  # ambiguous (equal neighbouring sizes): flax's default, the first
     sizes = {b[k] for (_, b), k in zip(pairs, axes) if k is not None}
     if len(sizes) != 1:
-        raise _unmappable(node, f"with mapped axes of sizes {sorted(sizes)}")
+        raise _unmappable(node, f"with mapped axes of sizes {sorted(sizes)}", transform)
     size = sizes.pop()
-    var_axis = _var_axis(node, len(scans), held, size) if node.var_tree else None
+    var_axis = _var_axis(node, len(scans), held, size, transform) if node.var_tree else None
     n = len(node.inputs)
     return Mapped(size, tuple(axes[:n]), tuple(axes[n:]), var_axis)
 
 
-def _var_axis(node: Mox, lead: int, held: Callable | None, size: int) -> int | None:
+def _var_axis(node: Mox, lead: int, held: Callable | None, size: int, transform: str) -> int | None:
     """The axis the node's variables are stacked along at its level (``None``: broadcast),
     below ``lead`` layer axes of enclosing scans."""
     root = held(node) if held is not None else None
     if root is None:
         raise _unmappable(node, "and yax cannot find its variables among the model's to tell how they are "
-                                "mapped (pass `params=`)")
+                                "mapped (pass `params=`)", transform)
     found = set()
     for coll, tree in node.var_tree.items():
         outer = root.get(coll)
         if outer is None:
-            raise _unmappable(node, f"and yax cannot find its `{coll}` among the model's variables")
+            raise _unmappable(node, f"and yax cannot find its `{coll}` among the model's variables", transform)
         for a, b in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(outer)):
             s, b = tuple(a.shape), tuple(b.shape)[lead:]
             ks = [k for k in inserted(s, b) if b[k] == size]
             found.add(None if s == b else (ks[0] if ks else "?"))
     if len(found) != 1 or "?" in found:
-        raise _unmappable(node, "with variables stacked along different axes, or not along the mapped one")
+        raise _unmappable(node, "with variables stacked along different axes, or not along the mapped one",
+                          transform)
     axis = found.pop()
     if axis not in (None, 0):
-        raise _unmappable(node, f"with variables stacked along axis {axis}")
+        raise _unmappable(node, f"with variables stacked along axis {axis}", transform)
     return axis
 
 
-def fit_hint(node: Any, found: tuple[int, ...], expected: tuple[int, ...]) -> str:
+def fit_hint(node: Any, found: tuple[int, ...], expected: tuple[int, ...], transform: str = "nn.vmap") -> str:
     """Why a replacement's output may have one axis less than the node's: the
-    module (one with variables) is likely mapped by ``nn.vmap``."""
+    module (one with variables) is likely mapped by ``transform``."""
     if not (getattr(node, "var_tree", None) and inserted(tuple(found), tuple(expected))):
         return ""
-    return ("The node's output has one axis more: the module is likely mapped by `nn.vmap`. A function "
+    return (f"The node's output has one axis more: the module is likely mapped by `{transform}`. A function "
             "replacement is called on the whole mapped call (map it yourself with `jax.vmap`); a module "
             "replacement is mapped like the original.")
 
@@ -134,7 +138,7 @@ def fit_hint(node: Any, found: tuple[int, ...], expected: tuple[int, ...]) -> st
 def trace_mapped(module: Any, apply: Callable, var_avals: Any, avals: list, how: Mapped) -> Mox:
     """``apply(variables, *xs)`` traced under ``jax.vmap`` as ``how`` maps the
     replaced call: on one instance's inputs, variables stacked (or broadcast)."""
-    from ..._trace import make_mox
+    from .._trace import make_mox
 
     stacked = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(how.stacked(a.shape), a.dtype), var_avals)
     leaves = lambda v, *xs: jax.tree_util.tree_leaves(apply(v, *xs))  # noqa: E731
