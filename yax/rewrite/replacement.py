@@ -296,9 +296,13 @@ def trace(repl: Any, node: Node, cache: dict[tuple, tuple[Any, Traced]], chain: 
     else:
         fe = frontends.of_replacement(repl)
         module = fe.fill(repl, node) if fe is not None else None
-    scans = thread.stack(chain, node) if chain else ()
-    mapping = frontends.of_node(node).mapping(node, scans, held) if module is not None and isinstance(
-        node, Mox) else None
+    mapping = None
+    if module is not None and isinstance(node, Mox):
+        try:
+            scans = thread.stack(chain, node) if chain else ()
+        except YaxRewriteError:  # a chain no variable passes (`while`): only new variables are refused, in `checked`
+            scans = ()
+        mapping = frontends.of_node(node).mapping(node, scans, held)
     # A module completed from the node (a clone) is shared by equal ones; others by identity.
     by_id = module is None or module is given
     sig = getattr(node, "sig", None)
