@@ -69,13 +69,13 @@ def explorer_rows(layers: int) -> list[dict]:
     calls = list(mox.modules())
     rows = []
     t = time.perf_counter()
-    first = ex._row_values(calls[1])
+    first = ex.session.inspector.row(calls[1])
     rows.append({"case": "values pane, first row (compiles the capture-and-summary program)", "layers": layers,
                  "ms": 1000 * (time.perf_counter() - t), "target": ""})
     each, sizes, full = [], [], []
     for c in calls[2:]:
         t = time.perf_counter()
-        e = ex._row_values(c)
+        e = ex.session.inspector.row(c)
         each.append(1000 * (time.perf_counter() - t))
         sizes.append(host_bytes(e))
         full.append(sum(int(np.prod(o["shape"])) * 4 for o in e["outputs"]))
@@ -85,14 +85,14 @@ def explorer_rows(layers: int) -> list[dict]:
                  "layers": layers, "ms": max(each), "target": ""})
     t = time.perf_counter()
     for c in calls[2:]:
-        ex._row_values(c)
+        ex.session.inspector.row(c)
     rows.append({"case": "values pane, a row selected again (kept): mean", "layers": layers,
                  "ms": 1000 * (time.perf_counter() - t) / len(calls[2:]), "target": ""})
     rows.append({"case": "bytes to the host per row: median (its outputs' size: median)", "layers": layers,
                  "ms": None, "target": f"{statistics.median(sizes):.0f} B ({statistics.median(full):.0f} B)"})
     for stat in ("norm", "zeros", "nonfinite"):
         t = time.perf_counter()
-        ex._paint(stat)
+        ex.session.inspector.paint(stat)
         rows.append({"case": f"colour the tree by {stat} ({ex._overlay['rows']} calls)", "layers": layers,
                      "ms": 1000 * (time.perf_counter() - t), "target": "<= 1 s"})
     # colouring a model never seen: its program compiled, run and summarised from scratch
@@ -123,10 +123,10 @@ def capture_rows(layers: int, runs: int) -> list[dict]:
     mib = sum(x.nbytes for x in jax.tree_util.tree_leaves(got)) / 2**20
     ex = Explorer(mox, v, ids, warm=False)
     t = time.perf_counter()
-    ex._boundaries()
+    ex.session.inspector.boundaries()
     compile_sum = time.perf_counter() - t
     prog = _values._programs[mox]
-    leaves, tree = jax.tree_util.tree_flatten((ex._call_args()[0], {}))
+    leaves, tree = jax.tree_util.tree_flatten((ex.session.call_args()[0], {}))
     static = _values._Static(leaves, tree, mox)
     summary = timed(lambda: prog.jitted([leaves[i] for i in mox.dyn_in], static), runs)
     ids_ = node_ids(mox)

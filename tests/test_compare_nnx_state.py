@@ -1,4 +1,4 @@
-"""`compare` on an nnx model in train mode (issue 14, point 13): the state
+"""`compare` on an nnx model in train mode: the state
 updates the call makes (BatchNorm's running statistics) are compared too, by
 name, checked against the real modules; the parameters it hands back as they
 came in are not."""

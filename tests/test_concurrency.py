@@ -1,4 +1,4 @@
-"""make_mox in several threads at once (issue 24, point 3): the explorer's
+"""make_mox in several threads at once: the explorer's
 worker thread traces while the user traces in a cell. Each trace must give
 the tree the same trace gives alone, and when the last one ends nothing
 yax patched for them is left behind: public activation names, Hugging Face's

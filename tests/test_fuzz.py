@@ -1,4 +1,4 @@
-"""The fuzz suite (issue 15): random and hostile input to every way in, each run
+"""The fuzz suite: random and hostile input to every way in, each run
 bounded in time. Queries (XPath 1.0 and the EXSLT ``re:`` functions, over a MoX and
 over a loaded document), `load_xml` input (encodings, sizes, depths, DTDs, broken
 bytes, every kind of source) and `eval_mox` arguments. The widget's messages are

@@ -1,4 +1,4 @@
-"""Hostile and unusual input, one case at a time (issue 15): queries that used to raise
+"""Hostile and unusual input, one case at a time: queries that used to raise
 other errors or hang, `load_xml` refusals and limits, `eval_mox`'s structure errors, and
 every post-trace function on MoX trees thousands of levels deep. The random search over
 the same inputs is tests/test_fuzz.py."""

@@ -1,5 +1,5 @@
 """MoX nodes are immutable in fact, deciders included: nothing a decider does to
-the node it is handed reaches the MoX (issue 24, point 9)."""
+the node it is handed reaches the MoX."""
 
 import dataclasses
 import io

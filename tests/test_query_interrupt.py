@@ -1,5 +1,5 @@
 """A query interrupted by KeyboardInterrupt (the kernel's stop button) stops its
-worker process, so the next query answers at once (issue 24, point 8)."""
+worker process, so the next query answers at once."""
 
 import _thread
 import signal

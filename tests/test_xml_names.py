@@ -1,6 +1,6 @@
 """Names XML cannot hold (a control character in a module name, a function
 named "\\x00") are escaped reversibly in the XML view, and `query`, `dump_xml`
-and `sub` fail only with a `YaxError` (issue 24, point 10)."""
+and `sub` fail only with a `YaxError`."""
 
 import io
 

@@ -1,5 +1,5 @@
 """The earlier prototype's XPath dialect (``pjit``, ``//[``, ``/``) is translated
-outside string literals only (issue 24, point 10)."""
+outside string literals only."""
 
 import jax
 import jax.numpy as jnp

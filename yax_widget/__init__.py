@@ -3,10 +3,26 @@
 ``Explorer(model, variables, batch)`` shows a model's module tree with live
 XPath queries, drag-and-drop replacements and a visual comparison of the
 original and modified model. ``%load_ext yax_widget`` adds ``%yax``.
+``Session`` is the same explorer without the widget: its state and commands
+in plain Python, importable without anywidget or ipywidgets.
 """
 
-from ._explorer import Change as Change
-from ._explorer import Explorer as Explorer
-from ._magic import load_ipython_extension as load_ipython_extension
+from typing import Any
 
-__all__ = ["Change", "Explorer", "load_ipython_extension"]
+from ._session import Change as Change
+from ._session import Session as Session
+
+__all__ = ["Change", "Explorer", "Session", "load_ipython_extension"]
+
+
+def __getattr__(name: str) -> Any:
+    # the widget and the magic import anywidget and IPython: only when asked for
+    if name == "Explorer":
+        from ._explorer import Explorer
+
+        return Explorer
+    if name == "load_ipython_extension":
+        from ._magic import load_ipython_extension
+
+        return load_ipython_extension
+    raise AttributeError(f"module 'yax_widget' has no attribute {name!r}")

@@ -30,7 +30,7 @@ import yax
 from yax.internal import type_str
 
 if TYPE_CHECKING:
-    from ._explorer import Explorer
+    from ._session import Session
 
 # Names the generated snippet uses itself; an input named so is renamed in the snippet only.
 _SNIPPET_NAMES = {"jax", "np", "exported", "npz", "params", "outputs"}
@@ -84,7 +84,7 @@ def input_names(given: Any, n: int, has_params: bool) -> tuple[str, ...]:
     return tuple(names)
 
 
-def export(ex: Explorer, stem: str | pathlib.Path) -> dict:
+def export(ex: Session, stem: str | pathlib.Path, overwrite: bool = False) -> dict:
     """Write ``{stem}.jax_exported``, (when the model has parameters)
     ``{stem}.params.npz``, ``{stem}.README.md`` and ``{stem}.manifest.json``;
     returns ``{"files": [paths], "bytes": [sizes]}`` in that order.
@@ -95,17 +95,22 @@ def export(ex: Explorer, stem: str | pathlib.Path) -> dict:
     given them, with the same names and of the example's shapes. Inputs that
     are Python values (``deterministic=True``) are fixed in the export. The
     README says the exact call; the manifest says the same for programs.
+    Existing files are refused, naming them, unless ``overwrite``.
     """
     stem = pathlib.Path(stem)
     if not re.fullmatch(r"[\w.\-]+", stem.name):
         raise yax.YaxInputError(f"`export` expected a file name of letters, digits, `_`, `.` and `-` for its "
                                 f"files, not {stem.name!r}. Try `ex.export('my_model')`.")
-    if not (ex._args or ex._kwargs):
+    there = taken(stem)
+    if there and not overwrite:
+        raise yax.YaxInputError(f"`export` would replace {', '.join(map(str, there))}, which exist. Choose another "
+                                f"name, or pass `overwrite=True` to replace them.")
+    if not (ex.args or ex.kwargs):
         raise yax.YaxInputError("The explorer has no example inputs, so the exported function's argument shapes "
                                 "are unknown. Open it with inputs: `Explorer(model, variables, batch)`.")
     mox = ex.mox
-    args = (ex.params, *ex._args[1:]) if ex._has_params else ex._args
-    flat, tree = jax.tree_util.tree_flatten_with_path((args, ex._kwargs))
+    args, kwargs = ex.call_args()
+    flat, tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
     if tree != mox.in_tree:
         raise yax.YaxInputError("The explorer's example inputs differ in structure from what its model was traced "
                                 "with, so no export can take them. Open the explorer again with the model's inputs.")
@@ -135,7 +140,7 @@ def export(ex: Explorer, stem: str | pathlib.Path) -> dict:
     files = [stem.with_name(stem.name + ".jax_exported")]
     files[0].write_bytes(exported.serialize())
     named = [_array(jax.tree_util.keystr(flat[i][0][2:]), example[i]) for i in params]  # the path inside params
-    if ex._has_params:
+    if ex.has_params:
         files.append(stem.with_name(stem.name + ".params.npz"))
         with open(files[-1], "wb") as fh:
             np.savez(fh, **dict(named))
@@ -147,24 +152,32 @@ def export(ex: Explorer, stem: str | pathlib.Path) -> dict:
     return {"files": [str(p) for p in files], "bytes": [p.stat().st_size for p in files]}
 
 
-def _groups(ex: Explorer, flat: list, traced: set[int]) -> tuple[list[int], list[_Input]]:
+def taken(stem: pathlib.Path) -> list[pathlib.Path]:
+    """The files an export to ``stem`` would write that exist already."""
+    return [p for p in (stem.with_name(stem.name + s) for s in _SUFFIXES) if p.exists()]
+
+
+_SUFFIXES = (".jax_exported", ".params.npz", ".README.md", ".manifest.json")
+
+
+def _groups(ex: Session, flat: list, traced: set[int]) -> tuple[list[int], list[_Input]]:
     """The traced parameter leaves' indices, and the inputs in the user's order:
     positional ones first (as Python requires), then the keywords as given."""
     by: dict[tuple, list[int]] = {}
     for i, (path, _) in enumerate(flat):
         by.setdefault((path[0].idx, _key(path[1])), []).append(i)
-    first = 1 if ex._has_params else 0
+    first = 1 if ex.has_params else 0
     params = [i for i in by.get((0, 0), []) if i in traced] if first else []
-    names = ex._input_names
-    taken = set(ex._kwargs)
+    names = ex.input_names
+    used = set(ex.kwargs)
     inputs = []
-    for k in range(first, len(ex._args)):
+    for k in range(first, len(ex.args)):
         name = names[k - first]
-        if name in taken:  # a keyword of the same name was given too: the positional one is renamed
+        if name in used:  # a keyword of the same name was given too: the positional one is renamed
             name = f"input{k - first + 1}"
-        taken.add(name)
-        inputs.append(_input(name, False, by.get((0, k), []), flat, traced, ex._args[k]))
-    inputs += [_input(name, True, by.get((1, name), []), flat, traced, v) for name, v in ex._kwargs.items()]
+        used.add(name)
+        inputs.append(_input(name, False, by.get((0, k), []), flat, traced, ex.args[k]))
+    inputs += [_input(name, True, by.get((1, name), []), flat, traced, v) for name, v in ex.kwargs.items()]
     return params, inputs
 
 

@@ -136,7 +136,7 @@ class YaxMagics(Magics):
                                  f"Define it first, or check its spelling.\n\n{USAGE}") from None
         try:
             explorer = Explorer(*values)
-            explorer._names = words  # "copy as code" makes the model with the names typed here
+            explorer.session.names = words  # "copy as code" makes the model with the names typed here
             if query is not None:
                 explorer.query(query)
         except yax.YaxError as e:

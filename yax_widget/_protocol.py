@@ -2,179 +2,300 @@
 
 A request is ``{"type": ..., "rid": int, ...}``; its reply is ``{"type":
 "ok", "rid", ...}`` or ``{"type": "error", "rid", "message"}``, exactly one
-per request. The front-end is never trusted: `handle` checks the shape of
-every message, each handler checks its own fields, node ids must name a
-node of the current model and replacements are chosen by the name Python
-registered. A request that fails validation changes nothing.
+per request. The front-end is never trusted: each request type is a frozen
+dataclass whose `parse` checks the message's fields (no field it does not
+name, each of its type) before anything runs; node ids must name a node of
+the current model and replacements are chosen by the name Python
+registered. `answer` runs a parsed request on a `Session` through the
+session's public commands; a request that fails changes nothing.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import yax
-from yax.internal import CALL_KINDS, misfit, view
+from yax.internal import CALL_KINDS, view
 
 from ._payloads import equation_rows
+from ._values import STATS
 
 if TYPE_CHECKING:
-    from ._explorer import Explorer
+    from ._session import Session
 
 MAX_QUERY = 4000  # characters of an XPath the front-end may send
 _log = logging.getLogger("yax_widget")
 
 
-class RequestError(Exception):
+class RequestError(yax.YaxInputError):
     """A malformed or refused request from the front-end: replied to, nothing changes."""
 
 
-def handle(ex: Explorer, content: Any) -> None:
-    """Answer one custom message from the front-end with one reply."""
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """A request the front-end sends; subclasses name their fields and check them."""
+
+    type: ClassVar[str]
+
+    @classmethod
+    def parse(cls, content: dict) -> Request:
+        names = {f.name for f in dataclasses.fields(cls)}
+        extra = sorted(set(content) - names - {"type", "rid"})
+        if extra:
+            raise RequestError(f"A `{cls.type}` request has no field `{str(extra[0])[:40]}`; its fields are "
+                               f"{', '.join(f'`{n}`' for n in sorted(names)) or 'none'}.")
+        # a missing field is None (refused by the check naming it), unless the field has a default
+        req = cls(**{f.name: content.get(f.name) for f in dataclasses.fields(cls)
+                     if f.name in content or f.default is dataclasses.MISSING})
+        req.check()
+        return req
+
+    def check(self) -> None:
+        """Refuse fields of the wrong type or range (`RequestError`)."""
+
+    def run(self, s: Session) -> dict:
+        raise NotImplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class Query(Request):
+    type = "query"
+    xpath: Any
+
+    def check(self) -> None:
+        if not isinstance(self.xpath, str) or len(self.xpath) > MAX_QUERY:
+            raise RequestError(f"`xpath` must be a string of at most {MAX_QUERY} characters.")
+
+    def run(self, s: Session) -> dict:
+        res = s.query(self.xpath)
+        return {"count": len(s.state["matches"]) if isinstance(res, list) else _plain(res)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Expand(Request):
+    type = "expand"
+    id: Any
+
+    def run(self, s: Session) -> dict:
+        node = s.node(self.id, CALL_KINDS)
+        ids = view(s.mox).ids
+        return {"id": ids[id(node)], "rows": equation_rows(node, ids)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Fits(Request):
+    type = "fits"
+    id: Any
+
+    def run(self, s: Session) -> dict:
+        fits, refused = s.fits(s.node(self.id))
+        return {"id": self.id, "fits": fits, "refused": refused}
+
+
+@dataclasses.dataclass(frozen=True)
+class Substitute(Request):
+    """A drop of palette item ``name`` on row ``target``, or on the query box
+    (``target="query"``; ``xpath``: the text the box shows, which must be the
+    query whose matches are highlighted)."""
+
+    type = "substitute"
+    target: Any
+    name: Any
+    xpath: Any = None
+
+    def check(self) -> None:
+        if not isinstance(self.name, str):
+            raise RequestError(f"`name` must be the name of a registered replacement, not {str(self.name)[:40]!r}.")
+        if self.target != "query" and not _int(self.target):
+            raise RequestError(f"`target` must be a row id or \"query\", not {str(self.target)[:40]!r}.")
+        if self.xpath is not None and not isinstance(self.xpath, str):
+            raise RequestError("`xpath` must be the query box's text.")
+
+    def run(self, s: Session) -> dict:
+        if self.name not in s.items:
+            raise RequestError(f"`name` must be a registered replacement ({', '.join(s.items)}), "
+                               f"not {self.name[:40]!r}.")
+        if self.target == "query":
+            if self.xpath is not None and self.xpath != s.state["query"]:
+                raise RequestError(f"The query box holds `{self.xpath[:200]}`, which did not run, so nothing is "
+                                   f"highlighted for it. Correct the query, then drop again.")
+            target: Any = "query"
+        else:
+            target = s.node(self.target, field="target")
+        # a refusal changes nothing: the front-end shows the reply's message at the row it was dropped on
+        return {"description": s.substitute(target, self.name)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Undo(Request):
+    type = "undo"
+
+    def run(self, s: Session) -> dict:
+        s.undo()
+        return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Redo(Request):
+    type = "redo"
+
+    def run(self, s: Session) -> dict:
+        s.redo()
+        return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Goto(Request):
+    type = "goto"
+    index: Any
+
+    def run(self, s: Session) -> dict:
+        if not _int(self.index) or not 0 <= self.index < len(s.states):
+            raise RequestError(f"`index` must be a state of the history, 0 to {len(s.states) - 1}, "
+                               f"not {str(self.index)[:40]!r}.")
+        s.goto(self.index)
+        return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareBase(Request):
+    type = "compare_base"
+    base: Any
+
+    def check(self) -> None:
+        if self.base not in ("original", "previous"):
+            raise RequestError(f"`base` must be \"original\" or \"previous\", not {str(self.base)[:40]!r}.")
+
+    def run(self, s: Session) -> dict:
+        s.compare_with(self.base)
+        return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Export(Request):
+    """The Export button. The front-end names no path: the files go next to the
+    notebook as ``yax_model_step{K}``, never replacing a file (`Session.export_next`)."""
+
+    type = "export"
+
+    def run(self, s: Session) -> dict:
+        return s.export_next()
+
+
+@dataclasses.dataclass(frozen=True)
+class Code(Request):
+    type = "code"
+
+    def run(self, s: Session) -> dict:
+        return {"code": s.code()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Graph(Request):
+    type = "graph"
+    id: Any = None
+    depth: Any = 1
+
+    def check(self) -> None:
+        if not _int(self.depth) or not 0 <= self.depth <= 8:
+            raise RequestError("`depth` must be an integer from 0 to 8.")
+
+    def run(self, s: Session) -> dict:
+        root = None if self.id is None else s.node(self.id, CALL_KINDS)
+        return {"id": self.id, "dot": yax.to_dot(s.mox, depth=self.depth, root=root)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Values(Request):
+    type = "values"
+    id: Any
+
+    def run(self, s: Session) -> dict:
+        entry = s.inspector.show(s.node(self.id))
+        return {"id": entry["id"], "seconds": entry["seconds"]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Overlay(Request):
+    type = "overlay"
+    stat: Any
+
+    def check(self) -> None:
+        if self.stat not in ("off", *STATS):
+            raise RequestError(f"`stat` must be one of off, {', '.join(STATS)}; not {str(self.stat)[:40]!r}.")
+
+    def run(self, s: Session) -> dict:
+        s.inspector.paint(self.stat)
+        return {"stat": self.stat}
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch(Request):
+    type = "batch"
+    name: Any
+
+    def run(self, s: Session) -> dict:
+        if not isinstance(self.name, str) or self.name not in s.batches:
+            raise RequestError(f"`name` must name a batch ({', '.join(s.batches)}), not {str(self.name)[:40]!r}.")
+        s.use_batch(self.name)
+        return {"name": self.name}
+
+
+@dataclasses.dataclass(frozen=True)
+class NonFinite(Request):
+    type = "nonfinite"
+
+    def run(self, s: Session) -> dict:
+        return s.inspector.nonfinite()
+
+
+REQUESTS: dict[str, type[Request]] = {r.type: r for r in (
+    Query, Expand, Fits, Substitute, Undo, Redo, Goto, CompareBase, Export, Code, Graph,
+    Values, Overlay, Batch, NonFinite)}
+
+# What a closed session still answers: reading its history changes nothing.
+_READ_ONLY = {"code", "expand", "graph"}
+
+
+def parse(content: Any) -> Request:
+    """The typed request a message holds (`RequestError` when it holds none)."""
+    if not isinstance(content, dict) or not _int(content.get("rid")):
+        raise RequestError("A request must be an object with an integer `rid`.")
+    kind = content.get("type")
+    cls = REQUESTS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise RequestError(f"Unknown request type {str(kind)[:40]!r}.")
+    return cls.parse(content)
+
+
+def answer(s: Session, content: Any) -> dict:
+    """The one reply to one message from the front-end."""
     rid = content.get("rid") if isinstance(content, dict) else None
-    if not isinstance(rid, int) or isinstance(rid, bool):
-        rid = None
+    rid = rid if _int(rid) else None
     try:
-        if rid is None:
-            raise RequestError("A request must be an object with an integer `rid`.")
-        kind = content.get("type")
-        handler = HANDLERS.get(kind) if isinstance(kind, str) else None
-        if handler is None:
-            raise RequestError(f"Unknown request type {str(content.get('type'))[:40]!r}.")
-        reply = handler(ex, content)
-    except (RequestError, yax.YaxError) as e:
-        ex.send({"type": "error", "rid": rid, "message": str(e)})
-        return
+        request = parse(content)
+        if s.closed and request.type not in _READ_ONLY:
+            raise RequestError("This explorer is closed, so it changes, compares and computes nothing more. "
+                               "Open a new `Explorer` to go on.")
+        reply = request.run(s)
+    except yax.YaxError as e:
+        return {"type": "error", "rid": rid, "message": str(e)}
     except Exception as e:  # a bug or a failure below yax (XLA): the front-end still gets its reply
         _log.exception("The explorer's request %r failed", str(content.get("type"))[:40])
-        ex._status = {"busy": False, "message": "failed"}
-        ex.send({"type": "error", "rid": rid, "message": f"The request failed with {type(e).__name__}: "
-                                                         f"{str(e)[:500]} (the kernel's log has the traceback)."})
-        return
-    ex.send({"type": "ok", "rid": rid, **reply})
-
-
-# -- validation -----------------------------------------------------------------------
-
-def _node(ex: Explorer, content: dict, field: str = "id", kinds: tuple = (*CALL_KINDS, "equation")) -> Any:
-    """The node of the current model whose id is ``content[field]``, of one of ``kinds``."""
-    i = content.get(field)
-    nodes = view(ex.mox).nodes
-    if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(nodes):
-        raise RequestError(f"`{field}` must be the id of a node of the current model, not {str(i)[:40]!r}.")
-    node = nodes[i]
-    kind = "equation" if isinstance(node, yax.Equation) else node.kind
-    if kind not in kinds:
-        raise RequestError(f"Node {i} is a `{kind}` node, which cannot be used here.")
-    return node
+        if not s.closed:
+            s.status("failed")
+        return {"type": "error", "rid": rid, "message": f"The request failed with {type(e).__name__}: "
+                                                        f"{str(e)[:500]} (the kernel's log has the traceback)."}
+    return {"type": "ok", "rid": rid, **reply}
 
 
 def _plain(v: Any) -> Any:
     """A query's non-node result (a number, string or boolean) as JSON."""
     return v if isinstance(v, (str, bool, int)) else float(v) if isinstance(v, float) and math.isfinite(v) else str(v)
-
-
-# -- the handlers: (explorer, request) -> the reply's payload ---------------------------
-
-def _query(ex: Explorer, content: dict) -> dict:
-    xpath = content.get("xpath")
-    if not isinstance(xpath, str) or len(xpath) > MAX_QUERY:
-        raise RequestError(f"`xpath` must be a string of at most {MAX_QUERY} characters.")
-    ex._query = xpath
-    if not xpath.strip():  # the box was cleared: no highlight, no error
-        ex._query_error, ex._matches, ex._selection, ex._query_result = "", [], [], {}
-        return {"count": 0}
-    res = ex._run_query(xpath)
-    return {"count": len(ex._matches) if isinstance(res, list) else _plain(res)}
-
-
-def _expand(ex: Explorer, content: dict) -> dict:
-    node = _node(ex, content, kinds=CALL_KINDS)
-    ids = view(ex.mox).ids
-    return {"id": ids[id(node)], "rows": equation_rows(node, ids)}
-
-
-def _fits(ex: Explorer, content: dict) -> dict:
-    node = _node(ex, content)
-    fits, refused = [], {}
-    for item in ex._items.values():
-        # with the explorer's parameters, misfit places variables exactly as the drop's `sub` does
-        why = misfit(item.repl, node, ex.mox, cache=ex._fit_cache, params=ex.params)
-        if why is None:
-            fits.append(item.name)
-        else:
-            refused[item.name] = why
-    return {"id": content["id"], "fits": fits, "refused": refused}
-
-
-def _substitute(ex: Explorer, content: dict) -> dict:
-    name = content.get("name")
-    if not isinstance(name, str) or name not in ex._items:
-        raise RequestError(f"`name` must be a registered replacement ({', '.join(ex._items)}), "
-                           f"not {str(name)[:40]!r}.")
-    target = content.get("target")
-    node = "query" if target == "query" else _node(ex, content, "target")
-    try:
-        desc = ex.substitute(node, name)
-    except yax.YaxError as e:  # shown at the row it was dropped on
-        ex._notice = {"id": target if isinstance(target, int) else None, "message": str(e),
-                      "n": ex._notice.get("n", 0) + 1}
-        raise
-    return {"description": desc}
-
-
-def _undo(ex: Explorer, content: dict) -> dict:
-    ex.undo()
-    return {}
-
-
-def _redo(ex: Explorer, content: dict) -> dict:
-    ex.redo()
-    return {}
-
-
-def _goto(ex: Explorer, content: dict) -> dict:
-    index = content.get("index")
-    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(ex._states):
-        raise RequestError(f"`index` must be a state of the history, 0 to {len(ex._states) - 1}, "
-                           f"not {str(index)[:40]!r}.")
-    ex.goto(index)
-    return {}
-
-
-def _compare_base(ex: Explorer, content: dict) -> dict:
-    base = content.get("base")
-    if base not in ("original", "previous"):
-        raise RequestError(f"`base` must be \"original\" or \"previous\", not {str(base)[:40]!r}.")
-    ex.compare_with(base)
-    return {}
-
-
-def _export(ex: Explorer, content: dict) -> dict:
-    # the front-end chooses no path: the files go next to the notebook, named by the step
-    from ._export import export
-
-    reply = export(ex, f"yax_model_step{ex._index}")
-    ex._status = {"busy": False, "message": "exported to " + ", ".join(
-        f"{f} ({b / 2**20:.1f} MiB)" for f, b in zip(reply["files"], reply["bytes"]))}
-    return reply
-
-
-def _code(ex: Explorer, content: dict) -> dict:
-    return {"code": ex.code()}
-
-
-def _graph(ex: Explorer, content: dict) -> dict:
-    depth = content.get("depth", 1)
-    if not isinstance(depth, int) or isinstance(depth, bool) or not 0 <= depth <= 8:
-        raise RequestError("`depth` must be an integer from 0 to 8.")
-    root = None if content.get("id") is None else _node(ex, content, kinds=CALL_KINDS)
-    return {"id": content.get("id"), "dot": yax.to_dot(ex.mox, depth=depth, root=root)}
-
-
-HANDLERS: dict[str, Callable[[Explorer, dict], dict]] = {
-    "query": _query, "expand": _expand, "fits": _fits, "substitute": _substitute,
-    "undo": _undo, "redo": _redo, "goto": _goto, "compare_base": _compare_base, "export": _export, "code": _code, "graph": _graph,
-}

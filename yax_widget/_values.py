@@ -1,5 +1,5 @@
-"""The explorer's view inside the model (issue 13): a row's values, the tree
-painted by a statistic, named input batches and the first NaN or Inf.
+"""The explorer's view inside the model: a row's values, the tree painted by a
+statistic, the first NaN or Inf, and the checks on named input batches.
 
 Values are reduced where the model runs. `yax.capture` brings out the
 outputs of every call (one program per model, compiled once) and they stay
@@ -9,9 +9,8 @@ shape), and only those cross to the host. Equations are captured one by one
 when selected. Results are kept per model, batch and row, so selecting a row
 again is instant; nothing here changes the model or the history.
 
-The requests (``values``, ``overlay``, ``batch``, ``nonfinite``) are added to
-``_protocol.HANDLERS`` when this module is imported; formats in
-docs/widget.md ("Values").
+`Inspector` is the session's part that holds these values; the formats
+are in docs/widget.md ("Values").
 """
 
 from __future__ import annotations
@@ -19,23 +18,20 @@ from __future__ import annotations
 import math
 import time
 import weakref
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import traitlets
 
 import yax
 from yax.errors import arg_name, where
 from yax.internal import ValueStats, capturable_calls, capture_keys, node_ids, type_str
 
-from . import _protocol
 from ._payloads import HIST_BINS, floats, heat_slice
 
 if TYPE_CHECKING:
-    from ._explorer import Explorer
+    from ._session import Session
 
 MAX_OUTPUTS = 8  # outputs of one row shown (a call returning a long tuple shows its first ones)
 STATS = {"norm": "norm of the outputs", "zeros": "fraction of zeros", "nonfinite": "fraction of NaN or Inf"}
@@ -245,193 +241,131 @@ def _entries(node: Any, value: Any) -> tuple[list[dict], int]:
     return out, len(leaves) - len(out)
 
 
-class Values(traitlets.HasTraits):
-    """The explorer's values pane, colouring, batches and NaN search (a mixin of `Explorer`)."""
+class Inspector:
+    """The values pane and the colouring of one `Session`: each row's values on the
+    batch in use, computed on the device and kept per model, batch and row."""
 
-    _batches = traitlets.Dict().tag(sync=True)  #: the named input batches and the one in use
-    _values = traitlets.Dict().tag(sync=True)   #: the selected row's values on that batch, with binary heatmaps
-    _overlay = traitlets.Dict().tag(sync=True)  #: the statistic the tree is painted by, per row id
-
-    def _init_values(self: Explorer, batches: Mapping[str, Any] | None) -> None:
-        self._inputs: dict[str, tuple[tuple, dict]] = {}
-        self._batch = EXAMPLE
-        self._refs: dict[str, Any] = {}  # the original's measured values on each batch used so far
+    def __init__(self, session: Session):
+        self._session = session
         self._bounds: tuple[Any, str, _Boundaries] | None = None  # (model, batch, its boundaries): the latest
         self._shown: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(batch, id): entry}
-        if batches is not None and not isinstance(batches, Mapping):
-            raise yax.YaxInputError(
-                f"`batches` must map names to inputs, such as `{{'clean': x, 'corrupt': y}}`, but got a "
-                f"`{type(batches).__name__}`."
-            )
-        example = self._args[1:] if self._has_params else self._args
-        given = dict(batches or {})
-        same = next((k for k, v in given.items() if _same(_as_args(v, len(example)), example)), None)
-        if same is None and (self._args or self._kwargs):
-            self._inputs[EXAMPLE] = (self._args, self._kwargs)
-        for name, v in given.items():
-            self.add_batch(name, *_as_args(v, len(example)))
-        self._batch = same or next(iter(self._inputs), EXAMPLE)
-        self._sync_batches()
 
-    # -- the Python API ------------------------------------------------------------------
+    def clear(self) -> None:
+        """Let go of every value held."""
+        self._bounds, self._shown = None, weakref.WeakKeyDictionary()
 
-    def add_batch(self: Explorer, name: str, *args: Any, **kwargs: Any) -> None:
-        """Offer the inputs ``args`` (after the parameters, when the model has
-        them) and ``kwargs`` (the example's, where not given) as the batch
-        ``name``: the values, colouring, NaN search and comparison can use it.
-        It must have the example's structure, shapes and dtypes (the model is
-        traced once).
-
-        Example:
-          >>> import jax, jax.numpy as jnp, flax.linen as nn
-          >>> from yax_widget import Explorer
-          >>> m = nn.Dense(2); x = jnp.ones((1, 3)); p = m.init(jax.random.key(0), x)
-          >>> ex = Explorer(m, p, x, batches={"ones": x, "zeros": jnp.zeros((1, 3))})
-          >>> ex.add_batch("twos", 2 * x)
-          >>> ex.batch, list(ex._batches["names"])
-          ('ones', ['ones', 'zeros', 'twos'])
-        """
-        if not isinstance(name, str) or not name.strip() or len(name) > 80:
-            raise yax.YaxInputError(f"A batch name must be a non-empty string of at most 80 characters, not {name!r}.")
-        head = self._args[:1] if self._has_params else ()
-        new = ((*head, *args), {**self._kwargs, **kwargs})
-        _check_fits(name, (self._args, self._kwargs), new)
-        self._inputs[name] = new
-        self._sync_batches()
-
-    @property
-    def batch(self: Explorer) -> str:
-        """The name of the batch the values, colouring and comparison use."""
-        return self._batch
-
-    def use_batch(self: Explorer, name: str) -> None:
-        """Show values, colours and the comparison on the batch ``name``."""
-        if name not in self._inputs:
-            raise yax.YaxInputError(f"No batch is named {name!r}; the batches are "
-                                    f"{', '.join(map(repr, self._inputs)) or 'none'}. Add one with "
-                                    "`explorer.add_batch(name, *inputs)`.")
-        if name == self._batch:
-            return
-
-        def swap() -> None:  # on the worker: between two measurements, never during one
-            self._refs[self._batch] = self._reference
-            self._args, self._kwargs = self._inputs[name]
-            self._reference = self._refs.get(name)
-            self._batch = name
-
-        self._worker().submit(swap).result()
-        self._sync_batches()
-        self._finish_compare(self._start_compare())  # the comparison, on the new batch
-        if self._overlay.get("stat"):
-            self._paint(self._overlay["stat"])
-        if self._values.get("id") is not None:
-            try:
-                self._show_values(self._node_of(self._values["id"]))
-            except Exception:  # the row is another model's: the pane waits for a selection
-                self._values = {}
-
-    def values(self: Explorer, target: Any) -> dict[str, ValueStats]:
+    def values(self, target: Any) -> dict[str, ValueStats]:
         """Statistics of the outputs of ``target`` (a node of the current model,
-        or an XPath selecting one) on the batch in use, computed on the device
-        as the values pane shows them; the UI is not changed.
-
-        Example:
-          >>> import jax, jax.numpy as jnp, flax.linen as nn
-          >>> from yax_widget import Explorer
-          >>> m = nn.Sequential([nn.Dense(4), nn.relu]); x = jnp.ones((2, 3))
-          >>> ex = Explorer(m, m.init(jax.random.key(0), x), x)
-          >>> s = ex.values('//activation')["out"]
-          >>> s.type, s.min >= 0
-          ('f32[2,4]', True)
-        """
+        or an XPath selecting one) on the batch in use (`Explorer.values`)."""
         if isinstance(target, str):
-            found = [n for n in yax.query(target, self.mox) if isinstance(n, (yax.Mox, yax.Equation))]
+            found = yax.query(target, self._session.mox)
+            found = [n for n in found if isinstance(n, (yax.Mox, yax.Equation))] if isinstance(found, list) else []
             if len(found) != 1:
                 raise yax.YaxInputError(f"`values` shows one node, but `{target}` selects {len(found)}. "
                                         "Make the query select exactly one call or equation.")
             target = found[0]
-        return {e["name"]: value_stats(e) for e in self._row_values(target)["outputs"]}
+        return {e["name"]: value_stats(e) for e in self.row(target)["outputs"]}
 
-    # -- computing, with caches ------------------------------------------------------------
-
-    def _call_args(self: Explorer) -> tuple[tuple, dict]:
-        """The current model's arguments on the batch in use (its parameters first)."""
-        if not self._args and not self._kwargs:
-            raise yax.YaxInputError("The explorer was opened without example inputs, so the model has no values "
-                                    "to show. Open it as `Explorer(model, variables, batch)`.")
-        args = (self.params, *self._args[1:]) if self._has_params else self._args
-        return args, self._kwargs
-
-    def _boundaries(self: Explorer) -> _Boundaries:
-        mox = self.mox
-        if self._bounds is None or self._bounds[0] is not mox or self._bounds[1] != self._batch:
+    def boundaries(self) -> _Boundaries:
+        s = self._session
+        mox = s.mox
+        if self._bounds is None or self._bounds[0] is not mox or self._bounds[1] != s.batch:
             self._bounds = None  # let go of the previous values before the device holds the new ones
-            args, kwargs = self._call_args()
-            self._bounds = (mox, self._batch, _Boundaries(mox, args, kwargs))
+            args, kwargs = s.call_args()
+            self._bounds = (mox, s.batch, _Boundaries(mox, args, kwargs))
         return self._bounds[2]
 
-    def _row_values(self: Explorer, node: Any) -> dict:
+    def row(self, node: Any) -> dict:
         """The values pane's state for ``node`` (cached per model, batch and node)."""
-        mox = self.mox
-        args, kwargs = self._call_args()
+        s = self._session
+        mox = s.mox
+        args, kwargs = s.call_args()
         rid = node_ids(mox).get(id(node))
         if rid is None:
             raise yax.YaxInputError(f"{where(node).capitalize()} is not part of the current model. "
                                     "Query `explorer.mox` for it.")
         cache = self._shown.setdefault(mox, {})
-        hit = cache.get((self._batch, rid))
+        hit = cache.get((s.batch, rid))
         if hit is not None:
             return hit
         t = time.perf_counter()
-        found = self._boundaries().entries(rid) if isinstance(node, yax.Mox) else None
+        found = self.boundaries().entries(rid) if isinstance(node, yax.Mox) else None
         if found is None:  # an equation (or a call inside a loop or branch: refused, saying why)
             _, got = yax.capture(node, mox, *args, **kwargs)
             found = _entries(node, got[capture_keys(mox)[id(node)]])
         outputs, more = found
-        cache[(self._batch, rid)] = entry = {
-            "id": rid, "key": capture_keys(mox)[id(node)], "batch": self._batch, "outputs": outputs, "more": more,
+        cache[(s.batch, rid)] = entry = {
+            "id": rid, "key": capture_keys(mox)[id(node)], "batch": s.batch, "outputs": outputs, "more": more,
             "seconds": round(time.perf_counter() - t, 3)}
         return entry
 
-    def _show_values(self: Explorer, node: Any) -> dict:
-        self._values = entry = self._row_values(node)
+    def show(self, node: Any) -> dict:
+        """Show ``node``'s values in the pane."""
+        entry = self.row(node)
+        self._session.show(values=entry)
         return entry
 
-    def _node_of(self: Explorer, rid: int) -> Any:
-        return _protocol._node(self, {"id": rid})
-
-    def _paint(self: Explorer, stat: str) -> None:
-        """Set `_overlay` to ``stat`` of every call row ("off": nothing)."""
+    def paint(self, stat: str) -> None:
+        """Paint every call row by ``stat`` ("off": nothing)."""
+        if stat not in ("off", *STATS):
+            raise yax.YaxInputError(f"The tree is painted by one of off, {', '.join(STATS)}; not {str(stat)[:40]!r}.")
         if stat == "off":
-            self._overlay = {}
+            self._session.show(overlay={})
             return
         t = time.perf_counter()
         col = list(STATS).index(stat)
-        vals = {str(rid): _number(v[col]) for rid, v in self._boundaries().stats().items()}
+        vals = {str(rid): _number(v[col]) for rid, v in self.boundaries().stats().items()}
         shown = [v for v in vals.values() if v is not None]
-        self._overlay = {"stat": stat, "label": STATS[stat], "batch": self._batch, "values": vals,
-                         "lo": min(shown) if shown else None, "hi": max(shown) if shown else None,
-                         "rows": len(vals), "seconds": round(time.perf_counter() - t, 3)}
+        self._session.show(overlay={
+            "stat": stat, "label": STATS[stat], "batch": self._session.batch, "values": vals,
+            "lo": min(shown) if shown else None, "hi": max(shown) if shown else None,
+            "rows": len(vals), "seconds": round(time.perf_counter() - t, 3)})
 
-    def _sync_batches(self: Explorer) -> None:
-        self._batches = {"names": list(self._inputs), "current": self._batch}
+    def batch_changed(self) -> None:
+        """The batch in use changed: paint and show the selected row's values on it."""
+        s = self._session
+        if s.state["overlay"].get("stat"):
+            self.paint(s.state["overlay"]["stat"])
+        rid = s.state["values"].get("id")
+        if rid is not None:
+            try:
+                self.show(s.node(rid))
+            except Exception:  # the row is another model's: the pane waits for a selection
+                s.show(values={})
+
+    def nonfinite(self) -> dict:
+        """Where the first NaN or Inf of the current model on the batch in use is:
+        the reply the front-end selects a row by."""
+        s = self._session
+        args, kwargs = s.call_args()
+        found = yax.first_nonfinite(s.mox, *args, **kwargs)
+        if found is None:
+            return {"found": False, "message": f"No NaN or Inf: every value is finite on the batch `{s.batch}`."}
+        ids = node_ids(s.mox)
+        # the first line (an equation's) or paragraph (an argument's: its layer and first reader)
+        head = str(found).split("\n")[0] if found.equation is not None else \
+            " ".join(line.strip() for line in str(found).split("\n\n")[0].split("\n"))
+        first = found.equation or found.reader
+        return {"found": True, "id": ids.get(id(found.call)) if found.call is not None else None,
+                "eq": ids.get(id(first)) if first is not None else None,
+                "step": list(found.step), "message": f"{head} (batch `{s.batch}`)", "detail": str(found.output)}
 
 
 # -- batches -------------------------------------------------------------------------------
 
-def _as_args(value: Any, n: int) -> tuple:
+def as_args(value: Any, n: int) -> tuple:
     """A batch given in `batches` as positional arguments: the value itself for
     a model of one input, a tuple of them for several."""
     return (value,) if n <= 1 or not isinstance(value, tuple) else value
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_inputs(a: Any, b: Any) -> bool:
     la, ta = jax.tree_util.tree_flatten(a)
     lb, tb = jax.tree_util.tree_flatten(b)
     return ta == tb and all(x is y for x, y in zip(la, lb))
 
 
-def _check_fits(name: str, example: tuple, new: tuple) -> None:
+def check_fits(name: str, example: tuple, new: tuple) -> None:
     """Refuse a batch whose structure, shapes or dtypes differ from the example's."""
     want, wt = jax.tree_util.tree_flatten_with_path(example)
     got, gt = jax.tree_util.tree_flatten_with_path(new)
@@ -453,44 +387,3 @@ def _check_fits(name: str, example: tuple, new: tuple) -> None:
                 f"The batch `{name}` gives `{g!r}` for `{arg_name(path)}`, but the model was traced with "
                 f"`{w!r}`, which it treats as fixed. Give the same value, or open another explorer."
             )
-
-
-# -- requests from the front-end ---------------------------------------------------------
-
-def _values_request(ex: Explorer, content: dict) -> dict:
-    entry = ex._show_values(_protocol._node(ex, content))
-    return {"id": entry["id"], "seconds": entry["seconds"]}
-
-
-def _overlay_request(ex: Explorer, content: dict) -> dict:
-    stat = content.get("stat")
-    if stat not in ("off", *STATS):
-        raise _protocol.RequestError(f"`stat` must be one of off, {', '.join(STATS)}; not {str(stat)[:40]!r}.")
-    ex._paint(stat)
-    return {"stat": stat}
-
-
-def _batch_request(ex: Explorer, content: dict) -> dict:
-    name = content.get("name")
-    if not isinstance(name, str) or name not in ex._inputs:
-        raise _protocol.RequestError(f"`name` must name a batch ({', '.join(ex._inputs)}), not {str(name)[:40]!r}.")
-    ex.use_batch(name)
-    return {"name": name}
-
-
-def _nonfinite_request(ex: Explorer, content: dict) -> dict:
-    args, kwargs = ex._call_args()
-    found = yax.first_nonfinite(ex.mox, *args, **kwargs)
-    if found is None:
-        return {"found": False, "message": f"No NaN or Inf: every value is finite on the batch `{ex.batch}`."}
-    ids = node_ids(ex.mox)
-    # the first line (an equation's) or paragraph (an argument's: its layer and first reader)
-    head = str(found).split("\n")[0] if found.equation is not None else \
-        " ".join(line.strip() for line in str(found).split("\n\n")[0].split("\n"))
-    return {"found": True, "id": ids.get(id(found.call)) if found.call is not None else None,
-            "eq": ids.get(id(found.equation or found.reader)) if (found.equation or found.reader) is not None else None,
-            "step": list(found.step), "message": f"{head} (batch `{ex.batch}`)", "detail": str(found.output)}
-
-
-_protocol.HANDLERS.update({"values": _values_request, "overlay": _overlay_request, "batch": _batch_request,
-                           "nonfinite": _nonfinite_request})

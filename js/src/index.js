@@ -162,10 +162,6 @@ function traitHandlers({ model, view, query, status, panes, buttons, palette, ro
       root.classList.toggle("yax-busy", status.busy());
       compare(); // "compiling…" while a change is compared
     },
-    _notice: () => {
-      const n = model.get("_notice") || {};
-      if (n.message) view.showNotice(n.id, n.message);
-    },
     _diff: diff,
     _compare_base: compare,
     _comparison: () => {
@@ -245,7 +241,9 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS }) {
     view.closeOverlays();
     const before = tabs.current();
     try {
-      await request("substitute", { target, name }, change);
+      // a drop on the query box names the text it shows: Python refuses it unless that query ran
+      const payload = target === "query" ? { target, name, xpath: query.input.value } : { target, name };
+      await request("substitute", payload, change);
       if (tabs.current() === before) tabs.show("Compare"); // unless the user moved to another tab meanwhile
     } catch (err) {
       if (err.timedOut) failed(err);

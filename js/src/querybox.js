@@ -1,7 +1,9 @@
 // The XPath box: sends a `query` request as the user types (debounced), shows what the query
 // returned (`_query_result`: a match count, a value, a list of strings; where an empty result
-// stops matching) and `_query_error`, follows `_query` when Python sets it, and takes palette
-// drops (a drop replaces every match).
+// stops matching), follows `_query` when Python sets it, and takes palette drops (a drop
+// replaces every match). A query Python refuses changes no synced state: its reply's message is
+// this box's own (UI) state, shown under it until the next query runs; `_query_error` is the
+// synced query's failure on a changed model.
 import { h } from "./dom.js";
 
 export const DEBOUNCE_MS = 40;
@@ -38,10 +40,13 @@ export function createQueryBox({ model, request, onFailure, onDrop, debounceMs =
   const explain = h("pre", { class: "yax-query-explain", style: { display: "none" } });
   const el = h("div", { class: "yax-query" }, h("div", { class: "yax-query-row" }, input, count), error, explain);
 
+  let refused = ""; // the message of the query last refused, while the box shows it (UI state)
+  const errorText = () => refused || model.get("_query_error") || "";
+
   /** `_query_result` changed: the count (or value) and, for an empty result, where it stops matching. */
   function syncResult() {
     const r = resultText(model.get("_query_result"));
-    if (model.get("_query_error")) r.explain = "";
+    if (errorText()) r.explain = "";
     else {
       count.textContent = r.text;
       count.title = r.title;
@@ -50,14 +55,26 @@ export function createQueryBox({ model, request, onFailure, onDrop, debounceMs =
     explain.style.display = r.explain ? "" : "none";
   }
 
+  function showError() {
+    const msg = errorText();
+    error.textContent = msg;
+    error.style.display = msg ? "" : "none";
+    input.classList.toggle("yax-invalid", !!msg);
+    if (msg) count.textContent = "";
+    syncResult();
+  }
+
   async function run() {
+    const text = input.value;
     try {
-      await request("query", { xpath: input.value }); // the count comes with `_query_result`
+      await request("query", { xpath: text }); // the count comes with `_query_result`
+      if (input.value === text) refused = "";
     } catch (err) {
-      // An invalid query's message is shown under the box already (`_query_error`, set before
-      // the reply); any other failure (a timeout, a malformed request) goes to the status area.
-      if (err.timedOut || err.message !== model.get("_query_error")) onFailure(err);
+      // a timeout goes to the status area; a refused query's message stays under the box
+      if (err.timedOut) onFailure(err);
+      else if (input.value === text) refused = err.message;
     }
+    showError();
   }
 
   let timer = 0;
@@ -81,17 +98,14 @@ export function createQueryBox({ model, request, onFailure, onDrop, debounceMs =
     /** `_query` changed (Python may set it): show it unless the user is typing. */
     syncText() {
       const q = model.get("_query");
-      if (q !== input.value && document.activeElement !== input) input.value = q;
+      if (q !== input.value && document.activeElement !== input) {
+        input.value = q;
+        refused = ""; // the box shows the query Python ran
+        showError();
+      }
     },
     /** `_query_error` changed. */
-    syncError() {
-      const msg = model.get("_query_error");
-      error.textContent = msg;
-      error.style.display = msg ? "" : "none";
-      input.classList.toggle("yax-invalid", !!msg);
-      if (msg) count.textContent = "";
-      syncResult();
-    },
+    syncError: showError,
     syncResult,
     dispose() { clearTimeout(timer); },
   };

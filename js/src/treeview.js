@@ -78,6 +78,7 @@ export class TreeView {
     this.tree = buildTree([]);
     this.expanded = new Set();
     this.eqs = new Map();      // call id -> equation nodes
+    this.loading = new Map();  // call node -> its `expand` request in flight
     this.keep = null;          // the ids both filters keep, or null
     this.filterText = "";      // the name/path filter
     this.onlyMatches = false;  // keep only the query's matches (and their ancestors)
@@ -293,18 +294,29 @@ export class TreeView {
     this.relayout();
   }
 
-  /** Fetch the equations of a call once (an `expand` request). */
-  async loadEquations(node) {
-    if (!(node.neq > 0) || this.eqs.has(node.id)) return;
+  /** Fetch the equations of a call once (an `expand` request). A second call while the first
+   * is in flight gets the same promise: it resolves when the rows are there (two trait changes in
+   * one message show the matches twice in one tick). */
+  loadEquations(node) {
+    if (!(node.neq > 0)) return Promise.resolve();
+    const pending = this.loading.get(node);
+    if (pending) return pending;
+    if (this.eqs.has(node.id)) return Promise.resolve();
     this.eqs.set(node.id, []);
     const current = () => this.tree.byId.get(node.id) === node; // not rebuilt meanwhile
-    try {
-      const reply = await this.request("expand", { id: node.id });
-      if (current()) this.eqs.set(node.id, equationNodes(node, reply.rows));
-    } catch (err) {
-      if (current()) this.eqs.delete(node.id);
-      this.onFailure(err);
-    }
+    const done = (async () => {
+      try {
+        const reply = await this.request("expand", { id: node.id });
+        if (current()) this.eqs.set(node.id, equationNodes(node, reply.rows));
+      } catch (err) {
+        if (current()) this.eqs.delete(node.id);
+        this.onFailure(err);
+      } finally {
+        this.loading.delete(node);
+      }
+    })();
+    this.loading.set(node, done);
+    return done;
   }
 
   /** Select a row; with `openMenu`, offer what fits it (a `fits` request). */

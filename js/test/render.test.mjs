@@ -59,7 +59,7 @@ function initialState(layers = 2) {
     _palette: [{ name: "identity", kind: "function", doc: "x -> x" }, { name: "relu", kind: "function", doc: "" },
       { name: "LoRA r=4", kind: "module", doc: "" }],
     _history: { items: [], index: 0 }, _diff: { original: {}, current: {} }, _comparison: {},
-    _status: { busy: false, message: "" }, _notice: {}, _query_result: {},
+    _status: { busy: false, message: "" }, _query_result: {},
   };
 }
 
@@ -67,8 +67,7 @@ function initialState(layers = 2) {
  * Promise for a slow one; `undefined`: no reply at all, as from a busy kernel). */
 const PYTHON = {
   query(msg, model) {
-    if (msg.xpath.includes("[")) {
-      model.set("_query_error", "Invalid XPath: unbalanced `[`.");
+    if (msg.xpath.includes("[")) { // refused: no trait changes, the reply says why
       return { type: "error", message: "Invalid XPath: unbalanced `[`." };
     }
     const calls = model.get("_tree").rows.map(callRecord);
@@ -244,10 +243,7 @@ scenario("a request with no reply is rejected after the timeout: the status says
 scenario("error replies: the status shows the kernel's message; a refusal shows at its row", async (mount) => {
   const { model, $, row, status } = await mount({ state: { _history: { items: ["x"], index: 1 } }, handlers: {
     undo: () => ({ type: "error", message: "The request failed with RuntimeError: boom." }),
-    substitute(msg, m) {
-      m.set("_notice", { id: msg.target, message: "`relu` does not fit `Dense_0`.", n: 1 });
-      return { type: "error", message: "`relu` does not fit `Dense_0`." };
-    },
+    substitute: () => ({ type: "error", message: "`relu` does not fit `Dense_0`." }), // no trait changes
   } });
   click($(".yax-undo"));
   await until(() => status().textContent.includes("boom"), "the undo failure");
@@ -307,7 +303,8 @@ scenario("a click selects a row; its replace button offers what fits; picking on
   await until(() => $(".yax-tab.yax-active").dataset.tab === "Compare", "the compare tab");
   drop($(".yax-query"), "identity"); // onto the query box: every match
   await until(() => model.requests("substitute").length === 2, "the query substitution");
-  assert.deepEqual(model.requests("substitute")[1], { type: "substitute", target: "query", name: "identity" });
+  // with the text the box shows, which Python checks is the query it ran
+  assert.deepEqual(model.requests("substitute")[1], { type: "substitute", target: "query", name: "identity", xpath: "" });
 });
 
 scenario("the keyboard moves the selection, expands, collapses, offers and closes the menu", async (mount) => {

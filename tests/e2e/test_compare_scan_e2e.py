@@ -1,4 +1,4 @@
-"""The comparison inside a scanned stack, end to end (issue 24, point 1): a linen LM written
+"""The comparison inside a scanned stack, end to end: a linen LM written
 as ``nn.scan(nn.remat(layer))``, its GELU dragged to ReLU in a real JupyterLab with Debian's
 chromium. The compare pane names the GELU (as the tree now shows it: relu) at scan step 0 as
 the first divergence; the stack's rows are coloured and tabulated with their steps; a NaN

@@ -1,4 +1,4 @@
-"""The explorer on models nobody here wrote (issue 14), end to end: a Hugging
+"""The explorer on models nobody here wrote, end to end: a Hugging
 Face Flax GPT-2 built from a small config (its wrapper object, its tied
 ``lm_head``, its ``gelu_new``) and a flax.nnx model, in a real JupyterLab with
 Debian's chromium. What the browser shows is checked against what the kernel
@@ -41,7 +41,7 @@ print("ATTN=" + ids("//module_call[@path='FlaxGPT2LMHeadModule/transformer/h/0/a
     c.name if isinstance(c, yax.Equation) else c.name + ("." + c.method if c.kind == "method_call" else "")
     for c in attn.children), "PARAMS=" + str(attn.num_params),
     "BOUNDS=" + str(len(ex._comparison.get("boundaries", {}))), "FIRSTID=" + str(ex._comparison.get("first_divergence_id")))
-print("FITS=" + ",".join(n for n, i in ex._items.items()
+print("FITS=" + ",".join(n for n, i in ex.session.items.items()
       if misfit(i.repl, yax.query("//module_call[@name='lm_head']", ex.mox)[0], ex.mox, params=ex.params) is None))""",
     # 2: the script "Copy as code" shows, run as pasted, makes the explorer's model
     """code = ex.code()

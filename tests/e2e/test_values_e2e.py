@@ -1,4 +1,4 @@
-"""Values, colouring, batches and the NaN search (issue 13) end to end: a real
+"""Values, colouring, batches and the NaN search end to end: a real
 JupyterLab and kernel, Debian's chromium driven by Playwright. What the page
 shows is checked against what the kernel computes; screenshots of each state
 are saved under ``artifacts/e2e/values-*.png``; any console error fails."""
@@ -36,7 +36,7 @@ s = ex.values(node)["out"]
 print("STATS=" + json.dumps({"min": s.min, "max": s.max, "mean": s.mean, "std": s.std, "batch": ex.batch,
                             "nonfinite": [s.nan, s.posinf, s.neginf], "path": node.path}))""",
     # 2: the colouring the kernel sent, and where the first non-finite value is on the batch in use
-    """f = yax.first_nonfinite(ex.mox, *ex._call_args()[0])
+    """f = yax.first_nonfinite(ex.mox, *ex.session.call_args()[0])
 ids = node_ids(ex.mox)
 print("OVERLAY=" + json.dumps(ex._overlay.get("values", {})))
 print("NAN=" + json.dumps(None if f is None else [ids.get(id(f.call)), ids.get(id(f.equation)), ex.batch]))""",

@@ -1,4 +1,4 @@
-"""Gradients are part of the truth (issue 24, point 11).
+"""Gradients are part of the truth.
 
 ``jax.grad`` through every rewrite form, with respect to the parameters and to
 the inputs, against a hand-written model computing the same thing. The form

@@ -1,4 +1,4 @@
-"""A MoX used as a replacement is its own computation (issue 24, point 2).
+"""A MoX used as a replacement is its own computation.
 
 `yax.sub(pattern, rep, mox)` with ``rep`` a root MoX of ``Block().apply`` or a
 call node cut from another MoX puts in the equations ``rep`` holds, never a

@@ -23,4 +23,4 @@ def ask(ex: Explorer, **content) -> dict:
 
 
 def snapshot(ex: Explorer):
-    return ex.mox, ex.params, len(ex._states), ex._index, ex._query, list(ex._matches), ex._tree["version"]
+    return ex.mox, ex.params, len(ex.session.states), ex.session.index, ex._query, list(ex._matches), ex._tree["version"]

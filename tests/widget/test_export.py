@@ -1,4 +1,4 @@
-"""The explorer's export (issue 14, point 13; issue 24, point 4): the rewritten
+"""The explorer's export: the rewritten
 model runs without yax from the files it writes, on a Hugging Face model (whose
 output class `jax.export` cannot serialise) and an nnx model (whose state is no
 dict); the README written beside them says how to call it, naming the inputs in
@@ -47,7 +47,7 @@ def test_a_rewritten_hugging_face_model_runs_from_its_export(tmp_path, monkeypat
     (logits,) = f.call(*params, IDS)
     want = yax.eval_mox(ex.mox, ex.params, IDS).logits  # the rewritten model, as yax runs it
     np.testing.assert_allclose(logits, want, rtol=1e-6, atol=1e-6)
-    original = yax.eval_mox(ex.original, ex._states[0].params, IDS).logits
+    original = yax.eval_mox(ex.original, ex.session.states[0].params, IDS).logits
     assert not np.allclose(logits, original)  # the export is the rewritten model, not the original
 
 

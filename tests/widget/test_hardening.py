@@ -1,4 +1,4 @@
-"""The explorer under hostile and unusual use (issue 15, point 5): a failure while
+"""The explorer under hostile and unusual use: a failure while
 showing a change leaves the explorer where the front-end was told it is, nothing
 escapes the message handler, "copy as code" survives odd module and replacement
 names, and a closed explorer lets go of its thread and its measured values."""
@@ -37,10 +37,10 @@ def test_a_change_that_cannot_be_shown_is_rolled_back(model, monkeypatch):
     monkeypatch.undo()
     assert ask(ex, rid=2, type="substitute", target="query", name="ReLU")["type"] == "ok"
     changed = snapshot(ex)
-    assert ask(ex, rid=3, type="undo")["type"] == "ok" and ex._index == 0
+    assert ask(ex, rid=3, type="undo")["type"] == "ok" and ex.session.index == 0
     monkeypatch.setattr(_payloads, "tree", _fail)
     reply = ask(ex, rid=4, type="redo")  # the change cannot be shown: the explorer stays at the original
-    assert reply["type"] == "error" and ex._index == 0 and ex._history["index"] == 0 and ex._tree["version"] == 0
+    assert reply["type"] == "error" and ex.session.index == 0 and ex._history["index"] == 0 and ex._tree["version"] == 0
     assert ex.mox is ex.original and ex.selection == yax.query("//activation", ex.original)
     monkeypatch.undo()
     assert ask(ex, rid=5, type="redo")["type"] == "ok" and snapshot(ex) == changed
@@ -63,16 +63,16 @@ def test_a_query_failing_while_a_change_is_shown_keeps_the_change(model, monkeyp
                name="ReLU")["type"] == "ok"
     assert len(ex.history) == 1 and ex._history["index"] == 1 and ex._tree["version"] == 1
     assert "TypeError: a bug in a query" in ex._query_error and ex._matches == []
-    assert ask(ex, rid=2, type="undo")["type"] == "ok" and ex._index == 0 and ex._query_error == ""
+    assert ask(ex, rid=2, type="undo")["type"] == "ok" and ex.session.index == 0 and ex._query_error == ""
 
 
 def test_nothing_escapes_the_message_handler(model, monkeypatch, caplog):
     ex = explorer(model)
 
-    def bug(ex, content):
+    def bug(self, session):
         raise KeyError("bug")
 
-    monkeypatch.setitem(_protocol.HANDLERS, "code", bug)
+    monkeypatch.setattr(_protocol.Code, "run", bug)
     with caplog.at_level(logging.ERROR, logger="yax_widget"):
         ex._on_msg(ex, {"rid": 7, "type": "code"}, [])  # returns: ipykernel would print a traceback otherwise
     assert ex.sent[-1]["type"] == "error" and ex.sent[-1]["rid"] == 7 and "KeyError" in ex.sent[-1]["message"]
@@ -94,7 +94,7 @@ def test_copy_as_code_survives_quotes_in_paths_and_odd_replacement_names():
     names = ["class", "exec", "jax", "1st", "my relu", "my-relu", "ReLU!", "½"]
     for name in names:
         ex.add_replacement(name, lambda x: jnp.maximum(x, 0))
-    assert len({ex._items[n].ident for n in names}) == len(names)
+    assert len({ex.session.items[n].ident for n in names}) == len(names)
     for name in ["class", "exec", "1st", "my relu", "my-relu", "½"]:
         ex.substitute(quoted if name == "class" else "//activation", name)
         ex.undo()
@@ -104,7 +104,7 @@ def test_copy_as_code_survives_quotes_in_paths_and_odd_replacement_names():
     assert "[@path=concat(" in code and "exec_, mox" in code and "my_relu_2, mox" in code
     ns = {"model": m, "variables": v, "batch": x}  # the names the script makes `mox` and `params` from
     for name in names:
-        ident = ex._items[name].ident
+        ident = ex.session.items[name].ident
         assert ident.isidentifier() and ident not in ("class", "exec", "jax") and not hasattr(__builtins__, ident)
         ns[ident] = lambda x: jnp.maximum(x, 0)
     exec(compile(code, "<copy as code>", "exec"), ns)
@@ -131,12 +131,12 @@ def test_closed_explorers_stop_their_thread_and_drop_their_values(model):
     for _ in range(3):
         ex = explorer(model)
         ex.substitute("//activation[@name='gelu']", "ReLU")  # compares: the worker runs
-        assert ex._reference is not None
+        assert ex.session._reference is not None
         opened.append(ex)
     assert len(_workers() - before) == 3
     for ex in opened:
         ex.close()
-        assert ex._reference is None and ex._pool is None
+        assert ex.session._reference is None and ex.session._pool is None
         assert ex.history and ex.mox is not ex.original  # what was done stays readable
     deadline = time.monotonic() + 30
     while _workers() - before and time.monotonic() < deadline:
@@ -166,16 +166,16 @@ def test_the_explorer_always_says_where_it_is(model, messages):
     yax._xpath.TIMEOUT = 0.5  # the backtracking query is stopped quickly
     try:
         for i, msg in enumerate(messages):
-            n, state = len(ex.sent), (ex.mox, ex._index, len(ex._states))
+            n, state = len(ex.sent), (ex.mox, ex.session.index, len(ex.session.states))
             ex._on_msg(ex, {"rid": i, **msg}, [])
             assert len(ex.sent) == n + 1
             reply = ex.sent[-1]
             assert reply["rid"] == i and reply["type"] in ("ok", "error")
             if reply["type"] == "error":
-                assert (ex.mox, ex._index, len(ex._states)) == state
+                assert (ex.mox, ex.session.index, len(ex.session.states)) == state
                 assert reply["message"].endswith((".", ")")) and len(reply["message"]) < 2000
-            assert ex._history["index"] == ex._index == ex._tree["version"]
-            assert len(ex._history["items"]) == len(ex._states) - 1
+            assert ex._history["index"] == ex.session.index == ex._tree["version"]
+            assert len(ex._history["items"]) == len(ex.session.states) - 1
     finally:
         yax._xpath.TIMEOUT = old_timeout
 

@@ -1,4 +1,4 @@
-"""Menu == drop (issue 24, point 6): in every state reachable by one palette drop
+"""Menu == drop: in every state reachable by one palette drop
 from the original, and for every (node, palette item) pair in it and in the
 original, the fits menu (the ``fits`` request the front-end sends) offers the
 item exactly when a drop of it on that node (what `Explorer.substitute` does)
@@ -73,11 +73,11 @@ def check_state(ex: Explorer, tally: collections.Counter, equations: bool, both_
     for i, node in rows(ex, equations):
         menu = ask(ex, rid=i, type="fits", id=i)
         assert menu["type"] == "ok", menu
-        assert set(menu["fits"]) | set(menu["refused"]) == set(ex._items)
+        assert set(menu["fits"]) | set(menu["refused"]) == set(ex.session.items)
         where = f"on {node.path or node.name} ({ex.history[-1].description if ex.history else 'original'})"
         for name in menu["fits"]:
             try:
-                ex._change(node, name)  # what the drop does, without applying it
+                ex.session.change(node, name)  # what the drop does, without applying it
             except yax.YaxError as e:
                 raise AssertionError(f"the menu offers {name} {where}, but the drop refuses it: {e}") from e
             tally["accepted"] += 1
@@ -87,7 +87,7 @@ def check_state(ex: Explorer, tally: collections.Counter, equations: bool, both_
             tally["refused"] += 1
             if both_ways:
                 with pytest.raises(yax.YaxError) as e:
-                    ex._change(node, name)
+                    ex.session.change(node, name)
                 assert str(e.value) == reason, (name, where)
     return offered
 
@@ -108,7 +108,7 @@ def test_the_menu_offers_exactly_what_a_drop_accepts(make, equations, per_kind):
     if per_kind:
         first: dict[str, tuple[int, str]] = {}
         for i, name in offered:
-            first.setdefault(ex._items[name].kind, (i, name))
+            first.setdefault(ex.session.items[name].kind, (i, name))
         offered = list(first.values())
     for i, name in offered:
         ex.substitute(view(ex.mox).nodes[i], name)  # the drop, for real: the next state

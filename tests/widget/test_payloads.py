@@ -43,7 +43,7 @@ def test_substitute_by_row_compares_and_keeps_the_original(model):
     gelu = yax.query("//activation[@name='gelu']", ex.mox)[0]
     reply = ask(ex, rid=1, type="substitute", target=view(ex.mox).ids[id(gelu)], name="ReLU")
     assert reply["type"] == "ok" and "Block_0/gelu" in reply["description"]
-    assert ex.original is original and ex._states[0].params is params
+    assert ex.original is original and ex.session.states[0].params is params
     assert [n.name for n in yax.query("//activation", ex.mox)] == ["softmax", "relu", "softmax", "gelu"]
     # the comparison is the real one
     c = ex.comparison

@@ -1,4 +1,4 @@
-"""The explorer on models nobody here wrote (issue 14): Hugging Face Flax
+"""The explorer on models nobody here wrote: Hugging Face Flax
 classes from small configs and an nnx model. What the fits menu offers is what
 a drop does; an unchanged output is drawn as unchanged; the query box's text
 follows the model; the wrapper object's parameters are the explorer's."""
@@ -50,7 +50,7 @@ def test_the_wrapper_object_is_traced_with_its_parameters_as_an_argument(gpt2):
     # every item the menu offers on an MLP layer is taken by a drop, and no refused one is
     fc = node_id(ex, '//module_call[@name="c_fc"]')
     menu = ask(ex, rid=3, type="fits", id=fc)
-    for name in ex._items:
+    for name in ex.session.items:
         before = len(ex.history)
         reply = ask(ex, rid=4, type="substitute", target=fc, name=name)
         assert (reply["type"] == "ok") == (name in menu["fits"]), (name, reply)

@@ -1,4 +1,4 @@
-"""The explorer's values (issue 13, explorer part): a row's statistics,
+"""The explorer's values: a row's statistics,
 histogram and heatmap computed on the device; the tree painted by a
 statistic; named batches that the values and the comparison use; the first
 NaN. Every number is checked against numpy on the values `yax.capture`
@@ -56,7 +56,7 @@ def test_a_rows_values_are_its_captured_outputs_reduced_on_the_device(model):
     ids = node_ids(ex.mox)
     keys = capture_keys(ex.mox)
     rows = [n for n in ex.mox.modules()]
-    before = (ex.mox, ex.params, ex._index, ex._query, list(ex._history["items"]))
+    before = (ex.mox, ex.params, ex.session.index, ex._query, list(ex._history["items"]))
     for node in rows[:12]:
         reply = ask(ex, rid=1, type="values", id=ids[id(node)])
         assert reply["type"] == "ok" and reply["id"] == ids[id(node)]
@@ -69,7 +69,7 @@ def test_a_rows_values_are_its_captured_outputs_reduced_on_the_device(model):
             # heatmaps travel as bytes (binary buffers), never as JSON lists
             assert isinstance(entry["heat"]["values"], bytes)
     # looking changes nothing
-    assert (ex.mox, ex.params, ex._index, ex._query, list(ex._history["items"])) == before
+    assert (ex.mox, ex.params, ex.session.index, ex._query, list(ex._history["items"])) == before
 
 
 def test_selecting_again_is_served_from_the_cache_and_one_program_serves_every_call(model, monkeypatch):
@@ -106,7 +106,7 @@ def test_scanned_layers_give_values_stacked_over_the_steps():
     v = m.init(jax.random.key(0), ids)
     ex = Explorer(m, v, ids)
     layer = next(n for n in ex.mox.modules() if n.type == "DecoderLayer")
-    stats = ex._row_values(layer)
+    stats = ex.session.inspector.row(layer)
     _, want = yax.capture(layer, ex.mox, v, ids)
     x = np.asarray(jax.tree_util.tree_leaves(want)[0])
     (entry, *_) = stats["outputs"]
@@ -173,7 +173,7 @@ def test_batches_switch_the_values_and_the_comparison():
     assert reply["eq"] == node_ids(ex.mox)[id(found.equation)]
     assert reply["id"] == node_ids(ex.mox)[id(found.call)] if found.call is not None else reply["id"] is None
     ex.use_batch("positive")
-    assert ex._args[1] is pos and ex.batch == "positive" and ex._values["outputs"][0]["nan"] == 0
+    assert ex.session.args[1] is pos and ex.batch == "positive" and ex._values["outputs"][0]["nan"] == 0
 
 
 def test_the_comparison_runs_on_the_batch_in_use(model):
@@ -219,7 +219,7 @@ def test_a_call_inside_a_loop_is_refused_with_the_reason():
     assert inside not in capturable_calls(mox)
     with pytest.raises(yax.YaxCaptureError, match="while"):
         ex.values(inside)
-    ex._paint("norm")  # the rest is painted; the call inside the loop has no colour
+    ex.session.inspector.paint("norm")  # the rest is painted; the call inside the loop has no colour
     assert str(node_ids(mox)[id(inside)]) not in ex._overlay["values"]
 
 
@@ -246,10 +246,10 @@ def _agrees_with_capture(ex: Explorer, args: tuple) -> int:
     calls = capturable_calls(ex.mox)
     _, want = yax.capture(calls, ex.mox, *args)
     keys, ids = capture_keys(ex.mox), node_ids(ex.mox)
-    ex._paint("zeros")
+    ex.session.inspector.paint("zeros")
     for c in calls:
         leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(want[keys[id(c)]]) if hasattr(x, "dtype")]
-        shown = ex._row_values(c)["outputs"]
+        shown = ex.session.inspector.row(c)["outputs"]
         assert [o["type"] for o in shown] == [yax.internal.type_str(x) for x in leaves[:len(shown)]]
         for entry, x in zip(shown, leaves):
             _check_entry(entry, x)
@@ -279,7 +279,7 @@ def test_values_on_an_nnx_model_with_batches():
 
     x = jnp.linspace(-1, 1, 24).reshape(3, 8)
     ex = Explorer(Net(nnx.Rngs(0)), x, batches={"x": x, "minus x": -x}, warm=False)
-    state = ex._args[0]
+    state = ex.session.args[0]
     assert ex._batches == {"names": ["x", "minus x"], "current": "x"}
     assert _agrees_with_capture(ex, (state, x)) == 4  # Net, fc1, relu, fc2
     ex.use_batch("minus x")

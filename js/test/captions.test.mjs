@@ -1,4 +1,4 @@
-// Pure helpers behind issue 14: honest captions for the comparison, what the query box says
+// Pure helpers behind the comparison pane and the tree: honest captions for the comparison, what the query box says
 // about a result, the path filter, "only matches" and match navigation.
 import assert from "node:assert/strict";
 import { test } from "node:test";

@@ -1,0 +1,204 @@
+"""The explorer's session without a widget: its commands, its state, and the
+promises it keeps to a front-end that sends anything (closed sessions refuse,
+refused requests change nothing, exports never replace a file unasked)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import yax
+from yax_widget import Session
+from yax_widget._protocol import REQUESTS, answer
+from yax_widget._session import INITIAL_STATE
+
+X = jnp.linspace(-1, 1, 12).reshape(3, 4)
+
+
+def mlp() -> tuple[nn.Module, dict]:
+    m = nn.Sequential([nn.Dense(8), nn.gelu, nn.Dense(2)])
+    return m, m.init(jax.random.key(0), X)
+
+
+def session(**kw) -> Session:
+    m, v = mlp()
+    return Session(m, v, X, **kw)
+
+
+def ask(s: Session, **content) -> dict:
+    return answer(s, {"rid": 1, **content})
+
+
+def frozen(s: Session):
+    """What a refused request must leave as it was: the state and the model."""
+    return copy.deepcopy(s.state), s.mox, s.params, s.index, len(s.states), s.selection
+
+
+def test_the_session_runs_without_any_widget_library():
+    code = (
+        "import sys\n"
+        "for m in ('anywidget', 'ipywidgets', 'traitlets', 'IPython', 'comm'): sys.modules[m] = None\n"
+        "import jax, jax.numpy as jnp, flax.linen as nn\n"
+        "from yax_widget import Session\n"
+        "m = nn.Sequential([nn.Dense(4), nn.relu, nn.Dense(2)]); x = jnp.ones((1, 3))\n"
+        "s = Session(m, m.init(jax.random.key(0), x), x)\n"
+        "print(s.substitute('//activation', 'GELU'), s.comparison.first_divergence, s.state['history']['index'])\n"
+        "s.close()\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["replaced", "1", "node(s)", "selected", "by", "//activation", "with", "GELU",
+                                  "Sequential/relu", "1"]
+
+
+def test_on_change_is_told_every_change_of_the_state():
+    mirror = copy.deepcopy(INITIAL_STATE)  # what the state starts as; every change after is told
+    s = session(on_change=mirror.update)
+    assert mirror == s.state
+    s.query('//module_call[@type="Dense"]')
+    s.substitute("//activation", "ReLU")
+    s.inspector.paint("norm")
+    s.inspector.show(s.node(s.state["matches"][0]))
+    s.undo()
+    s.use_batch("example")
+    assert mirror == s.state
+    assert len(s.state["matches"]) == 2 and s.state["values"]["id"] == s.state["matches"][0]
+    assert s.state["history"] == {"items": ["replaced 1 node(s) selected by //activation with ReLU"], "index": 0}
+    s.close()
+
+
+def test_a_closed_session_refuses_every_command_and_starts_no_thread():
+    s = session()
+    s.substitute("//activation", "ReLU")
+    s.close()
+    before = {t for t in threading.enumerate() if t.name.startswith("yax-explorer")}
+    state = frozen(s)
+    replies = {
+        "query": ask(s, type="query", xpath="//*"),
+        "undo": ask(s, type="undo"), "redo": ask(s, type="redo"), "goto": ask(s, type="goto", index=0),
+        "substitute": ask(s, type="substitute", target=1, name="ReLU"),
+        "fits": ask(s, type="fits", id=1), "compare_base": ask(s, type="compare_base", base="previous"),
+        "export": ask(s, type="export"), "values": ask(s, type="values", id=1),
+        "overlay": ask(s, type="overlay", stat="norm"), "batch": ask(s, type="batch", name="example"),
+        "nonfinite": ask(s, type="nonfinite")}
+    assert set(replies) | {"code", "expand", "graph"} == set(REQUESTS)
+    for kind, reply in replies.items():
+        assert reply["type"] == "error" and "closed" in reply["message"], (kind, reply)
+    # reading what was done still answers
+    assert ask(s, type="code")["type"] == "ok" and "yax.sub" in ask(s, type="code")["code"]
+    assert ask(s, type="graph", depth=1)["type"] == "ok"
+    for call in (lambda: s.undo(), lambda: s.query("//*"), lambda: s.substitute("//activation", "GELU"),
+                 lambda: s.use_batch("example"), lambda: s.values("//activation"), lambda: s.export("x"),
+                 lambda: s.add_replacement("x", jax.nn.relu), lambda: s.compare_with("previous")):
+        with pytest.raises(yax.YaxInputError, match="closed"):
+            call()
+    time.sleep(0.1)
+    assert {t for t in threading.enumerate() if t.name.startswith("yax-explorer")} <= before
+    assert s._pool is None and frozen(s)[1:] == state[1:] and s.state == state[0]
+    assert s.history[0].description.startswith("replaced")  # the history stays readable
+
+
+BAD = [
+    {"type": "query"}, {"type": "query", "xpath": 3}, {"type": "query", "xpath": "//*["},
+    {"type": "query", "xpath": "//*", "extra": 1}, {"type": "query", "xpath": "x" * 5000},
+    {"type": "substitute", "target": 10**6, "name": "ReLU"}, {"type": "substitute", "target": 1, "name": "nope"},
+    {"type": "substitute", "target": "query", "name": "ReLU"},  # no query ran
+    {"type": "substitute", "target": 1.5, "name": "ReLU"}, {"type": "substitute", "target": True, "name": "ReLU"},
+    {"type": "goto", "index": 7}, {"type": "goto", "index": "1"}, {"type": "compare_base", "base": "x"},
+    {"type": "overlay", "stat": "max"}, {"type": "batch", "name": "nope"}, {"type": "values", "id": -1},
+    {"type": "fits", "id": None}, {"type": "graph", "depth": 9}, {"type": "expand", "id": 0},
+    {"type": "export", "stem": "/tmp/elsewhere"}, {"type": "nope"}, {"type": "undo", "index": 0},
+]
+
+
+@pytest.mark.parametrize("content", BAD, ids=lambda c: f"{c.get('type')}-{'-'.join(map(str, c))}"[:60])
+def test_a_refused_request_changes_nothing(content):
+    s = session()
+    s.substitute("//activation", "ReLU")
+    s.query('//module_call[@type="Dense"]')
+    before = frozen(s)
+    reply = ask(s, **content)
+    assert reply["type"] == "error" and reply["rid"] == 1 and (reply["message"][0].isupper() or reply["message"][0] == "`"), reply
+    assert reply["message"].rstrip().endswith((".", ")", "`")), reply["message"]
+    after = frozen(s)
+    assert after[0] == before[0] and after[1:] == before[1:]
+    s.close()
+
+
+def test_a_query_giving_a_number_is_refused_as_a_drop_target_with_a_sentence():
+    s = session()
+    with pytest.raises(yax.YaxInputError, match=r"`count\(//\*\)` gives the float 19\.0, not nodes"):
+        s.substitute("count(//*)", "ReLU")
+    s.query("count(//*)")
+    assert s.state["query_result"]["kind"] == "value"
+    before = frozen(s)
+    reply = ask(s, type="substitute", target="query", name="ReLU", xpath="count(//*)")
+    assert reply["type"] == "error" and "not nodes, so there is nothing for ReLU to replace" in reply["message"]
+    assert frozen(s)[1:] == before[1:]
+
+
+def test_a_drop_on_a_query_box_showing_another_query_is_refused():
+    s = session()
+    s.query("//activation")
+    reply = ask(s, type="substitute", target="query", name="ReLU", xpath="//activation[")
+    assert reply["type"] == "error" and "did not run" in reply["message"] and not s.history
+    reply = ask(s, type="substitute", target="query", name="ReLU", xpath="//activation")
+    assert reply["type"] == "ok" and len(s.history) == 1
+
+
+def test_exports_never_replace_a_file_unasked(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    s = session()
+    s.substitute("//activation", "ReLU")
+    first = ask(s, type="export")
+    second = ask(s, type="export")
+    assert first["type"] == second["type"] == "ok"
+    assert [os.path.basename(f) for f in first["files"]][0] == "yax_model_step1.jax_exported"
+    assert [os.path.basename(f) for f in second["files"]][0] == "yax_model_step1_2.jax_exported"
+    assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(f) for f in first["files"] + second["files"])
+    assert s.state["status"]["message"].startswith("exported to yax_model_step1_2.jax_exported")
+    readme = tmp_path / "yax_model_step1.README.md"
+    text = readme.read_text()
+    with pytest.raises(yax.YaxInputError, match=r"would replace .*yax_model_step1\.jax_exported.*overwrite=True"):
+        s.export("yax_model_step1")
+    assert readme.read_text() == text
+    files = s.export("yax_model_step1", overwrite=True)
+    assert len(files) == 4
+    # nothing was written anywhere else
+    assert len(os.listdir(tmp_path)) == 8
+
+
+def test_a_failing_query_leaves_the_highlight_of_the_query_that_ran():
+    s = session()
+    s.query("//activation")
+    before = frozen(s)
+    with pytest.raises(yax.YaxQueryError):
+        s.query("//activation[")
+    assert frozen(s)[0] == before[0] and s.state["query"] == "//activation" and len(s.state["matches"]) == 1
+    # an empty query clears the highlight
+    assert s.query("") == [] and s.state["matches"] == [] and s.state["query"] == ""
+
+
+def test_the_session_compares_and_shows_values_as_yax_does():
+    s = session(batches={"twice": 2 * X})
+    s.substitute("//activation", "ReLU")
+    m, v = mlp()
+    assert s.comparison.to_dict() == yax.compare(s.original, s.mox, v, X).to_dict()
+    s.use_batch("twice")
+    assert s.comparison.to_dict() == yax.compare(s.original, s.mox, v, 2 * X).to_dict()
+    relu = yax.query("//activation", s.mox)[0]
+    _, got = yax.capture(relu, s.mox, v, 2 * X)
+    out = np.asarray(next(iter(got.values())))
+    stats = s.values("//activation")["out"]
+    assert stats.min == pytest.approx(out.min()) and stats.max == pytest.approx(out.max())
+    s.close()

@@ -1,0 +1,710 @@
+"""The explorer's session: everything the explorer does, in plain Python.
+
+A `Session` holds the history of changes, the registered replacements, the
+query and its matches, the named input batches, the worker thread that
+compiles and compares, and the values pane (`_values.Inspector`). It imports
+no widget library, so it runs and is tested without a front-end: the
+`Explorer` widget (``_explorer``) is a thin layer that mirrors `Session.state`
+into synced traits and hands the front-end's requests (``_protocol``) to it.
+
+What the front-end renders from is `Session.state`, a dict of plain values
+built by ``_payloads``; each change to it is told to ``on_change`` (the widget
+copies it into its traits). A command either changes the state as a whole or
+raises a `yax.YaxError` and changes nothing.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import keyword
+import pathlib
+import re
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import jax
+
+import yax
+from yax import Equation, Mox
+from yax.internal import (
+    CALL_KINDS,
+    Measured,
+    compare_gradients,
+    compare_measured,
+    is_decider,
+    is_module,
+    measure,
+    misfit,
+    node_ids,
+    paired_outputs,
+    params_argument,
+    trace_target,
+    view,
+)
+
+from . import _payloads
+from ._code import replacement_code, xpath_for
+from ._export import input_names
+from ._targets import hf_call, opening_lines, target_kind
+from ._values import EXAMPLE, Inspector, as_args, check_fits, same_inputs
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One step of the history: what was done, the code doing it, and the
+    model after it."""
+
+    description: str
+    code: str
+    mox: Mox
+    params: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """A replacement offered in the palette."""
+
+    name: str
+    repl: Any
+    code: str | None  #: a Python expression for it; None: the script must define it
+    kind: str
+    doc: str
+    ident: str = "replacement"  #: the variable "copy as code" names it by, when code is None
+
+    @property
+    def expr(self) -> str:
+        return self.code or self.ident
+
+
+class SessionClosed(yax.YaxInputError):
+    """A command reached an explorer after `close()`. Its history stays
+    readable; open a new explorer to change or compare the model again."""
+
+
+# Names the script "copy as code" writes uses itself.
+_SCRIPT_NAMES = {"jax", "yax", "mox", "params", "KEY", "nn", "jnp", "nnx", "np"}
+
+
+def _identifier(name: str, taken: set[str]) -> str:
+    """A Python variable name for a replacement registered as ``name``: valid,
+    no keyword, builtin or name of the script, and none another one has."""
+    base = "_".join(re.findall(r"\w+", name.lower()))
+    base = "".join(ch if ("a" + ch).isidentifier() else "_" for ch in base).strip("_") or "replacement"
+    if not base.isidentifier():  # it starts with a digit
+        base = "r_" + base
+    if keyword.iskeyword(base) or keyword.issoftkeyword(base) or hasattr(builtins, base) or base in _SCRIPT_NAMES:
+        base += "_"
+    ident, k = base, 2
+    while ident in taken:
+        ident, k = f"{base}_{k}", k + 1
+    return ident
+
+
+def default_palette() -> list[tuple[str, Any]]:
+    """The replacements every explorer offers."""
+    import jax.numpy as jnp
+
+    return [
+        ("GELU", jax.nn.gelu), ("ReLU", jax.nn.relu), ("SiLU", jax.nn.silu), ("tanh", jnp.tanh),
+        ("sigmoid", jax.nn.sigmoid), ("identity", jax.nn.identity),
+        ("LoRA r=4", yax.LoRA(rank=4)),  # Dense, DenseGeneral, Einsum and nnx Linear layers
+    ]
+
+
+#: What `Session.state` holds at first: the keys the front-end renders from (docs/widget.md, "Traits").
+INITIAL_STATE: dict[str, Any] = {
+    "tree": {}, "original_tree": {}, "query": "", "query_error": "", "matches": [], "query_result": {},
+    "match_owners": {}, "palette": [], "history": {}, "diff": {}, "comparison": {},
+    "status": {"busy": False, "message": ""}, "compare_base": "original",
+    "batches": {}, "values": {}, "overlay": {},
+}
+
+
+class Session:
+    """The explorer without a widget: history, substitutions, comparison, batches,
+    values and export. `yax_widget.Explorer` takes the same arguments and shows it.
+
+    Args:
+      target: what to explore, and the example inputs and options after it (``key``,
+        ``batches``, ``grad_of`` and keyword inputs), as for `Explorer`.
+      warm: measure the original on the example inputs in the worker right away.
+      on_change: called with the entries of `state` that changed, after each change.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, flax.linen as nn
+      >>> from yax_widget import Session
+      >>> m = nn.Sequential([nn.Dense(4), nn.relu, nn.Dense(2)]); x = jnp.ones((1, 3))
+      >>> s = Session(m, m.init(jax.random.key(0), x), x)
+      >>> s.substitute('//activation', "GELU")
+      'replaced 1 node(s) selected by //activation with GELU'
+      >>> s.comparison.label(s.comparison.first_divergence), s.state["history"]["index"]
+      ('Sequential/relu (now gelu)', 1)
+      >>> s.close()
+    """
+
+    def __init__(self, target: Any, *args: Any, key: Any = None, warm: bool = False, batches: Any = None,
+                 grad_of: Any = None, on_change: Callable[[dict[str, Any]], None] | None = None, **kwargs: Any):
+        if grad_of is not None and not callable(grad_of):
+            raise yax.YaxInputError(
+                f"`grad_of` must be a function of what the model returns giving a scalar (a loss), but got a "
+                f"`{type(grad_of).__name__}`. Try `grad_of=lambda out: out.sum()`.")
+        self.state: dict[str, Any] = dict(INITIAL_STATE)
+        self._on_change = on_change
+        self._grad_of = grad_of
+        given = target
+        if isinstance(target, Mox):
+            if target.kind != "root":
+                raise yax.YaxInputError(
+                    f"`Explorer` expected a root MoX from `yax.make_mox`, but got a `{target.kind}` node. "
+                    "Try `Explorer(model, variables, batch)`.")
+            mox = target
+        else:  # an nnx module's MoX runs (state, *args) -> (out, new_state): docs/nnx.md
+            target, args = hf_call(target, args)  # a Hugging Face wrapper: its `params` become an argument
+            mox, args = trace_target(target, *args, **kwargs)
+        self.args, self.kwargs = args, kwargs  # the inputs of the batch in use, parameters first
+        self.target_kind = target_kind(given, target, mox)  # how "copy as code" makes `mox` again
+        self.names: list[str] | None = None  # the expressions `%yax` was given: the script's names
+        params = params_argument(mox, args)  # the variables or state `yax.sub` reconciles, or None
+        self.has_params = params is not None
+        # what the positional inputs are called in the model's own signature: the export's README names them so
+        self.input_names = input_names(given, len(args) - self.has_params, self.has_params)
+        self._key = jax.random.key(0) if key is None else key
+        self._states: list[Change] = [Change("original", "", mox, params)]
+        self._index = 0
+        self._items: dict[str, Item] = {}
+        self._selection: list[Any] = []
+        self._fit_cache: dict = {}
+        self.comparison: yax.Comparison | None = None
+        self._reference: Measured | None = None  # the original's values on the batch in use
+        self._base_values: tuple[Mox, Measured] | None = None  # a previous state's, for "previous"
+        # One worker runs the models (in order: the original's measurement, then each change's).
+        # XLA compiles without holding the GIL, so the tree is rebuilt meanwhile on this thread.
+        # It starts on first use and stops with `close()` (or when the session is collected).
+        self._pool: ThreadPoolExecutor | None = None
+        self._warmer: Future | None = None
+        self._closed = False
+        self._inputs: dict[str, tuple[tuple, dict]] = {}  # the named batches: (args, kwargs) each
+        self._refs: dict[str, Measured | None] = {}  # the original's measured values on each batch used so far
+        self._batch = EXAMPLE
+        self.inspector = Inspector(self)
+        self._init_batches(batches)
+        for name, repl in default_palette():
+            self.add_replacement(name, repl)
+        self._set(original_tree=_payloads.tree(mox, 0))
+        self._refresh()
+        if warm and (args or kwargs):
+            # Measure the original (compile, run, fetch its outputs and module boundaries) while
+            # the user looks at the tree: each substitution then runs only the modified model.
+            # The worker is no daemon: a script that exits meanwhile waits for XLA rather than
+            # aborting in it.
+            self._warmer = self._worker().submit(self._warm)
+
+    # -- state -----------------------------------------------------------------------------
+
+    def _set(self, **changes: Any) -> None:
+        """Change entries of `state` together and tell ``on_change``."""
+        self.state.update(changes)
+        if self._on_change is not None:
+            self._on_change(changes)
+
+    def status(self, message: str, busy: bool = False) -> None:
+        """Show ``message`` in the status line."""
+        self._set(status={"busy": busy, "message": message})
+
+    def show(self, **changes: Any) -> None:
+        """Set the values pane's entries of `state` (``values``, ``overlay``): for the `Inspector`."""
+        if set(changes) - {"values", "overlay"}:
+            raise ValueError(f"`show` sets the values pane's state only, not {sorted(changes)}.")
+        self._set(**changes)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def mox(self) -> Mox:
+        """The current MoX."""
+        return self._states[self._index].mox
+
+    @property
+    def params(self) -> Any:
+        """The current parameters (first positional argument), or ``None``."""
+        return self._states[self._index].params
+
+    @property
+    def original(self) -> Mox:
+        """The MoX the explorer was opened with."""
+        return self._states[0].mox
+
+    @property
+    def history(self) -> list[Change]:
+        """The applied changes, oldest first (undone ones are not listed)."""
+        return self._states[1:self._index + 1]
+
+    @property
+    def states(self) -> tuple[Change, ...]:
+        """Every state of the history, the original first and undone ones included."""
+        return tuple(self._states)
+
+    @property
+    def index(self) -> int:
+        """Which of `states` is current."""
+        return self._index
+
+    @property
+    def selection(self) -> list[Any]:
+        """The nodes the current query selects."""
+        return list(self._selection)
+
+    @property
+    def items(self) -> Mapping[str, Item]:
+        """The registered replacements, by name."""
+        return dict(self._items)
+
+    @property
+    def batch(self) -> str:
+        """The name of the batch the values, colouring and comparison use."""
+        return self._batch
+
+    @property
+    def batches(self) -> list[str]:
+        """The names of the input batches."""
+        return list(self._inputs)
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called: commands are refused, the history stays readable."""
+        return self._closed
+
+    def call_args(self) -> tuple[tuple, dict]:
+        """The current model's arguments on the batch in use (its parameters first)."""
+        if not self.args and not self.kwargs:
+            raise yax.YaxInputError("The explorer was opened without example inputs, so the model has no values "
+                                    "to show. Open it as `Explorer(model, variables, batch)`.")
+        args = (self.params, *self.args[1:]) if self.has_params else self.args
+        return args, self.kwargs
+
+    def node(self, rid: Any, kinds: tuple = (*CALL_KINDS, "equation"), field: str = "id") -> Any:
+        """The node of the current model whose row id is ``rid``, of one of ``kinds``."""
+        nodes = view(self.mox).nodes
+        if not isinstance(rid, int) or isinstance(rid, bool) or not 0 <= rid < len(nodes):
+            raise yax.YaxInputError(f"`{field}` must be the id of a node of the current model, not {str(rid)[:40]!r}.")
+        node = nodes[rid]
+        kind = "equation" if isinstance(node, Equation) else node.kind
+        if kind not in kinds:
+            raise yax.YaxInputError(f"Node {rid} is a `{kind}` node, which cannot be used here.")
+        return node
+
+    def fits(self, node: Any) -> tuple[list[str], dict[str, str]]:
+        """The replacements a drop on ``node`` accepts, and why each other one is refused."""
+        fits, refused = [], {}
+        for item in self._items.values():
+            # with the explorer's parameters, misfit places variables exactly as the drop's `sub` does
+            why = misfit(item.repl, node, self.mox, cache=self._fit_cache, params=self.params)
+            if why is None:
+                fits.append(item.name)
+            else:
+                refused[item.name] = why
+        return fits, refused
+
+    # -- commands --------------------------------------------------------------------------
+
+    def _open(self) -> None:
+        if self._closed:
+            raise SessionClosed("This explorer is closed, so it changes, compares and computes nothing more; "
+                                "its history stays readable. Open a new `Explorer` to go on.")
+
+    def add_replacement(self, name: str, repl: Any, *, code: str | None = None, doc: str | None = None) -> None:
+        """Offer ``repl`` (anything `yax.sub` accepts) in the palette as ``name``.
+        ``code`` is the Python expression "copy as code" writes for it."""
+        self._open()
+        if not isinstance(name, str) or not name.strip() or len(name) > 80:
+            raise yax.YaxInputError(f"A replacement name must be a non-empty string of at most 80 characters, "
+                                    f"not {name!r}.")
+        kind = ("mox" if isinstance(repl, Mox) else "equation" if isinstance(repl, Equation)
+                else "module" if is_module(repl) else "decider" if is_decider(repl) else "function")
+        if kind == "function" and not callable(repl):
+            raise yax.YaxInputError(
+                f"`{name}` must be a function, a Flax module, a MoX or an Equation (anything `yax.sub` "
+                f"accepts), but it is a `{type(repl).__name__}`.")
+        text = doc if doc is not None else (getattr(repl, "__doc__", None) or "").strip().split("\n")[0]
+        if code is None:
+            code = replacement_code(repl)
+        taken = {i.ident for n, i in self._items.items() if n != name}
+        self._items[name] = Item(name, repl, code, kind, text[:200], _identifier(name, taken))
+        self._fit_cache.clear()
+        self._set(palette=[{"name": i.name, "kind": i.kind, "doc": i.doc} for i in self._items.values()])
+
+    def query(self, xpath: str) -> list[Any]:
+        """Run ``xpath`` on the current MoX, highlight the matches and return them
+        (`yax.query` semantics; non-node results are returned as they are and
+        highlight nothing). A query that fails raises and changes nothing; an
+        empty one clears the highlight."""
+        self._open()
+        if not isinstance(xpath, str):
+            raise yax.YaxInputError(f"A query is an XPath string, not a `{type(xpath).__name__}`.")
+        if not xpath.strip():
+            self._selection = []
+            self._set(query=xpath, query_error="", matches=[], query_result={}, match_owners={})
+            return []
+        res, changes = self._run_query(xpath)
+        self._set(query=xpath, **changes)
+        return res
+
+    def _run_query(self, xpath: str) -> tuple[Any, dict[str, Any]]:
+        """``xpath``'s result on the current model and the state showing it (raises on a failure)."""
+        res = yax.query(xpath, self.mox)
+        ids = node_ids(self.mox)
+        selection = [n for n in res if id(n) in ids] if isinstance(res, list) else []
+        owners = _payloads.owners(self.mox)
+        matches = [ids[id(n)] for n in selection]
+        changes = {"query_error": "", "matches": matches,
+                   "match_owners": {str(i): owners[i] for i in matches if i in owners},
+                   "query_result": _payloads.query_result(xpath, res, len(matches), self.mox)}
+        self._selection = selection
+        return res, changes
+
+    def substitute(self, target: Any, name: str) -> str:
+        """Replace ``target`` (a node of the current MoX, an XPath, or ``"query"``
+        for the current query's matches) with the replacement registered as
+        ``name``; compare with the original. Returns the change's description.
+        Raises `yax.YaxRewriteError` and changes nothing when it does not fit."""
+        self._open()
+        change = self.change(target, name)
+        self._move([*self._states[:self._index + 1], change], self._index + 1)
+        return change.description
+
+    def change(self, target: Any, name: str) -> Change:
+        """The change `substitute` makes to the current model, not applied yet (no
+        comparison): what a drop does, so what the fits menu must predict. Raises
+        `yax.YaxError` when it does not fit."""
+        item = self._items.get(name) if isinstance(name, str) else None
+        if item is None:
+            raise yax.YaxInputError(f"No replacement is registered as {name!r}; registered: "
+                                    f"{', '.join(self._items)}. Try `explorer.add_replacement(name, fn)`.")
+        if isinstance(target, str):
+            pattern = self.state["query"] if target == "query" else target
+            if not pattern:
+                raise yax.YaxInputError("There is no query to replace the matches of; type one first.")
+            found = yax.query(pattern, self.mox)
+            if not isinstance(found, list):
+                raise yax.YaxInputError(
+                    f"`{pattern}` gives the {type(found).__name__} {found!r}, not nodes, so there is nothing for "
+                    f"{name} to replace. Select nodes, such as `//activation`.")
+            what = f"{len(found)} node(s) selected by {pattern}"
+        else:
+            pattern = xpath_for(target, self.mox)
+            what = f"{target.path or target.name}"
+        step = len(self.history) + 1
+        if self.params is not None and item.kind in ("function", "equation"):  # creates no variables
+            new, new_params = yax.sub(pattern, item.repl, self.mox, params=self.params)
+            code = f"mox, params = yax.sub({pattern!r}, {item.expr}, mox, params=params)"
+        elif self.params is not None:
+            key = jax.random.fold_in(self._key, step)  # not made for the others: its first use compiles
+            new, new_params = yax.sub(pattern, item.repl, self.mox, params=self.params, key=key)
+            code = (f"mox, params = yax.sub({pattern!r}, {item.expr}, mox, params=params, "
+                    f"key=jax.random.fold_in(KEY, {step}))")
+        else:
+            new, new_params = yax.sub(pattern, item.repl, self.mox), None
+            code = f"mox = yax.sub({pattern!r}, {item.expr}, mox)"
+        desc = f"replaced {what} with {name}"
+        if item.code is None:
+            code = f"# `{item.expr}`: the replacement registered as {name!r}; define it first\n{code}"
+        return Change(desc, code, new, new_params)
+
+    def undo(self) -> None:
+        """Go back one change (nothing happens at the original)."""
+        self._open()
+        if self._index > 0:
+            self._move(self._states, self._index - 1)
+
+    def redo(self) -> None:
+        """Re-apply the change last undone (nothing happens at the newest)."""
+        self._open()
+        if self._index + 1 < len(self._states):
+            self._move(self._states, self._index + 1)
+
+    def goto(self, index: int) -> None:
+        """Make state ``index`` of the history current (0: the original; the
+        changes after it stay, to redo), as a click on a history item does."""
+        self._open()
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(self._states):
+            raise yax.YaxInputError(f"`goto` takes a state of the history, 0 (the original) to "
+                                    f"{len(self._states) - 1}, not {index!r}.")
+        if index != self._index:
+            self._move(self._states, index)
+
+    def compare_with(self, base: str) -> None:
+        """Compare the current model with ``"original"`` (the default) or with
+        ``"previous"``: the state just before it in the history, so the
+        comparison shows what the last change alone did. Compares again now."""
+        self._open()
+        if base not in ("original", "previous"):
+            raise yax.YaxInputError(f"`compare_with` takes \"original\" or \"previous\", not {base!r}.")
+        self._set(compare_base=base)
+        self._finish_compare(self._start_compare())
+
+    def _move(self, states: list[Change], index: int) -> None:
+        """Make ``states[index]`` current and show it; if showing it fails, the
+        explorer stays where it was, so the front-end's error reply is true."""
+        before = self._states, self._index
+        self._states, self._index = states, index
+        try:
+            self._refresh()
+        except BaseException:
+            self._states, self._index = before
+            try:
+                self._refresh()
+            except Exception:  # the first failure is the one to report
+                pass
+            raise
+
+    def export(self, stem: str | pathlib.Path = "yax_model", *, overwrite: bool = False) -> list[str]:
+        """Save the current model to run without yax (`Explorer.export`). Refuses to
+        replace existing files unless ``overwrite``."""
+        self._open()
+        from ._export import export
+
+        return export(self, stem, overwrite=overwrite)["files"]
+
+    def export_next(self) -> dict:
+        """The Export button: write ``yax_model_step{K}`` (K: the current step) in the
+        working directory, with ``_2``, ``_3``… added when files of that name exist
+        (none is replaced). Returns the files and their sizes."""
+        self._open()
+        from ._export import export, taken
+
+        stem, k = f"yax_model_step{self._index}", 2
+        while taken(pathlib.Path(stem)):
+            stem, k = f"yax_model_step{self._index}_{k}", k + 1
+        reply = export(self, stem)
+        self.status("exported to " + ", ".join(
+            f"{f} ({b / 2**20:.1f} MiB)" for f, b in zip(reply["files"], reply["bytes"])))
+        return reply
+
+    def code(self) -> str:
+        """The `yax.sub` calls that turn the original into the current model,
+        as a script fragment (``mox`` and ``params`` are the original's)."""
+        lines = [c.code for c in self.history]
+        if not lines:
+            return "# no changes: the model is the original"
+        head = ["import jax", "import yax", "",
+                *opening_lines(self.target_kind, self.names, len(self.args), self.kwargs, self.has_params), ""]
+        if any("KEY" in line for line in lines):
+            head.insert(2, f"KEY = {_key_code(self._key)}")
+        return "\n".join(head + lines)
+
+    def values(self, target: Any) -> dict[str, Any]:
+        """Statistics of the outputs of ``target`` on the batch in use (`Explorer.values`)."""
+        self._open()
+        return self.inspector.values(target)
+
+    def close(self) -> None:
+        """Stop the worker thread and let go of the measured values. The history
+        stays readable; every later command is refused (`SessionClosed`)."""
+        self._closed = True
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            _stop(pool)
+        self._reference, self._fit_cache, self._base_values, self._refs = None, {}, None, {}
+        self.inspector.clear()
+
+    # -- batches ---------------------------------------------------------------------------
+
+    def _init_batches(self, batches: Mapping[str, Any] | None) -> None:
+        if batches is not None and not isinstance(batches, Mapping):
+            raise yax.YaxInputError(
+                f"`batches` must map names to inputs, such as `{{'clean': x, 'corrupt': y}}`, but got a "
+                f"`{type(batches).__name__}`.")
+        example = self.args[1:] if self.has_params else self.args
+        given = dict(batches or {})
+        same = next((k for k, v in given.items() if same_inputs(as_args(v, len(example)), example)), None)
+        if same is None and (self.args or self.kwargs):
+            self._inputs[EXAMPLE] = (self.args, self.kwargs)
+        for name, v in given.items():
+            self.add_batch(name, *as_args(v, len(example)))
+        self._batch = same or next(iter(self._inputs), EXAMPLE)
+        self._sync_batches()
+
+    def add_batch(self, name: str, *args: Any, **kwargs: Any) -> None:
+        """Offer the inputs ``args`` (after the parameters, when the model has
+        them) and ``kwargs`` (the example's, where not given) as the batch
+        ``name`` (`Explorer.add_batch`)."""
+        self._open()
+        if not isinstance(name, str) or not name.strip() or len(name) > 80:
+            raise yax.YaxInputError(f"A batch name must be a non-empty string of at most 80 characters, not {name!r}.")
+        head = self.args[:1] if self.has_params else ()
+        new = ((*head, *args), {**self.kwargs, **kwargs})
+        check_fits(name, (self.args, self.kwargs), new)
+        self._inputs[name] = new
+        self._sync_batches()
+
+    def use_batch(self, name: str) -> None:
+        """Show values, colours and the comparison on the batch ``name``."""
+        self._open()
+        if not isinstance(name, str) or name not in self._inputs:
+            raise yax.YaxInputError(f"No batch is named {str(name)[:40]!r}; the batches are "
+                                    f"{', '.join(map(repr, self._inputs)) or 'none'}. Add one with "
+                                    "`explorer.add_batch(name, *inputs)`.")
+        if name == self._batch:
+            return
+
+        def swap() -> None:  # on the worker: between two measurements, never during one
+            self._refs[self._batch] = self._reference
+            self.args, self.kwargs = self._inputs[name]
+            self._reference = self._refs.get(name)
+            self._batch = name
+
+        self._worker().submit(swap).result()
+        self._sync_batches()
+        self._finish_compare(self._start_compare())  # the comparison, on the new batch
+        self.inspector.batch_changed()
+
+    def _sync_batches(self) -> None:
+        self._set(batches={"names": list(self._inputs), "current": self._batch})
+
+    # -- showing the current model ---------------------------------------------------------
+
+    def _refresh(self) -> None:
+        compared = self._start_compare()  # first: the tree below is rebuilt while XLA compiles
+        mox = self.mox
+        original = mox is self.original
+        changes: dict[str, Any] = {
+            "tree": ({**self.state["original_tree"], "version": self._index} if original
+                     else _payloads.tree(mox, self._index)),
+            "history": {"items": [c.description for c in self._states[1:]], "index": self._index},
+            "diff": {"original": {}, "current": {}} if original else _payloads.diff_marks(self.original, mox)}
+        if self.state["query"]:
+            try:
+                changes.update(self._run_query(self.state["query"])[1])
+            except Exception as e:  # shown as the query's error; the change itself stands
+                self._selection = []
+                changes.update(query_error=str(e) if isinstance(e, yax.YaxError) else
+                               f"The query failed with {type(e).__name__}: {e}",
+                               matches=[], match_owners={}, query_result={})
+        self._set(**changes)
+        self._finish_compare(compared)
+
+    # -- comparing, on the worker ----------------------------------------------------------
+
+    def _worker(self) -> ThreadPoolExecutor:
+        self._open()  # a closed session starts no thread again
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="yax-explorer")
+            weakref.finalize(self, _stop, self._pool)
+        return self._pool
+
+    def run_on_worker(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on the worker thread, between two measurements: its result."""
+        return self._worker().submit(fn).result()
+
+    def _warm(self) -> None:
+        try:
+            self._original_values()
+        except Exception:  # the first real compare reports any problem, with context
+            pass
+
+    def _original_values(self) -> Measured:
+        """The original's outputs and boundary values on the batch in use,
+        measured once: they never change while the explorer lives."""
+        if self._reference is None:
+            idx, _ = paired_outputs(self.original, self.original)
+            self._reference = measure(self.original, self.args, self.kwargs, idx)
+        return self._reference
+
+    def _start_compare(self) -> tuple[Future, float, str] | None:
+        """Start comparing the current model with the original (or the previous
+        state, `compare_with`) on the worker."""
+        if self._index == 0 or not (self.args or self.kwargs):
+            return None
+        previous = self.state["compare_base"] == "previous" and self._index >= 2  # before the first: the original
+        base = self._states[self._index - 1] if previous else None
+        self.status("compiling and comparing…", busy=True)
+        t = time.perf_counter()
+        args = self.call_args()[0]
+        lowered = threading.Event()
+        future = self._worker().submit(self._measure, self.mox, args, lowered, base)
+        future.add_done_callback(lambda _: lowered.set())  # also when it fails
+        if self._reference is not None:
+            # Tracing and lowering hold the GIL like the tree rebuild does; XLA's compile, next, does
+            # not: the tree is rebuilt during the compile. (Before the original is measured, the
+            # tree goes first: that measurement takes longer than the tree.)
+            lowered.wait()
+        return future, t, "previous" if previous else "original"
+
+    def _measure(self, mox: Mox, args: tuple, lowered: threading.Event, base: Change | None = None) -> yax.Comparison:
+        c = self._measure_values(mox, args, lowered, base)
+        if self._grad_of is None:
+            return c
+        if base is None and not self.has_params:
+            raise yax.YaxInputError("`grad_of` compares gradients with respect to the parameters, but this model "
+                                    "takes none. Open the explorer with the parameters as the first argument.")
+        before = self.original if base is None else base.mox
+        args_a = self.args if base is None else ((base.params, *self.args[1:]) if self.has_params else self.args)
+        return dataclasses.replace(c, gradients=compare_gradients(before, mox, args_a, args, self.kwargs,
+                                                                  self._grad_of))
+
+    def _measure_values(self, mox: Mox, args: tuple, lowered: threading.Event,
+                        base: Change | None = None) -> yax.Comparison:
+        if base is None:
+            _, idx = paired_outputs(self.original, mox)
+            ref = self._original_values()
+            # measured the way the original was (jitted, or op by op for chains of tiny calls)
+            return compare_measured(self.original, mox, ref, measure(mox, args, self.kwargs, idx, lowered=lowered,
+                                                                     eager=ref.eager))
+        base_idx, idx = paired_outputs(base.mox, mox)
+        cached = self._base_values  # the last base measured: stepping forward measures each state once more
+        if cached is None or cached[0] is not base.mox:
+            base_args = (base.params, *self.args[1:]) if self.has_params else self.args
+            cached = self._base_values = (base.mox, measure(base.mox, base_args, self.kwargs, base_idx,
+                                                            eager=self._original_values().eager))
+        return compare_measured(base.mox, mox, cached[1], measure(mox, args, self.kwargs, idx, lowered=lowered,
+                                                                 eager=cached[1].eager))
+
+    def _finish_compare(self, compared: tuple[Future, float, str] | None) -> None:
+        if compared is None:
+            self.comparison = None
+            changes: dict[str, Any] = {
+                "comparison": {} if self.args or self.kwargs else {"message": "no example inputs to compare on"}}
+            if self.state["status"].get("message"):  # "compared in …" was about a change no longer applied
+                changes["status"] = {"busy": False, "message": ""}
+            self._set(**changes)
+            return
+        future, t, base = compared
+        try:
+            c = future.result()
+        except Exception as e:  # the change stands; its comparison says why it could not be made
+            self.comparison = None
+            self._set(comparison=_payloads.comparison_failure(e), status={"busy": False, "message": "comparison failed"})
+            return
+        self.comparison = c
+        seconds = time.perf_counter() - t
+        self._set(comparison={**_payloads.comparison_state(c, self.mox, seconds), "base": base},
+                  status={"busy": False, "message": f"compared in {seconds:.2f} s"})
+
+
+def _stop(pool: ThreadPoolExecutor) -> None:
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def in_kernel() -> bool:
+    """Whether this runs in a Jupyter kernel (where a widget is shown)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def _key_code(key: Any) -> str:
+    try:
+        data = jax.random.key_data(key)
+        if data.shape == (2,) and int(data[0]) == 0:
+            return f"jax.random.key({int(data[1])})"
+    except Exception:
+        pass
+    return "...  # the key passed to Explorer(key=...)"
