@@ -92,11 +92,12 @@ class FakeModel {
     this.handlers = { ...PYTHON, ...handlers };
     this.listeners = new Map();
     this.sent = [];
+    this.saved = 0;
   }
 
   get(key) { return this.state[key]; }
   set(key, value) { this.state[key] = value; this.emit(`change:${key}`); }
-  save_changes() {}
+  save_changes() { this.saved += 1; } // the front-end writing a synced trait: never (see afterEach)
   on(name, f) { this.listeners.set(name, [...(this.listeners.get(name) || []), f]); }
   off(name, f) { this.listeners.set(name, (this.listeners.get(name) || []).filter((g) => g !== f)); }
   emit(name, ...args) { for (const f of this.listeners.get(name) || []) f(...args); }
@@ -576,6 +577,7 @@ for (const [label, url] of TARGETS) {
   describe(`render() from the ${label}`, { skip: !existsSync(url) && "no bundle: run `npm run build`" }, () => {
     let widget;
     const cleanups = [];
+    const models = [];
     beforeEach(async () => {
       widget ??= (await import(url)).default;
       jsdomErrors.length = 0;
@@ -584,10 +586,15 @@ for (const [label, url] of TARGETS) {
       for (const f of cleanups.splice(0)) f();
       document.body.replaceChildren();
       assert.deepEqual(jsdomErrors.map(String), []);
+      // synced state is Python's alone: the front-end keeps its own (selection, expansion, filter, a refused
+      // query's message) apart and never saves a trait
+      const mounted = models.splice(0);
+      assert.deepEqual(mounted.map((m) => m.saved), mounted.map(() => 0));
     });
     const mount = async (options) => {
       const shown = await show(widget, options);
       cleanups.push(shown.cleanup);
+      models.push(shown.model);
       return shown;
     };
     for (const [name, fn] of SCENARIOS) test(name, () => fn(mount));
