@@ -31,7 +31,7 @@ import inspect
 import sys
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -162,7 +162,8 @@ def _partial_entry(p: functools.partial, t: dict[int, _Entry], name: str | None 
     hit = t.get(id(p.func))
     if hit is None or hit[1] is not p.func:
         return None
-    return (name or hit[0], p, _wrapper(name or hit[0], p, hit[2].__yax_method__))
+    method = hit[2].__yax_method__  # type: ignore[attr-defined]  # set by `_wrapper`
+    return (name or hit[0], p, _wrapper(name or hit[0], p, method))
 
 
 def _table_entries(modname: str, tbl: Any, out: dict[int, _Entry]) -> None:
@@ -249,7 +250,7 @@ def marking(v: Any, t: dict[int, _Entry] | None = None) -> Any:
 
 
 @contextlib.contextmanager
-def patched_names(rec: Any = None):
+def patched_names(rec: Any = None) -> Iterator[None]:
     """Point the public activation names and the entries of the loaded
     activation tables at their marking wrappers (a trace hook), for as long
     as any trace in any thread runs."""

@@ -68,7 +68,8 @@ def _host_bytes(c: Any, min_bytes: int) -> np.ndarray | None:
     c = np.asarray(c)  # the plain ndarray in JAX's typed constants (a subclass or a wrapper)
     if c.nbytes < min_bytes or c.dtype.hasobject or not c.flags.c_contiguous:
         return None
-    return c.reshape(-1).view(np.uint8)
+    flat: np.ndarray = c.reshape(-1).view(np.uint8)
+    return flat
 
 
 _JAXPRS = (jcore.Jaxpr, jcore.ClosedJaxpr)
@@ -119,11 +120,11 @@ class _Converter:
                 formals = tuple(self.var(v) for v in eqn.outvars[:n])
                 frames.append([cid, info, [], (inputs, formals), info.path])
             else:
-                cid0, info0, children, (inputs, formals), _ = frames.pop() if len(frames) > 1 else (None,) * 5
-                if cid0 != cid:
+                if len(frames) <= 1 or frames[-1][0] != cid:
                     raise YaxTraceError(
                         f"Internal error: the call of `{info.path}` ended inside another call. Please report this."
                     )
+                _, _, children, (inputs, formals), _ = frames.pop()
                 n = len(info.sig.outs.dyn)
                 frames[-1][2].append(
                     Mox(
@@ -158,7 +159,9 @@ class _Converter:
 
     def equation(self, eqn: Any, path: str) -> Equation:
         # Most equations hold no jaxpr: they share JAX's params dict (never changed) and one empty `_jaxprs`.
-        params, originals = eqn.params, _NO_JAXPRS
+        params: dict[str, Any] = eqn.params
+        originals: dict[str, Any] = {}
+        sub: Mox | tuple[Mox, ...]
         for k, v in eqn.params.items():
             if isinstance(v, _JAXPRS):
                 sub, marked = self.sub(v, path)
@@ -168,7 +171,7 @@ class _Converter:
             else:
                 continue
             if params is eqn.params:
-                params, originals = dict(params), {}
+                params = dict(params)
             params[k] = sub
             if not marked:
                 originals[k] = v
@@ -180,7 +183,7 @@ class _Converter:
             path=path,
             source_info=eqn.source_info,
             ctx=getattr(eqn, "ctx", None),
-            _jaxprs=originals,
+            _jaxprs=originals if params is not eqn.params else _NO_JAXPRS,
         )
 
 

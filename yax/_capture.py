@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -37,7 +37,7 @@ import numpy as np
 from . import _calls, errors
 from ._eval import Hooks, bind, flatten_inputs, run, unflatten_outputs
 from ._ir import CALL_KINDS, Equation, Kind, Mox
-from ._print import type_str
+from ._vocab import type_str
 from .errors import YaxCaptureError, YaxInputError
 
 Node = Equation | Mox
@@ -88,7 +88,7 @@ def _selected(pattern: Any, mox: Mox, what: str) -> list[Node]:
         bad = next(n for n in found if not isinstance(n, (Mox, Equation)))
         raise YaxCaptureError(f"`{what}` works on calls and equations of a MoX, but the pattern gave `{bad!r}`.")
     if not nodes:
-        raise errors.nothing_matched(pattern, explain(pattern, mox) if isinstance(pattern, str) else "", what)
+        raise errors.NothingToCapture(pattern, explain(pattern, mox) if isinstance(pattern, str) else "", what)
     return nodes
 
 
@@ -96,7 +96,8 @@ def _plan(pattern: Any, mox: Mox, what: str, forward_only: bool = False) -> _Pla
     return plan_of(_selected(pattern, mox, what), mox, what, pattern, forward_only)
 
 
-def plan_of(nodes: list[Node], mox: Mox, what: str, pattern: Any = None, forward_only: bool = False) -> _Plan:
+def plan_of(nodes: Sequence[Node], mox: Mox, what: str, pattern: Any = None,
+            forward_only: bool = False) -> _Plan:
     """The plan reaching ``nodes`` of ``mox`` (refused, saying why, when one
     runs where its values cannot come out)."""
     wanted = {id(n) for n in nodes}
@@ -221,6 +222,7 @@ def _remat(w: _Watch, eqn: Equation, values: list[Any]) -> list[Any]:
         return run(body, vals, hooks=child), child.got
 
     p = eqn.params
+    outs: list[Any]
     outs, got = jax.checkpoint(f, prevent_cse=p.get("prevent_cse", True), policy=p.get("policy"))(list(values), inner)
     w.got.update(got)
     return outs
@@ -246,6 +248,8 @@ def _scan(w: _Watch, eqn: Equation, values: list[Any]) -> list[Any]:
         outs = run(body, [*consts, *carry, *xs_i], hooks=child)
         return outs[:nk], (outs[nk:], child.got)
 
+    ys: list[Any]
+    got: dict[str, dict[str, list[Any]]]
     carry, (ys, got) = jax.lax.scan(step, init, (xs, inner, steps), length=length, reverse=p.get("reverse", False),
                                     unroll=p.get("unroll", 1))
     w.got.update(got)
@@ -344,12 +348,15 @@ class _Program:
         def program(flat: list, patches: dict, arg: Any) -> tuple:
             self.traces += 1
             w = _Watch(plan, mode, inputs, patches, repl, arg, ())
-            return run(ref(), flat, hooks=w), w.got
+            root = ref()
+            assert root is not None  # the program is cached with its MoX and dies with it
+            return run(root, flat, hooks=w), w.got
 
         self.jitted = jax.jit(program)
 
     def __call__(self, flat: list, patches: dict, arg: Any) -> tuple:
-        return self.jitted(flat, patches, arg)
+        out: tuple = self.jitted(flat, patches, arg)
+        return out
 
 
 def watched(mox: Mox, plan: _Plan, mode: str, flat: list) -> tuple[list, dict]:
@@ -572,7 +579,10 @@ class ValueStats:
             return cls(type_str(x), np.nan, np.nan, np.nan, np.nan, 0, 0, 0, 0, size)
         f = a.astype(np.float64) if not np.iscomplexobj(a) else np.abs(a).astype(np.float64)
         fin = f[np.isfinite(f)]
-        stat = (lambda g: float(g(fin))) if fin.size else (lambda g: float("nan"))
+
+        def stat(g: Callable[[Any], Any]) -> float:
+            return float(g(fin)) if fin.size else float("nan")
+
         return cls(type_str(x), stat(np.min), stat(np.max), stat(np.mean), stat(np.std), int(np.isnan(f).sum()),
                    int(np.isposinf(f).sum()), int(np.isneginf(f).sum()), int((f == 0).sum()), size)
 
@@ -692,6 +702,8 @@ class _Flags(Hooks):
             inner[:] = [child.entries]
             return outs[:nk], (outs[nk:], child.level())
 
+        ys: list[Any]
+        level: tuple[Any, ...]
         carry, (ys, level) = jax.lax.scan(step, init, xs, length=p["length"], reverse=p.get("reverse", False),
                                           unroll=p.get("unroll", 1))
         self.entries.append(("scan", eqn, len(self.subs), inner[0], bool(p.get("reverse", False))))
@@ -712,6 +724,7 @@ class _Search:
             self.traces += 1
             top = _Flags()
             root = ref()
+            assert root is not None  # the program is cached with its MoX and dies with it
             self.args = [i for i, v in enumerate(root.invars) if _inexact(v)]
             arg_flags = [_bad(flat[i]) for i in self.args]
             run(root, flat, hooks=top)

@@ -16,7 +16,7 @@ import numpy as np
 from . import _calls, _capture, frontends
 from ._eval import eval_mox, flatten_inputs, run
 from ._ir import FN_KINDS, Equation, Kind, Mox
-from ._print import type_str
+from ._vocab import type_str
 from .errors import YaxInputError
 
 
@@ -281,9 +281,11 @@ def _program(mox: Mox, out_idx: tuple[int, ...], taps: bool, eager: bool) -> Any
         ref = weakref.ref(mox)  # the cache must not keep its own key alive
 
         def program(flat: list[Any]) -> Any:
+            root = ref()
+            assert root is not None  # the program is cached with its MoX and dies with it
             if plan is None:
-                return [_flat([o]) for o in (lambda outs: [outs[i] for i in out_idx])(run(ref(), flat))], {}
-            outs, got = _capture.watched(ref(), plan, "measure", flat)
+                return [_flat([o]) for o in (lambda outs: [outs[i] for i in out_idx])(run(root, flat))], {}
+            outs, got = _capture.watched(root, plan, "measure", flat)
             return [_flat([outs[i]]) for i in out_idx], {k: g["out"][0] for k, g in got.items()}
 
         f = cache[key] = program if eager else jax.jit(program)

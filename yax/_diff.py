@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any
 
 from ._ir import CALL_KINDS
-from ._xpath import tree_of
+from ._view import tree_of
 
 _CALLS = CALL_KINDS
 
@@ -43,7 +43,7 @@ class Diff:
         return bool(self.added or self.removed or self.changed)
 
     def to_dict(self) -> dict[str, Any]:
-        def k(key):
+        def k(key: tuple[Any, ...]) -> dict[str, Any]:
             return {"path": key[0], "kind": key[1], "method": key[2], "index": key[3]}
 
         return {
@@ -53,7 +53,7 @@ class Diff:
         }
 
     def __repr__(self) -> str:
-        def call(sign, key):
+        def call(sign: str, key: tuple[Any, ...]) -> str:
             p, kind, m, _ = key
             return f"{sign} {p} ({kind}{'' if m in ('__call__', None) else '.' + m})"
 

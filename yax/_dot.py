@@ -19,8 +19,9 @@ from typing import Any
 
 from . import _calls
 from ._ir import FN_KINDS, Equation, Kind, Mox, Var
-from ._print import type_str
-from ._xpath import calls_below, query, view
+from ._view import calls_below, view
+from ._vocab import type_str
+from ._xpath import query
 from .errors import YaxDependencyError, YaxQueryError, YaxRenderError
 
 Producers = frozenset[str]
@@ -32,7 +33,8 @@ def _q(s: str) -> str:
 
 def _group(path: str) -> str:
     """``[0][0]['params']['Dense_0']['kernel']`` → ``args[0]['params']``."""
-    parts, i = [], 0
+    parts: list[str] = []
+    i = 0
     while i < len(path) and len(parts) < 3:
         j = path.index("]", i) + 1 if "]" in path[i:] else len(path)
         parts.append(path[i:j])

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from ._ir import Equation, Kind, Literal, Mox, Symbol, holds_mox
-from ._print import type_str
+from ._vocab import type_str
 from .errors import YaxEvalError, YaxInputError, arg_name
 
 # Equation -> {param name: jaxpr} built from nested MoX nodes.
@@ -95,8 +95,8 @@ def _exec(children: Sequence[Any], env: dict, taps: list | None = None, hooks: H
                     for out, res in zip(call.outputs, call.outvars):
                         env[out] = _read(env, res)
                 else:
-                    res = hooks.leave(call, [_read(env, r) for r in call.outvars])
-                    for out, x in zip(call.outputs, res):
+                    got = hooks.leave(call, [_read(env, r) for r in call.outvars])
+                    for out, x in zip(call.outputs, got):
                         env[out] = x
                 if taps is not None:
                     taps.append((call, [env[o] for o in call.outputs]))

@@ -39,6 +39,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from ._vocab import Shaped as Shaped
+from ._vocab import type_str
+
 __all__ = ["Symbol", "Var", "Literal", "Equation", "Mox", "Kind", "CALL_KINDS", "FN_KINDS", "Packing",
            "Signature", "ModuleInfo", "holds_mox"]
 
@@ -84,7 +87,7 @@ class Var(Symbol):
     __slots__ = ("__weakref__",)
 
     def __repr__(self) -> str:
-        return f"Var({_short_type(self)})"
+        return f"Var({type_str(self)})"
 
 
 class Literal(Symbol):
@@ -92,18 +95,15 @@ class Literal(Symbol):
 
     __slots__ = ("val",)
 
-    def __init__(self, val: Any, shape=(), dtype=None, weak_type: bool = False):
+    def __init__(self, val: Any, shape: tuple[int, ...] = (), dtype: Any = None, weak_type: bool = False):
         if dtype is None:
             dtype = np.asarray(val).dtype
         super().__init__(shape, dtype, weak_type)
         self.val = val
 
     def __repr__(self) -> str:
-        return f"Literal({self.val!r}:{_short_type(self)})"
+        return f"Literal({self.val!r}:{type_str(self)})"
 
-
-def _short_type(s: Symbol) -> str:
-    return f"{getattr(s.dtype, 'name', s.dtype)}{list(s.shape)}"
 
 
 def holds_mox(v: Any) -> bool:
@@ -176,7 +176,8 @@ class Signature:
 
     def args(self, values: Sequence[Any]) -> tuple[tuple, dict]:
         """``(args, kwargs)`` with ``values`` at the traced leaves."""
-        return self.ins.unflatten(values)
+        args: tuple[tuple, dict] = self.ins.unflatten(values)
+        return args
 
     def results(self, values: Sequence[Any]) -> Any:
         """The result pytree with ``values`` at the traced leaves."""
@@ -274,12 +275,13 @@ class Equation(_Typed):
     ctx: Any = None
     # Original JAX jaxprs for parameters whose sub-MoX had nothing to strip;
     # evaluation reuses them instead of re-tracing. Not part of the identity.
-    _jaxprs: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    _jaxprs: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
     def name(self) -> str:
         """The primitive's name, e.g. ``"dot_general"``."""
-        return self.primitive.name
+        name: str = self.primitive.name
+        return name
 
     @property
     def prim(self) -> Any:
@@ -375,8 +377,9 @@ class Mox(_Typed):
     def type(self) -> str:
         """The module's class name (``"Dense"``); the function name for
         activations; the kind otherwise."""
-        if self.module_type is not None:
-            return self.module_type.__name__
+        t: type | None = self.module_type
+        if t is not None:
+            return t.__name__
         return self.name if self.kind in FN_KINDS else self.kind
 
     @property

@@ -57,6 +57,7 @@ def map_mox(fn: Callable[[Node], Node], mox: Mox, *, before: Callable[[Node], No
         stack.pop()
         out = fn(_rebuilt(node, kids, mapped))
         if not stack:
+            assert isinstance(out, Mox), "map_mox: `fn` must map the root to a Mox"
             return out
         stack[-1][3].append(out)
 

@@ -7,13 +7,13 @@ deterministic: memory addresses are scrubbed from parameter reprs.
 
 from __future__ import annotations
 
-import functools
 import re
 from typing import Any
 
 import numpy as np
 
 from ._ir import FN_KINDS, Equation, Kind, Literal, Mox, Symbol, Var, holds_mox
+from ._vocab import type_str, value_str
 
 _ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
 _LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -23,9 +23,9 @@ class Names:
     """Stable short names for vars, assigned on first use."""
 
     def __init__(self) -> None:
-        self.names: dict[Var, str] = {}
+        self.names: dict[Symbol, str] = {}
 
-    def __call__(self, v: Var) -> str:
+    def __call__(self, v: Symbol) -> str:
         n = self.names.get(v)
         if n is None:
             i, s = len(self.names), ""
@@ -36,53 +36,6 @@ class Names:
                     break
             n = self.names[v] = s
         return n
-
-
-_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64",
-          "int32": "i32", "int64": "i64", "int8": "i8", "int16": "i16", "uint8": "u8",
-          "uint32": "u32", "uint64": "u64", "bool": "bool", "complex64": "c64"}
-
-
-def dtype_str(dtype: Any) -> str:
-    try:
-        return _dtype_str(dtype)
-    except TypeError:  # an unhashable dtype-like
-        return _dtype_name(dtype)
-
-
-@functools.lru_cache(maxsize=256)
-def _dtype_str(dtype: Any) -> str:
-    # NumPy computes `dtype.name` afresh on every access; the XML view asks thousands of times.
-    return _dtype_name(dtype)
-
-
-def _dtype_name(dtype: Any) -> str:
-    name = getattr(dtype, "name", str(dtype))
-    return _SHORT.get(name, name)
-
-
-def type_str(s: Symbol) -> str:
-    return f"{dtype_str(s.dtype)}[{','.join(map(str, s.shape))}]"
-
-
-def value_str(v: Any) -> str:
-    """A short, deterministic repr of a parameter or attribute value."""
-    if callable(v) and not isinstance(v, type):
-        return getattr(v, "__yax_activation__", None) or getattr(v, "__name__", None) or type(v).__name__
-    if isinstance(v, np.dtype) or (isinstance(v, type) and issubclass(v, np.generic)):
-        return np.dtype(v).name
-    if isinstance(v, type) and isinstance(getattr(v, "dtype", None), np.dtype):  # jnp.float32
-        return v.dtype.name
-    if isinstance(v, np.ndarray) and v.size > 8:
-        return f"array<{v.dtype.name}{list(v.shape)}>"
-    if type(v) in (tuple, list):  # element by element: a layer list shows `(Dense, relu, Dense)`
-        inner = ", ".join(map(value_str, v))
-        if type(v) is list:
-            return f"[{inner}]"
-        return f"({inner},)" if len(v) == 1 else f"({inner})"
-    if hasattr(v, "to_json_string") and hasattr(v, "to_dict"):  # a model config (Hugging Face's)
-        return f"{type(v).__name__}(…)"
-    return " ".join(_ADDR.sub("", repr(v)).split())
 
 
 # Parameters JAX's own printer leaves out too: placement details of `jit` and

@@ -30,7 +30,7 @@ import gc
 import itertools
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -104,6 +104,8 @@ def marked_call(call: CallInfo, fn: Callable, args: tuple, kwargs: dict,
     """Run ``fn(*args, **kwargs)`` between markers, recording ``call``.
     ``is_leaf`` keeps objects whole (nnx modules and variables)."""
     rec = recorder()
+    if rec is None:
+        raise YaxTraceError("`marked_call` runs only inside `recording` (a `make_mox` trace)")
     cid = next(rec._ids)
     leaves, treedef = jax.tree_util.tree_flatten((args, kwargs), is_leaf=is_leaf)
     ins, _ = Packing.from_leaves(treedef, leaves, is_traced)
@@ -128,7 +130,7 @@ def marked_call(call: CallInfo, fn: Callable, args: tuple, kwargs: dict,
 
 
 @contextlib.contextmanager
-def recording(hooks: list[Callable[[Recorder], Any]]):
+def recording(hooks: list[Callable[[Recorder], Any]]) -> Iterator[Recorder]:
     """Install a fresh recorder and each frontend's trace hooks (context
     manager factories taking the recorder) for one trace."""
     if recorder() is not None:

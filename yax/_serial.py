@@ -6,7 +6,8 @@ import json
 from typing import IO, Any
 
 from ._ir import Equation, Mox, holds_mox
-from ._print import Names, dtype_str, key_attrs, value_str
+from ._print import Names, key_attrs
+from ._vocab import dtype_str, value_str
 from .errors import YaxDependencyError
 
 
@@ -27,6 +28,7 @@ def to_dict(mox: Mox, names: Names | None = None) -> dict[str, Any]:
 
     def node(n: Any) -> tuple[dict[str, Any], list[tuple[Any, Any, Any]]]:
         """The dict of ``n`` and where its children's dicts go: (container, key, child)."""
+        d: dict[str, Any]
         if isinstance(n, Equation):
             d = {
                 "kind": "equation",
@@ -87,7 +89,7 @@ def _write(obj: Any, lay: Any) -> list:
     while stack:
         frame = stack[-1]
         items, is_map, level, count, after = frame
-        item = next(items, _END)
+        item: Any = next(items, _END)
         if item is _END:
             stack.pop()
             out.append(lay.close(level, is_map, count))
@@ -115,7 +117,8 @@ class _Json:
         if isinstance(indent, int) and not isinstance(indent, bool):
             indent = " " * indent
         self.indent = indent
-        self.item_sep, self.key_sep = separators or ((",", ": ") if indent is not None else (", ", ": "))
+        seps: tuple[str, str] = separators or ((",", ": ") if indent is not None else (", ", ": "))
+        self.item_sep, self.key_sep = seps
         self.sort_keys = sort_keys
         self.encoder = (cls or json.JSONEncoder)(sort_keys=sort_keys, indent=None, **kwargs)
 
@@ -148,7 +151,7 @@ class _Yson:
     def __init__(self, yson: Any, fmt: str):
         self.yson, self.fmt, self.pretty = yson, fmt, fmt == "pretty"
         self.after = b";\n" if self.pretty else b";"
-        self.memo: dict = {}
+        self.memo: dict[tuple[type, Any], bytes] = {}
 
     @staticmethod
     def items(d: dict) -> Any:

@@ -7,20 +7,21 @@ import math
 
 from . import _calls
 from ._ir import CALL_KINDS, Equation, Kind, Mox
-from ._print import type_str
+from ._map import Node
+from ._vocab import type_str
 
 
 def _own_flops(eqn: Equation) -> int | None:
     """FLOPs of an equation that holds no computation (None for one that does)."""
     if eqn.name == "dot_general":
         (lc, _), _ = eqn.params["dimension_numbers"]
-        k = math.prod(eqn.inputs[0].shape[d] for d in lc)
+        k: int = math.prod(eqn.inputs[0].shape[d] for d in lc)
         return 2 * eqn.outputs[0].size * k
     if eqn.name == "conv_general_dilated":
         rhs = eqn.inputs[1].shape
         dn = eqn.params["dimension_numbers"]
         out_feature_dim = dn.rhs_spec[0]
-        per_out = math.prod(rhs) // rhs[out_feature_dim]
+        per_out: int = math.prod(rhs) // rhs[out_feature_dim]
         return 2 * eqn.outputs[0].size * per_out
     return None
 
@@ -29,7 +30,8 @@ def all_flops(mox: Mox) -> dict[int, int]:
     """``id(node)`` -> known FLOPs of every node under ``mox`` (itself
     included): dot_general and convolutions, nested computations times the
     length of a scan, the larger branch of a cond. One pass, no recursion."""
-    order, stack = [], [mox]
+    order: list[Node] = []
+    stack: list[Node] = [mox]
     while stack:
         n = stack.pop()
         order.append(n)

@@ -12,7 +12,8 @@ import functools
 import gc
 import sys
 import threading
-from collections.abc import Callable, Sequence
+import types
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -111,7 +112,7 @@ class _Setting:
         self._found: Any = None
 
     @contextlib.contextmanager
-    def __call__(self):
+    def __call__(self) -> Iterator[Any]:
         with self._lock:
             if not self._traces:
                 self._found = self._get()
@@ -213,7 +214,7 @@ def _call(f: Callable, *args: Any) -> Any:
 #: the ~500 KiB left: no crossings unless the trace is thousands of frames
 #: deep. ``co_stacksize`` only sizes the frame; the code is `_call`'s. Where
 #: frames are not kept in chunks it changes nothing.
-_roomy = type(_call)(_call.__code__.replace(co_stacksize=64_600), _call.__globals__, "_roomy")
+_roomy = types.FunctionType(_call.__code__.replace(co_stacksize=64_600), _call.__globals__, "_roomy")
 
 
 def trace_target(target: Any, *args: Any, **kwargs: Any) -> tuple[Any, tuple]:

@@ -11,12 +11,12 @@ import os
 import re
 import stat
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 from lxml import etree
 
 from ._ir import Mox
-from ._xpath import Queryable, view
+from ._view import Queryable, view
 from .errors import YaxError, YaxXMLError, unexpected
 
 MAX_BYTES = 256 * 2**20
@@ -43,7 +43,8 @@ class Document(Queryable):
         return self.tree.getroot()
 
     def __str__(self) -> str:
-        return etree.tostring(self.tree, pretty_print=True, encoding="unicode")
+        text: str = etree.tostring(self.tree, pretty_print=True, encoding="unicode")
+        return text
 
     def __repr__(self) -> str:
         return f"Document(<{self.root.tag}>, {sum(1 for _ in self.root.iter(etree.Element))} elements)"
@@ -71,13 +72,17 @@ def to_xml(mox: Mox, indent: int | bool = True) -> str:
 
 def _text(mox: Mox, indent: int | bool) -> str:
     tree = view(mox).tree
+    text: str
     if indent is True or indent == 2:
-        return etree.tostring(tree, pretty_print=True, encoding="unicode")
+        text = etree.tostring(tree, pretty_print=True, encoding="unicode")
+        return text
     if not indent:
-        return etree.tostring(tree, encoding="unicode")
+        text = etree.tostring(tree, encoding="unicode")
+        return text
     root = copy.deepcopy(tree.getroot())  # the cached view stays as queries see it
     etree.indent(root, space=" " * int(indent))
-    return etree.tostring(root, encoding="unicode") + "\n"
+    text = etree.tostring(root, encoding="unicode")
+    return text + "\n"
 
 
 def dump_xml(mox: Mox, fileobj: IO[Any], *, indent: int | bool = True) -> None:
@@ -165,16 +170,18 @@ class _Source:
             )
 
     def _check_path(self, source: Any) -> None:
+        path = self.path
+        assert path is not None  # set just before the check
         try:
-            size = os.stat(self.path).st_size
+            size = os.stat(path).st_size
         except OSError as e:
             looks_like_xml = isinstance(source, str) and source.lstrip().startswith("<")
             hint = (" The string looks like XML text rather than a path: pass `text.encode()` or "
                     "`io.StringIO(text)`." if looks_like_xml else "")
             raise YaxXMLError(
-                f"`load_xml` could not open the file `{_short(self.path)}`: {e.strerror or e}.{hint}"
+                f"`load_xml` could not open the file `{_short(path)}`: {e.strerror or e}.{hint}"
             ) from None
-        if os.path.isfile(self.path):
+        if os.path.isfile(path):
             self._check_size(size)
 
     def chunks(self) -> Iterator[bytes | str]:
@@ -232,6 +239,11 @@ _SNIFF = [
     (b"\x00\x00\xfe\xff", "utf-32"), (b"\xff\xfe\x00\x00", "utf-32"), (b"\xef\xbb\xbf", "utf-8-sig"),
     (b"\xfe\xff", "utf-16"), (b"\xff\xfe", "utf-16"),
 ]
+# Which of the first four bytes are zero -> the encoding (ASCII characters in UTF-32 or UTF-16).
+_ZEROS: dict[tuple[bool, ...], str] = {
+    (False, True, True, True): "utf-32-le", (True, True, True, False): "utf-32-be",
+    (False, True, False, True): "utf-16-le", (True, False, True, False): "utf-16-be",
+}
 
 
 def _encoding(head: bytes) -> str:
@@ -242,8 +254,7 @@ def _encoding(head: bytes) -> str:
             return codec
     if len(head) >= 4 and head[:4].count(0) in (2, 3):  # no BOM: ASCII characters with zero bytes around them
         zero = [b == 0 for b in head[:4]]
-        found = {(False, True, True, True): "utf-32-le", (True, True, True, False): "utf-32-be",
-                 (False, True, False, True): "utf-16-le", (True, False, True, False): "utf-16-be"}.get(tuple(zero))
+        found = _ZEROS.get(tuple(zero))
         if found:
             return found
     if head.startswith(b"\x4c\x6f\xa7\x94"):
@@ -388,7 +399,7 @@ def _parse_expat(source: _Source, budget: _Budget) -> etree._Element:
     def name(n: str) -> str:
         return "{" + n if "}" in n else n
 
-    def refuse(*_: Any) -> None:
+    def refuse(*_: Any) -> NoReturn:
         raise YaxXMLError(_REFUSED_DTD)
 
     p.StartElementHandler = lambda tag, attrs: builder.start(name(tag), {name(k): v for k, v in attrs.items()})

@@ -1,34 +1,19 @@
-"""The XML view of a MoX and XPath 1.0 queries over it, evaluated by lxml.
+"""XPath 1.0 queries over the XML view of a MoX (`_view`), evaluated by lxml.
 
-Every MoX node becomes one element; its ``id`` attribute indexes the node list
-kept beside the document, so query results map back to the `Mox`/`Equation`
-objects. The view is built once per MoX (cached weakly) and is the very
-document `dump_xml` writes.
-
-Queries are evaluated in a separate process (`_xpath_worker`, which keeps a
+Query results map back to the `Mox`/`Equation` objects through the view's
+node list. Queries are evaluated in a separate process (`_xpath_worker`, which keeps a
 copy of the last few documents), so that a query that would run for hours is
 stopped after its time limit instead of holding up the kernel.
 
-Elements: ``mox`` (the root), ``jaxpr`` (a computation nested in an
-equation, with ``param`` naming the parameter), ``module_call``,
-``method_call``, ``activation``, and one element per equation named after its
-primitive (``dot_general``, ``jit``, ``scan`` …).
-
-Text XML cannot hold (a control character in a module name, which Flax
-accepts; a lone surrogate in the name of a replacement function) is escaped
-reversibly in attributes and comments, as Python writes it: ``name='a\\x01b'``
-is the attribute ``name="a\\x01b"`` (a backslash is doubled only where it
-would otherwise start such an escape). `to_xml_text` and `from_xml_text`
-convert; a string literal in a query holding such characters is escaped the
-same way, so ``[@name="a\\x01b"]`` finds the node whichever way it was written.
+A string literal in a query holding characters XML cannot hold is escaped as
+the view escapes them (`_view.to_xml_text`), so ``[@name="a\\x01b"]`` finds the
+node whichever way it was written.
 """
 
 from __future__ import annotations
 
 import atexit
 import collections
-import functools
-import itertools
 import marshal
 import os
 import pathlib
@@ -37,7 +22,6 @@ import select
 import struct
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import weakref
@@ -46,214 +30,13 @@ from typing import Any
 from lxml import etree
 
 from . import _xpath_worker as worker
-from ._ir import CALL_KINDS, FN_KINDS, Equation, Kind, Mox
-from ._print import dtype_str, pprint, shown_params, type_str, value_str
+from ._ir import Equation, Mox
+from ._view import NOT_XML_CHAR, Queryable, View, target_of, to_xml_text
 from .errors import YaxError, YaxQueryError, unexpected
 
 NS = worker.NS
-_NAME_OK = re.compile(r"^[A-Za-z_][\w.-]*$")
 #: Seconds a query may run (`query`'s ``timeout``) before it is stopped.
 TIMEOUT = 10.0
-_tokens = itertools.count(1)
-
-
-class Queryable:
-    """A document queries run on: a MoX's view or a loaded `Document`.
-    ``token`` names it to the query process, which keeps a copy."""
-
-    tree: etree._ElementTree
-
-    @functools.cached_property
-    def token(self) -> int:
-        return next(_tokens)
-
-    @functools.cached_property
-    def elements(self) -> list[Any]:
-        """Every node of the tree (elements, comments) in document order: the
-        positions the query process answers with."""
-        return list(self.tree.getroot().iter())
-
-    def xml_bytes(self) -> bytes:
-        return etree.tostring(self.tree)
-
-
-class View(Queryable):
-    """An lxml document of a MoX and the node each element stands for."""
-
-    def __init__(self, tree: etree._ElementTree, nodes: list[Any]):
-        self.tree = tree
-        self.nodes = nodes
-
-    def node(self, el: etree._Element) -> Any:
-        return self.nodes[int(el.get("id"))]
-
-    @functools.cached_property
-    def ids(self) -> dict[int, int]:
-        """``id(node)`` -> the node's element id (its index in ``nodes``)."""
-        return {id(n): i for i, n in enumerate(self.nodes)}
-
-
-_views: weakref.WeakKeyDictionary[Mox, View] = weakref.WeakKeyDictionary()
-
-# Characters outside XML 1.0's `Char` production: lxml refuses them in attributes and comments.
-_NOT_XML = "\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff"
-# What `to_xml_text` rewrites: such a character, or a backslash that would otherwise read as
-# the start of an escape (before `x`, `u`, another backslash, or such a character).
-_UNSAFE = re.compile(f"[{_NOT_XML}]|\\\\(?=[xu\\\\{_NOT_XML}])")
-_NOT_XML_CHAR = re.compile(f"[{_NOT_XML}]")
-_ESCAPE = re.compile(r"\\(\\|x[0-9a-f]{2}|u[0-9a-f]{4})")
-
-
-def _escaped(m: re.Match) -> str:
-    c = m.group()
-    if c == "\\":
-        return "\\\\"
-    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
-
-
-def to_xml_text(s: str) -> str:
-    """``s`` as an XML attribute or comment can hold it: characters XML
-    cannot hold written as Python escapes (``\\x01``, ``\\ud800``); any other
-    text, the usual case, unchanged. `from_xml_text` undoes it."""
-    return _UNSAFE.sub(_escaped, s) if _UNSAFE.search(s) else s
-
-
-def from_xml_text(s: str) -> str:
-    """The text `to_xml_text` was given: an attribute of the XML view (or
-    of a document `yax.load_xml` read) as the MoX holds it."""
-    return _ESCAPE.sub(lambda m: "\\" if m.group(1) == "\\" else chr(int(m.group(1)[1:], 16)), s)
-
-
-def _num(v: Any) -> str | None:
-    """Attribute text for a printable value; numbers stay numbers."""
-    if isinstance(v, bool):
-        return str(v)
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if v is None or isinstance(v, (str, tuple, list)) or callable(v) or hasattr(v, "dtype") or isinstance(v, type):
-        s = value_str(v)
-        return s if len(s) <= 200 else None
-    return None
-
-
-def _io_attrs(el: etree._Element, node: Any) -> None:
-    ins, outs = node.inputs, node.outputs
-    el.set("in_shape", " ".join(type_str(a) for a in ins))
-    el.set("out_shape", " ".join(type_str(a) for a in outs))
-    el.set("in_dtype", " ".join(dtype_str(a.dtype) for a in ins))
-    el.set("out_dtype", " ".join(dtype_str(a.dtype) for a in outs))
-    if outs:
-        el.set("shape", ",".join(map(str, outs[0].shape)))
-        el.set("dtype", getattr(outs[0].dtype, "name", str(outs[0].dtype)))
-
-
-def _below(node: Any) -> list[Any]:
-    """The nodes directly below ``node``: a Mox's children, an equation's nested computations."""
-    return list(node.children) if isinstance(node, Mox) else [s for _, s in node.subs]
-
-
-def calls_below(mox: Mox) -> set[int]:
-    """``id`` of every node of ``mox`` (itself included) with a call node
-    somewhere below it, found in one pass without recursion."""
-    out: set[int] = set()
-    order, stack = [], [mox]
-    while stack:
-        n = stack.pop()
-        order.append(n)
-        stack.extend(_below(n))
-    for n in reversed(order):  # children before parents
-        if any(id(c) in out or (isinstance(c, Mox) and c.kind in CALL_KINDS) for c in _below(n)):
-            out.add(id(n))
-    return out
-
-
-def build_view(mox: Mox) -> View:
-    """The XML view of ``mox``, built without recursion (any depth)."""
-    nodes: list[Any] = []
-    with_calls = calls_below(mox)
-    root_tag = "mox" if mox.kind == Kind.ROOT else mox.kind
-    root: etree._Element | None = None
-    # (parent element, node, tag, param, whether an enclosing element already shows the jaxpr text)
-    stack: list[tuple[Any, Any, str, str | None, bool]] = [(None, mox, root_tag, None, False)]
-    while stack:
-        parent, node, tag, param, texted = stack.pop()
-        el = etree.Element(tag) if parent is None else etree.SubElement(parent, tag)
-        if root is None:
-            root = el
-        el.set("id", str(len(nodes)))
-        nodes.append(node)
-        below: list[tuple[Any, str, str | None]] = []
-        if isinstance(node, Equation):
-            el.set("primitive", node.name)
-            # a jitted helper is named after its function: //jit[@name="relu"], as the prototype's
-            # //pjit[@name="relu"]. (Inside the activation `relu`, jax.nn's jitted body is named so
-            # too: `//activation[@name="relu"]` selects the activations alone.)
-            fn = node.params.get("name")
-            el.set("name", to_xml_text(fn if isinstance(fn, str) and _NAME_OK.match(fn) else node.name))
-            el.set("path", to_xml_text(node.path))
-            _io_attrs(el, node)
-            for k, v in shown_params(node):
-                t = _num(v)
-                if t is not None and _NAME_OK.match(k) and k not in el.attrib:
-                    el.set(k, to_xml_text(t))
-            below = [(sub, Kind.JAXPR, k) for k, sub in node.subs]
-        else:
-            el.set("primitive", node.kind)
-            el.set("name", to_xml_text(node.name or node.kind))
-            el.set("path", to_xml_text(node.path))
-            if param is not None:
-                el.set("param", param)
-            _io_attrs(el, node)
-            if node.kind in CALL_KINDS:
-                el.set("type", to_xml_text(node.type))
-                el.set("qualtype", to_xml_text(node.qualtype))
-                el.set("method", to_xml_text(node.method or ""))
-                if node.kind not in FN_KINDS:
-                    el.set("params", str(node.num_params))
-                for k, v in node.attrs.items():
-                    t = _num(v)
-                    if t is not None and _NAME_OK.match(k) and k not in el.attrib:
-                        el.set(k, to_xml_text(t))
-            if not texted and node.children and id(node) not in with_calls:
-                # the outermost leaf computation: its jaxpr text shows the dataflow elements leave out
-                text = pprint(node)
-                if node.kind not in (Kind.ROOT, Kind.JAXPR):
-                    text = text.split("\n", 1)[1]
-                text = to_xml_text(textwrap.dedent(text))
-                el.append(etree.Comment("\n" + text.replace("--", "- -").rstrip("-") + "\n"))
-                texted = True
-            for c in node.children:
-                if isinstance(c, Equation):
-                    below.append((c, c.name if _NAME_OK.match(c.name) else "equation", None))
-                else:
-                    below.append((c, c.kind, None))
-        for n, t, k in reversed(below):
-            stack.append((el, n, t, k, texted))
-    return View(etree.ElementTree(root), nodes)
-
-
-def view(mox: Mox) -> View:
-    """The cached XML view of ``mox`` (built on first use)."""
-    v = _views.get(mox)
-    if v is None:
-        v = _views[mox] = build_view(mox)
-    return v
-
-
-def target_of(x: Any, caller: str) -> Queryable:
-    """What a query runs on: the view of a MoX, or a loaded `Document`."""
-    if isinstance(x, Mox):
-        return view(x)
-    if isinstance(x, Queryable) and isinstance(getattr(x, "tree", None), etree._ElementTree):
-        return x
-    raise YaxQueryError(f"`{caller}` expected a MoX or a Document from `yax.load_xml`, but got a "
-                        f"`{type(x).__name__}`.")
-
-
-def tree_of(x: Any, caller: str) -> tuple[etree._ElementTree, View | None]:
-    """The document of a MoX (with its view) or of a loaded Document (no view)."""
-    t = target_of(x, caller)
-    return t.tree, t if isinstance(t, View) else None
 
 
 # -- queries ---------------------------------------------------------------------------
@@ -291,7 +74,7 @@ def normalise(xpath: str) -> str:
     out = _PJIT.sub("jit", out)
     parts = _split_literals(out)
     for i, lit in enumerate(literals):
-        parts[2 * i + 1] = lit[0] + to_xml_text(lit[1:]) if _NOT_XML_CHAR.search(lit) else lit
+        parts[2 * i + 1] = lit[0] + to_xml_text(lit[1:]) if NOT_XML_CHAR.search(lit) else lit
     return "".join(parts)
 
 
@@ -353,7 +136,8 @@ class Evaluator:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
         self._sent: set[int] = set()  # documents the current process was given
-        self._local: Any = None  # the in-process fallback's documents, once a process failed to start
+        # the in-process fallback's documents, once a process failed to start
+        self._local: _LocalDocs | None = None
         self._owner = 0  # the pid that started the process: a forked child starts its own
         self._replies: Any = None  # the pipe the process answers on
 
@@ -387,6 +171,7 @@ class Evaluator:
         if proc is not None and self._owner == os.getpid():
             proc.kill()
             proc.wait()
+            assert proc.stdin is not None  # started with stdin=PIPE
             proc.stdin.close()
             self._replies.close()
 
@@ -396,6 +181,7 @@ class Evaluator:
         with self._lock:
             proc = self._start()
             if proc is None:
+                assert self._local is not None  # `_start` starts no process only with the fallback ready
                 return self._local.answer(target, xpath)
             data = None if target.token in self._sent else target.xml_bytes()
             try:
@@ -417,13 +203,16 @@ class Evaluator:
 
     def _call(self, msg: tuple, deadline: float) -> tuple:
         body = marshal.dumps(msg)
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None  # `evaluate` started it, with stdin=PIPE
         try:
-            self._proc.stdin.write(struct.pack("<Q", len(body)) + body)
-            self._proc.stdin.flush()
+            proc.stdin.write(struct.pack("<Q", len(body)) + body)
+            proc.stdin.flush()
         except (BrokenPipeError, OSError):
             raise _Stopped() from None
         head = _read(self._replies.fileno(), 8, deadline)
-        return marshal.loads(_read(self._replies.fileno(), struct.unpack("<Q", head)[0], deadline))
+        reply: tuple = marshal.loads(_read(self._replies.fileno(), struct.unpack("<Q", head)[0], deadline))
+        return reply
 
 
 #: Longest wait in one `select` call while a query runs: a KeyboardInterrupt is raised only

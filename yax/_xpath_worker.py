@@ -30,12 +30,15 @@ its first argument (its stdout and stderr go nowhere).
                                   called wrongly), "memory", "other"
 """
 
+from __future__ import annotations
+
 import collections
 import marshal
 import os
 import re
 import struct
 import sys
+from typing import IO, Any
 
 from lxml import etree
 
@@ -44,7 +47,7 @@ KEEP = 3  # documents kept, most recently used first
 
 
 class Doc:
-    def __init__(self, data):
+    def __init__(self, data: bytes) -> None:
         try:  # huge_tree: deeper than 256 levels; our own serialised tree, never a DTD
             root = etree.fromstring(data, etree.XMLParser(huge_tree=True, resolve_entities=False,
                                                           no_network=True, load_dtd=False))
@@ -60,22 +63,22 @@ class Doc:
             p.Parse(data, True)
             root = builder.close()
         self.tree = etree.ElementTree(root)
-        self._index = None
+        self._index: dict[Any, int] | None = None
 
     @classmethod
-    def of(cls, tree):
+    def of(cls, tree: Any) -> Doc:
         """A document already parsed (the in-process fallback)."""
         doc = cls.__new__(cls)
         doc.tree, doc._index = tree, None
         return doc
 
-    def position(self, el):
+    def position(self, el: Any) -> int | None:
         if self._index is None:
             self._index = {e: i for i, e in enumerate(self.tree.getroot().iter())}
         return self._index.get(el)
 
 
-def string_value(x):
+def string_value(x: Any) -> str:
     if isinstance(x, etree._Element):
         if isinstance(x.tag, str):
             return "".join(x.itertext())
@@ -87,7 +90,7 @@ def string_value(x):
     return str(x)
 
 
-def evaluate(doc, xpath, compiled):
+def evaluate(doc: Doc, xpath: str, compiled: dict[str, etree.XPath]) -> tuple[Any, ...]:
     x = compiled.get(xpath)
     if x is None:
         x = etree.XPath(xpath, namespaces=NS, smart_strings=False)
@@ -109,7 +112,8 @@ def evaluate(doc, xpath, compiled):
     return ("value", string_value(res))
 
 
-def answer(docs, compiled, msg):
+def answer(docs: collections.OrderedDict[int, Doc], compiled: dict[str, etree.XPath],
+           msg: tuple[Any, ...]) -> tuple[Any, ...]:
     _, token, xpath, data = msg
     try:
         if data is not None:
@@ -134,7 +138,7 @@ def answer(docs, compiled, msg):
         return ("error", "other", f"{type(e).__name__}: {e}")
 
 
-def read_exactly(f, n):
+def read_exactly(f: IO[bytes], n: int) -> bytes | None:
     parts = []
     while n:
         b = f.read(n)
@@ -145,10 +149,11 @@ def read_exactly(f, n):
     return b"".join(parts)
 
 
-def main():
+def main() -> None:
     out = os.fdopen(int(sys.argv[1]), "wb")  # a pipe of its own: a stray print cannot corrupt the frames
     inp = sys.stdin.buffer
-    docs, compiled = collections.OrderedDict(), {}
+    docs: collections.OrderedDict[int, Doc] = collections.OrderedDict()
+    compiled: dict[str, etree.XPath] = {}
     while True:
         head = read_exactly(inp, 8)
         if head is None:

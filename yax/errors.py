@@ -87,7 +87,7 @@ class YaxDependencyError(YaxError, ImportError):
     or a program such as Graphviz's ``dot``. The message says how to get it."""
 
 
-# -- constructors of recurring messages ----------------------------------------------
+# -- recurring messages: helpers, and error classes that format their own (Flax's style) -------
 
 def arg_name(keypath: tuple) -> str:
     """An argument as the user writes it: ``args[1]['params']``, ``kwargs['train']``
@@ -111,67 +111,112 @@ def where(node: object) -> str:
     return f"the {kind} `{getattr(node, 'name', '?')}` at `{getattr(node, 'path', '') or 'the root'}`"
 
 
-def not_traceable(what: str, node: object, inputs: str, e: BaseException, how: str) -> YaxRewriteError:
-    return YaxRewriteError(
-        f"The replacement `{what}` for {where(node)} could not be traced on the node's inputs ({inputs}): "
-        f"{type(e).__name__}: {e}\n{how}"
-    )
+class NotTraceable(YaxRewriteError):
+    """A replacement failed while being traced on the node's input types (``inputs``); ``how``
+    says how it was called."""
+
+    def __init__(self, what: str, node: object, inputs: str, error: BaseException, how: str):
+        self.what, self.node, self.error = what, node, error
+        super().__init__(
+            f"The replacement `{what}` for {where(node)} could not be traced on the node's inputs ({inputs}): "
+            f"{type(error).__name__}: {error}\n{how}")
 
 
-def does_not_fit(what: str, node: object, i: int, found: str, expected: str, hint: str = "") -> YaxRewriteError:
-    return YaxRewriteError(
-        f"The replacement `{what}` for {where(node)} does not fit: its output {i} is {found} but the "
-        f"node's is {expected}. {hint}".rstrip()
-    )
+class DoesNotFit(YaxRewriteError):
+    """A replacement's output ``i`` has another type than the node's."""
+
+    def __init__(self, what: str, node: object, i: int, found: str, expected: str, hint: str = ""):
+        self.what, self.node, self.index, self.found, self.expected = what, node, i, found, expected
+        super().__init__(
+            f"The replacement `{what}` for {where(node)} does not fit: its output {i} is {found} but the "
+            f"node's is {expected}. {hint}".rstrip())
 
 
-def wrong_count(what: str, node: object, verb: str, n: int, m: int, types: str) -> YaxRewriteError:
-    """``verb`` is ``"takes … array inputs"`` or ``"returns … arrays"``."""
-    noun = "array inputs" if verb == "takes" else "arrays"
-    has = "has" if verb == "takes" else "returns"
-    return YaxRewriteError(
-        f"The replacement `{what}` for {where(node)} {verb} {n} {noun}, but the node {has} {m} ({types})."
-    )
+class WrongCount(YaxRewriteError):
+    """A replacement takes (``side="inputs"``) or returns (``side="outputs"``) ``n`` arrays
+    where the node has ``m`` (of ``types``)."""
+
+    def __init__(self, what: str, node: object, side: str, n: int, m: int, types: str):
+        self.what, self.node, self.side, self.found, self.expected = what, node, side, n, m
+        verb, noun, has = ("takes", "array inputs", "has") if side == "inputs" else ("returns", "arrays", "returns")
+        super().__init__(
+            f"The replacement `{what}` for {where(node)} {verb} {n} {noun}, but the node {has} {m} ({types}).")
 
 
-def no_match(pattern: object, explained: str = "") -> YaxRewriteError:
-    """`sub`'s pattern matched nothing; ``explained`` is `yax.explain`'s account
-    of where an XPath stopped matching."""
-    what = f"The pattern `{pattern}`" if isinstance(pattern, str) else "The pattern (an empty list of nodes)"
-    how = f"How each step of it matched:\n{explained}\n" if explained else ""
-    return YaxRewriteError(
-        f"{what} matched no node, so `sub` would change nothing. {how}Try `yax.query` to see what "
-        "matches, or pass `must_match=False` to accept a rewrite that changes nothing."
-    )
+class TracedOnOtherInputs(YaxRewriteError):
+    """A MoX or equation replacement was traced on inputs of other shapes or dtypes than the node's."""
+
+    def __init__(self, what: str, node: object, i: int, found: str, expected: str):
+        self.what, self.node, self.index, self.found, self.expected = what, node, i, found, expected
+        super().__init__(
+            f"The replacement `{what}` for {where(node)} was traced on other inputs: its input {i} is {found} but "
+            f"the node's is {expected}. A MoX computes exactly what it was traced on. Try tracing it again on "
+            "arrays of the node's input shapes, or pass the function or module itself (`yax.module_of(node)` "
+            "rebuilds a call node's module from its fields, without what its trace changed).")
 
 
-def shared_variables(scope: str) -> YaxRewriteError:
-    return YaxRewriteError(
-        f"Two calls of the module at `{scope}` were given replacements with different variables; calls of "
-        "one module share its variables, so give them the same one."
-    )
+class NothingMatched(YaxError):
+    """A pattern selected no node, so the function given it has nothing to work on. One
+    message for every such function: `NothingToRewrite` (`sub`) and `NothingToCapture`
+    (`capture`, `patch`, `first_nonfinite`) say what each would have done.
+
+    Args:
+      pattern: the XPath (or node list) given.
+      explained: `yax.explain`'s account of where an XPath stopped matching (or "").
+      tool: the function's name, such as ``"sub"``.
+      consequence: what would happen, such as ``"would change nothing"``.
+      hint: what to try besides `yax.query`.
+      nodes: the nodes the function works on (``"node"``, ``"call or equation"``).
+    """
+
+    def __init__(self, pattern: object, explained: str, tool: str, consequence: str, hint: str,
+                 nodes: str = "node"):
+        self.pattern, self.explained, self.tool = pattern, explained, tool
+        what = f"The pattern `{pattern}`" if isinstance(pattern, str) else "The pattern (an empty list of nodes)"
+        how = f" How each step of it matched:\n{explained}\n" if explained else " "
+        super().__init__(f"{what} matched no {nodes}, so `{tool}` {consequence}.{how}Try `yax.query` to see what "
+                         f"matches{hint}")
 
 
-def dangling(where_: str, window: str = "") -> YaxRewriteError:
+class NothingToRewrite(NothingMatched, YaxRewriteError):
+    """`sub`'s pattern matched nothing."""
+
+    def __init__(self, pattern: object, explained: str = ""):
+        super().__init__(pattern, explained, "sub", "would change nothing",
+                         ", or pass `must_match=False` to accept a rewrite that changes nothing.")
+
+
+class NothingToCapture(NothingMatched, YaxCaptureError):
+    """The pattern of `capture`, `patch` or `first_nonfinite` (``tool``) selected no call or equation."""
+
+    def __init__(self, pattern: object, explained: str, tool: str):
+        super().__init__(pattern, explained, tool, "would have no values to work on",
+                         ", e.g. `//module_call[@type=\"Dense\"]`, `//activation` or `//dot_general`.",
+                         "call or equation")
+
+
+class SharedVariables(YaxRewriteError):
+    """Two calls of one module (sharing its variables) were given replacements with different variables."""
+
+    def __init__(self, scope: str):
+        self.scope = scope
+        super().__init__(
+            f"Two calls of the module at `{scope}` were given replacements with different variables; calls of "
+            "one module share its variables, so give them the same one.")
+
+
+class Dangling(YaxRewriteError):
     """A splice left a node reading a value nothing computes; ``window`` is the
     printed IR around it (`yax._print.window`)."""
-    shown = f"\n{window}\n" if window else " "
-    return YaxRewriteError(
-        f"After the rewrite, {where_} would read a value that no longer exists:{shown}Most likely it is a "
-        "variable of a replaced module that this call shares (another method of the module, or another call "
-        "of it). Replace all calls of that module together, or keep variables with the same names and shapes."
-    )
 
-
-def nothing_matched(pattern: object, explained: str, what: str) -> YaxCaptureError:
-    """``capture``'s or ``patch``'s pattern selected no node whose values exist;
-    ``what`` is the function's name, ``explained`` `yax.explain`'s account."""
-    shown = f"The pattern `{pattern}`" if isinstance(pattern, str) else "The pattern (an empty list of nodes)"
-    how = f" How each step of it matched:\n{explained}\n" if explained else " "
-    return YaxCaptureError(
-        f"{shown} matched no call or equation, so `{what}` would have no values to work on.{how}Try `yax.query` "
-        "to see what matches, e.g. `//module_call[@type=\"Dense\"]`, `//activation` or `//dot_general`."
-    )
+    def __init__(self, where_: str, window: str = ""):
+        self.where, self.window = where_, window
+        shown = f"\n{window}\n" if window else " "
+        super().__init__(
+            f"After the rewrite, {where_} would read a value that no longer exists:{shown}Most likely it is a "
+            "variable of a replaced module that this call shares (another method of the module, or another call "
+            "of it). Replace all calls of that module together, or keep variables with the same names and "
+            "shapes.")
 
 
 def unexpected(what: str, e: BaseException, error: type[YaxError]) -> YaxError:
@@ -184,110 +229,116 @@ def unexpected(what: str, e: BaseException, error: type[YaxError]) -> YaxError:
     )
 
 
-def decider_mutated(decider: str, node: object, changed: list[str]) -> YaxRewriteError:
+class DeciderMutated(YaxRewriteError):
     """A decider passed to `sub` changed the node it was asked about (put back
     before this is raised); ``changed`` names what it changed."""
-    what = ", ".join(f"`{c}`" for c in changed[:4]) + (" …" if len(changed) > 4 else "")
-    return YaxRewriteError(
-        f"The decider `{decider}` changed {where(node)} while deciding ({what}); MoX nodes are immutable, so "
-        "the change was undone. A decider must leave the node as it is and return its replacement (a function, "
-        "a module, a MoX), or the node itself to keep it; to change a node, return a new one built with "
-        "`dataclasses.replace(node, ...)`."
-    )
+
+    def __init__(self, decider: str, node: object, changed: list[str]):
+        self.decider, self.node, self.changed = decider, node, changed
+        what = ", ".join(f"`{c}`" for c in changed[:4]) + (" …" if len(changed) > 4 else "")
+        super().__init__(
+            f"The decider `{decider}` changed {where(node)} while deciding ({what}); MoX nodes are immutable, so "
+            "the change was undone. A decider must leave the node as it is and return its replacement (a "
+            "function, a module, a MoX), or the node itself to keep it; to change a node, return a new one built "
+            "with `dataclasses.replace(node, ...)`.")
 
 
-def inside_custom_rule(node: object, rule: object, holder: object = None) -> YaxRewriteError:
+class InsideCustomRule(YaxRewriteError):
     """A node selected for `sub` is only part of the computation a custom
     derivative rule (``rule``, a ``custom_jvp_call``/``custom_vjp_call``
     equation) was written for; ``holder`` is the call node holding the rule,
     named when it is an activation or function (for a module it would be
     much more than the rule)."""
-    name = getattr(rule, "name", "custom_jvp_call")
-    at = getattr(rule, "path", "")
-    instead = f"the `{name}` equation (`//{name}[@path=\"{at}\"]`)"
-    if getattr(holder, "kind", None) in ("activation", "function"):
-        instead += (f" or {where(holder)} that holds it "
-                    f"(`//{getattr(holder, 'kind', '*')}[@path=\"{getattr(holder, 'path', '')}\"]`)")
-    return YaxRewriteError(
-        f"{where(node).capitalize()} is part of the computation of the `{name}` at `{at or 'the root'}`, whose "
-        "derivative is given by a custom rule written for that whole computation. Replacing only this part "
-        "would keep the old rule around the new computation, and `jax.grad` through the result would be "
-        f"wrong. Try replacing the whole rule: select {instead}."
-    )
 
-
-def traced_on_other_inputs(what: str, node: object, i: int, found: str, expected: str) -> YaxRewriteError:
-    """A MoX or equation replacement was traced on inputs of other shapes or dtypes than the node's."""
-    return YaxRewriteError(
-        f"The replacement `{what}` for {where(node)} was traced on other inputs: its input {i} is {found} but "
-        f"the node's is {expected}. A MoX computes exactly what it was traced on. Try tracing it again on "
-        "arrays of the node's input shapes, or pass the function or module itself (`yax.module_of(node)` "
-        "rebuilds a call node's module from its fields, without what its trace changed)."
-    )
+    def __init__(self, node: object, rule: object, holder: object = None):
+        self.node, self.rule, self.holder = node, rule, holder
+        name = getattr(rule, "name", "custom_jvp_call")
+        at = getattr(rule, "path", "")
+        instead = f"the `{name}` equation (`//{name}[@path=\"{at}\"]`)"
+        if getattr(holder, "kind", None) in ("activation", "function"):
+            instead += (f" or {where(holder)} that holds it "
+                        f"(`//{getattr(holder, 'kind', '*')}[@path=\"{getattr(holder, 'path', '')}\"]`)")
+        super().__init__(
+            f"{where(node).capitalize()} is part of the computation of the `{name}` at `{at or 'the root'}`, whose "
+            "derivative is given by a custom rule written for that whole computation. Replacing only this part "
+            "would keep the old rule around the new computation, and `jax.grad` through the result would be "
+            f"wrong. Try replacing the whole rule: select {instead}.")
 
 
 def _call_of(call: object) -> str:
     return f"`{getattr(call, 'type', '?')}` call at `{getattr(call, 'path', '') or 'the root'}`"
 
 
-def mox_side_results(call: object, types: str) -> YaxRewriteError:
+class MoxSideResults(YaxRewriteError):
     """A call used as a replacement computes values that leave it other than as its results."""
-    return YaxRewriteError(
-        f"The MoX replacement (the {_call_of(call)}) computes values that leave it other than as its results "
-        f"({types}): updated variables (batch statistics, an nnx module's state) or values the model it comes "
-        "from reads elsewhere. A replacement gives only its results to the model. Try tracing it without "
-        "updating its variables (evaluation mode, no `mutable=`), or pass the module itself."
-    )
+
+    def __init__(self, call: object, types: str):
+        self.call = call
+        super().__init__(
+            f"The MoX replacement (the {_call_of(call)}) computes values that leave it other than as its results "
+            f"({types}): updated variables (batch statistics, an nnx module's state) or values the model it comes "
+            "from reads elsewhere. A replacement gives only its results to the model. Try tracing it without "
+            "updating its variables (evaluation mode, no `mutable=`), or pass the module itself.")
 
 
-def mox_reads_unnamed(call: object, types: str, what: str) -> YaxRewriteError:
+class MoxReadsUnnamed(YaxRewriteError):
     """A call used as a replacement reads values yax cannot name as its module's variables."""
-    return YaxRewriteError(
-        f"The MoX replacement (the {_call_of(call)}) reads {types}, {what}. yax can give a replacement only "
-        "its inputs and its module's variables. Try tracing the module's `apply` with its variables as the "
-        "first argument (`yax.make_mox(Block().apply)(variables, x)`), or pass the module itself."
-    )
+
+    def __init__(self, call: object, types: str, what: str):
+        self.call = call
+        super().__init__(
+            f"The MoX replacement (the {_call_of(call)}) reads {types}, {what}. yax can give a replacement only "
+            "its inputs and its module's variables. Try tracing the module's `apply` with its variables as the "
+            "first argument (`yax.make_mox(Block().apply)(variables, x)`), or pass the module itself.")
 
 
-def mox_cut_from_unknown(call: object) -> YaxRewriteError:
+class MoxCutFromUnknown(YaxRewriteError):
     """A call node used as a replacement lives in no MoX yax knows of."""
-    return YaxRewriteError(
-        f"The {_call_of(call)}, used as a replacement, is not part of any MoX that `make_mox` or `sub` made "
-        "and that still exists, so yax cannot tell which of that MoX's inputs are the variables it reads. "
-        "Try keeping the MoX you cut it from (assign it to a name) and cutting the node again, or passing the "
-        "root MoX of the module's `apply` instead."
-    )
+
+    def __init__(self, call: object):
+        self.call = call
+        super().__init__(
+            f"The {_call_of(call)}, used as a replacement, is not part of any MoX that `make_mox` or `sub` made "
+            "and that still exists, so yax cannot tell which of that MoX's inputs are the variables it reads. "
+            "Try keeping the MoX you cut it from (assign it to a name) and cutting the node again, or passing "
+            "the root MoX of the module's `apply` instead.")
 
 
-def mox_no_values(what: str, node: object, why: str) -> YaxRewriteError:
+class MoxNoValues(YaxRewriteError):
     """A MoX replacement reads variables the model does not have, and there is nothing to give them values."""
-    return YaxRewriteError(
-        f"The replacement `{what}` for {where(node)} reads variables the model does not have there, and a MoX "
-        f"holds no values for its variables: {why}. Try tracing it from a module whose variables have the "
-        "replaced module's names and shapes, saying which old variable each new one takes with "
-        "`keep={\"params/new/kernel\": \"params/kernel\"}`, or passing the module itself, whose new variables "
-        "yax initialises with `key=`."
-    )
+
+    def __init__(self, what: str, node: object, why: str):
+        self.what, self.node = what, node
+        super().__init__(
+            f"The replacement `{what}` for {where(node)} reads variables the model does not have there, and a "
+            f"MoX holds no values for its variables: {why}. Try tracing it from a module whose variables have the "
+            "replaced module's names and shapes, saying which old variable each new one takes with "
+            "`keep={\"params/new/kernel\": \"params/kernel\"}`, or passing the module itself, whose new "
+            "variables yax initialises with `key=`.")
 
 
-def mox_no_place(what: str, node: object, leaf: str, why: str) -> YaxRewriteError:
+class MoxNoPlace(YaxRewriteError):
     """A MoX replacement on a model whose state a MoX cannot extend (nnx) reads a
     variable the replaced node does not have."""
-    return YaxRewriteError(
-        f"The replacement `{what}` for {where(node)} reads the variable `{leaf}`, {why}. On this model "
-        "a MoX replacement reads the replaced module's own variables (its state has no place for new ones, "
-        "and a MoX holds no values). Try tracing it from a module with the same variables, or pass the "
-        "module itself, whose variables yax adds to the state."
-    )
+
+    def __init__(self, what: str, node: object, leaf: str, why: str):
+        self.what, self.node, self.leaf = what, node, leaf
+        super().__init__(
+            f"The replacement `{what}` for {where(node)} reads the variable `{leaf}`, {why}. On this model "
+            "a MoX replacement reads the replaced module's own variables (its state has no place for new ones, "
+            "and a MoX holds no values). Try tracing it from a module with the same variables, or pass the "
+            "module itself, whose variables yax adds to the state.")
 
 
-def broadcast_new_variables(what: str, node: object, new: list[str]) -> YaxRewriteError:
+class BroadcastNewVariables(YaxRewriteError):
     """A replacement adds variables to a module whose variables a scan broadcasts to every step."""
-    shown = ", ".join(f"`{n}`" for n in new[:4]) + (" …" if len(new) > 4 else "")
-    return YaxRewriteError(
-        f"The replacement `{what}` for {where(node)} has variables the model does not have there ({shown}), but "
-        "the node runs inside a scan that gives every step the same variables (`nn.scan(..., "
-        "variable_broadcast=...)`, as a recurrent cell's): yax keeps a module's variables there but cannot add "
-        "new ones yet. Try a replacement with the same variables (names and shapes), or replace the module that "
-        "runs the scan."
-    )
+
+    def __init__(self, what: str, node: object, new: list[str]):
+        self.what, self.node, self.new = what, node, new
+        shown = ", ".join(f"`{n}`" for n in new[:4]) + (" …" if len(new) > 4 else "")
+        super().__init__(
+            f"The replacement `{what}` for {where(node)} has variables the model does not have there ({shown}), "
+            "but the node runs inside a scan that gives every step the same variables (`nn.scan(..., "
+            "variable_broadcast=...)`, as a recurrent cell's): yax keeps a module's variables there but cannot "
+            "add new ones yet. Try a replacement with the same variables (names and shapes), or replace the "
+            "module that runs the scan.")

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 
 from .._ir import Mox
-from .._print import type_str
+from .._vocab import type_str
 from ..errors import YaxRewriteError, where
 
 
@@ -141,11 +141,15 @@ def trace_mapped(module: Any, apply: Callable, var_avals: Any, avals: list, how:
     from .._trace import make_mox
 
     stacked = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(how.stacked(a.shape), a.dtype), var_avals)
-    leaves = lambda v, *xs: jax.tree_util.tree_leaves(apply(v, *xs))  # noqa: E731
+
+    def leaves(v: Any, *xs: Any) -> list[Any]:
+        return jax.tree_util.tree_leaves(apply(v, *xs))
+
     each = jax.vmap(leaves, in_axes=(how.var_axis, *how.in_axes), out_axes=list(how.out_axes), axis_size=how.size)
 
     def vmapped(v: Any, *xs: Any) -> Any:
         return each(v, *xs)
 
     vmapped.__name__ = vmapped.__qualname__ = type(module).__name__
-    return make_mox(vmapped)(stacked, *avals)
+    mox: Mox = make_mox(vmapped)(stacked, *avals)
+    return mox

@@ -33,7 +33,7 @@ import inspect
 import math
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -103,9 +103,9 @@ def _children(x: Any) -> list[tuple[Any, Any]]:
 class _Trace:
     """What the Equinox frontend keeps for one trace (in ``Recorder.scratch``)."""
 
-    paths: dict[int, tuple[Any, str, tuple[str, ...]]] = dataclasses.field(default_factory=dict)
+    paths: dict[int, tuple[Any, str, tuple[str, ...] | None]] = dataclasses.field(default_factory=dict)
 
-    def index(self, root: Any, path: str, scope: tuple[str, ...]) -> None:
+    def index(self, root: Any, path: str, scope: tuple[str, ...] | None) -> None:
         """Give every module below ``root`` not yet known its path and scope (its keys below the model)."""
         todo = [(root, path, scope)]
         while todo:
@@ -117,6 +117,7 @@ class _Trace:
             for k, v in _children(x):
                 if isinstance(v, (_eqx().Module, list, tuple, dict)):
                     text, key = _key(k)
+                    assert s is not None, "a module made inside a call has no scope to give its submodules"
                     todo.append((v, p + text, (*s, key)))
 
     def of(self, module: Any, rec: Recorder) -> tuple[str, tuple[str, ...] | None]:
@@ -139,7 +140,7 @@ class _Trace:
         self.paths[id(module)] = (module, path, None)  # made inside the call: no place in the model
         return path, None
 
-    def _stack_of(self, module: Any, parent: Any) -> tuple[str, tuple[str, ...]] | None:
+    def _stack_of(self, module: Any, parent: Any) -> tuple[str, tuple[str, ...] | None] | None:
         """The known module below ``parent`` that ``module`` was sliced from:
         of its type and structure, with every leaf one leading axis longer
         (or, failing that, the one module of its type and structure)."""
@@ -151,7 +152,7 @@ class _Trace:
         for x, p, s in self.paths.values():
             if type(x) is not t or x is module or not p.startswith(self.paths[id(parent)][1]):
                 continue
-            if jax.tree_util.tree_structure(x) != tree:
+            if jax.tree_util.tree_structure(x) != tree:  # type: ignore[operator]  # no PyTreeDef stubs
                 continue
             same.append((p, s))
             theirs = [np.shape(y) for y in jax.tree_util.tree_leaves(x) if _is_array(y)]
@@ -207,7 +208,7 @@ def _variables(module: Any) -> tuple[dict[str, Any], int]:
 
 
 @functools.cache
-def init_defaults(cls: type) -> dict[str, Any]:
+def init_defaults(cls: type[Any]) -> dict[str, Any]:
     try:
         params = inspect.signature(cls.__init__).parameters.values()
     except (TypeError, ValueError):
@@ -220,7 +221,7 @@ def _wrap(fn: Callable) -> Callable:
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         rec = recorder()
         tr = rec.scratch.get(NAME) if rec is not None else None
-        if tr is None:
+        if rec is None or tr is None:
             return fn(self, *args, **kwargs)
         if rec.stack and rec.stack[-1][1] is self:
             return fn(self, *args, **kwargs)  # `super().__call__(x)`: part of the same call
@@ -235,9 +236,9 @@ def _wrap(fn: Callable) -> Callable:
             _activations.restore(undo, object.__setattr__)
         tree, n = _variables(self)
         call.info = ModuleInfo(type=type(self), method="__call__", attrs=module_attrs(self),
-                               defaults=init_defaults(type(self)), num_params=n,
-                               var_tree={"params": tree} if tree else {}, scope=scope, frontend=NAME,
-                               seen=call.seen)
+                               defaults=init_defaults(type(self)),  # type: ignore[arg-type]  # mypy#11470
+                               num_params=n, var_tree={"params": tree} if tree else {}, scope=scope,
+                               frontend=NAME, seen=call.seen)
         return out
 
     method.__yax_method__ = fn  # type: ignore[attr-defined]
@@ -262,7 +263,7 @@ _undo: list[tuple[type, Callable]] = []
 
 
 @contextlib.contextmanager
-def _patched(rec: Recorder):
+def _patched(rec: Recorder) -> Iterator[None]:
     """Wrap ``__call__`` of every Equinox model class for one trace (while any
     trace in any thread runs: the first wraps, the last unwraps)."""
     global _users
@@ -292,7 +293,7 @@ def _patched(rec: Recorder):
 
 @functools.cache
 def _lora_type() -> type:
-    eqx = _eqx()
+    import equinox as eqx
 
     class LoRALinear(eqx.Module):
         """An ``eqx.nn.Linear`` plus a low-rank update of its weight:
@@ -308,7 +309,8 @@ def _lora_type() -> type:
             rank = self.lora_a.shape[-1]
             weight = self.base.weight + (self.lora_a @ self.lora_b).T.astype(self.base.weight.dtype) * (
                 self.alpha / rank)
-            return eqx.tree_at(lambda m: m.weight, self.base, weight)(x)
+            y: jax.Array = eqx.tree_at(lambda m: m.weight, self.base, weight)(x)
+            return y
 
     LoRALinear.__module__ = __name__
     LoRALinear.__qualname__ = "LoRALinear"
@@ -360,7 +362,9 @@ def _merge(mox: Mox, model: Any) -> tuple[Mox, Any] | None:
         base = _get(model, node.scope).base
         return _cast(_linear(_fields(base)), base.weight.dtype)
 
-    return sub(nodes, linear_of, mox, params=merged, keep={"weight": "base/weight", "bias": "base/bias"})
+    out: tuple[Mox, Any] = sub(nodes, linear_of, mox, params=merged,
+                               keep={"weight": "base/weight", "bias": "base/bias"})
+    return out
 
 
 def _cast(module: Any, dtype: Any) -> Any:
@@ -480,7 +484,7 @@ class ModelVariables(Variables):
                 src = sources.get(rel) if keep is not None else sources.get(rel, rel)
                 ov = old.get(src) if src is not None else None
                 shape = (*lead, *tv.shape)
-                if ov is not None and ov.shape == shape and ov.dtype == tv.dtype:
+                if src is not None and ov is not None and ov.shape == shape and ov.dtype == tv.dtype:
                     sc.canon[rel], sc.values[rel] = ov, old_vals[src]
                     continue
                 if keep is not None and rel in keep:
@@ -502,7 +506,7 @@ class ModelVariables(Variables):
                     "the same shapes. Give them the old field names, or say which old leaf each takes with "
                     "`keep={\"new/path\": \"old/path\"}` (`keep={}` to take the replacement's own values).")
         elif sc.paths != [p for p, _ in flat]:
-            raise errors.shared_variables(s.node.path)
+            raise errors.SharedVariables(s.node.path)
         return {tv: sc.canon[rel] for (rel, _), tv in zip(flat, t.root.invars) if sc.canon[rel] is not tv}
 
     def held(self, node: Any) -> dict[str, Any] | None:
@@ -566,7 +570,7 @@ class EquinoxFrontend(Frontend):
         def call(model: Any, *args: Any, **kwargs: Any) -> Any:
             rec = recorder()
             tr = rec.scratch.get(NAME) if rec is not None else None
-            if tr is not None:
+            if rec is not None and tr is not None:
                 rec.root_name = name
                 tr.index(model, name, ())
             return model(*args, **kwargs)

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from .. import _roots, errors, frontends
-from .._ir import Kind, Mox
+from .._ir import Equation, Kind, ModuleInfo, Mox, Signature
 from .._map import map_mox
 from ..errors import YaxError, YaxRewriteError
 from .replacement import Site, checked, is_decider, is_module
@@ -35,9 +35,9 @@ def _plan(pattern: Any, repl: Any, mox: Mox, must_match: bool) -> tuple[list[tup
     if not targets and must_match:
         from .._xpath import explain
 
-        raise errors.no_match(pattern, explain(pattern, mox) if isinstance(pattern, str) else "")
+        raise errors.NothingToRewrite(pattern, explain(pattern, mox) if isinstance(pattern, str) else "")
     decide = is_decider(repl)
-    plan = []
+    plan: list[tuple[Any, Any]] = []
     for node in targets:
         r = _decided(repl, node) if decide else repl
         if r is not node:
@@ -68,7 +68,7 @@ def _decided(decider: Any, node: Any) -> Any:
         ) from e
     changed = _undo(kept)
     if changed:
-        raise errors.decider_mutated(name, node, changed)
+        raise errors.DeciderMutated(name, node, changed)
     return answer
 
 
@@ -86,7 +86,8 @@ def _fields_of(node: Any) -> list[tuple[Any, str, dict[str, Any]]]:
     below = node.walk() if isinstance(node, Mox) else (x for _, s in node.subs for x in (s, *s.walk()))
     for n in (node, *below):
         at = "" if n is node else f"`{n.path or n.name}`: "  # a node below the one asked about
-        parts = [(n, at), (n.info, f"{at}info."), (n.sig, f"{at}sig.")] if isinstance(n, Mox) else [(n, at)]
+        parts: list[tuple[Mox | Equation | ModuleInfo | Signature, str]] = (
+            [(n, at), (n.info, f"{at}info."), (n.sig, f"{at}sig.")] if isinstance(n, Mox) else [(n, at)])
         for obj, label in parts:
             if id(obj) not in seen:
                 seen.add(id(obj))
@@ -125,8 +126,9 @@ def _check_key(key: Any) -> None:
     if key is None:
         return
     dtype, shape = getattr(key, "dtype", None), getattr(key, "shape", None)
-    if dtype is not None and (jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) or
-                              (dtype == np.uint32 and tuple(shape) == (2,))):
+    issubdtype = jax.dtypes.issubdtype  # type: ignore[attr-defined]  # public, re-exported without `as`
+    if dtype is not None and (issubdtype(dtype, jax.dtypes.prng_key) or
+                              (dtype == np.uint32 and shape is not None and tuple(shape) == (2,))):
         return
     raise YaxRewriteError(
         f"`key` must be a PRNG key (`jax.random.key(0)`), but got the {type(key).__name__} "
@@ -276,6 +278,6 @@ def _sub(pattern: Any, repl: Any, mox: Mox, params: Any, key: Any, cast: bool, m
     if bad is not None:
         from .._print import window
 
-        raise errors.dangling(errors.where(bad[0]), window(root, bad[0]))
+        raise errors.Dangling(errors.where(bad[0]), window(root, bad[0]))
     _roots.note(root)  # a node cut from it can be used in another MoX (`own`)
     return result

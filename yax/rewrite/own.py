@@ -36,7 +36,7 @@ from .. import _roots, errors, frontends
 from .._calls import how
 from .._ir import CALL_KINDS, Equation, Kind, Literal, Mox, Var
 from .._map import map_mox
-from .._print import type_str
+from .._vocab import type_str
 from .select import ancestry, chain_of
 
 Node = Equation | Mox
@@ -239,7 +239,7 @@ def root_holding(call: Mox, mox: Mox) -> tuple[Mox, tuple]:
         path = ancestry(r, call)
         if path is not None:
             return r, chain_of(path)
-    raise errors.mox_cut_from_unknown(call)
+    raise errors.MoxCutFromUnknown(call)
 
 
 def own(repl: Mox, mox: Mox) -> Own:
@@ -256,7 +256,7 @@ def own(repl: Mox, mox: Mox) -> Own:
     around = dict(chain[-1][0].subs)[chain[-1][1]] if chain else root
     side = _leaked(call, around)
     if side:
-        raise errors.mox_side_results(call, " ".join(type_str(v) for v in side[:4]))
+        raise errors.MoxSideResults(call, " ".join(type_str(v) for v in side[:4]))
     tree = call.var_tree or {}
     named = leaves(tree)
     scope = tuple(call.scope or ())
@@ -270,7 +270,7 @@ def own(repl: Mox, mox: Mox) -> Own:
         elif kind == "const":
             consts[v] = x
         else:
-            raise errors.mox_reads_unnamed(call, type_str(v), "a value computed elsewhere in the MoX it was "
+            raise errors.MoxReadsUnnamed(call, type_str(v), "a value computed elsewhere in the MoX it was "
                                            "cut from" if kind == "computed" else "an input that is not one "
                                            "of its module's variables")
     read = set(inner.values())
@@ -278,14 +278,14 @@ def own(repl: Mox, mox: Mox) -> Own:
     baked = [v for v in consts if (tuple(v.shape), v.dtype) in unread]
     if baked:  # its variables were constants when it was traced, not inputs
         like = ", ".join(f"`{'/'.join(unread[(tuple(v.shape), v.dtype)])}`" for v in baked[:3])
-        raise errors.mox_reads_unnamed(
+        raise errors.MoxReadsUnnamed(
             call, " ".join(type_str(v) for v in baked[:4]),
             f"constants shaped like its variables ({like}), which it does not read as inputs: a module bound "
             "to its variables (`module.bind(variables)`) holds them as constants")
     for v, i in inner.items():
         a = named[i][1]
         if tuple(v.shape) != tuple(a.shape) or v.dtype != a.dtype:
-            raise errors.mox_reads_unnamed(
+            raise errors.MoxReadsUnnamed(
                 call, type_str(v), f"its variable `{'/'.join(named[i][0])}` seen as {type_str(a)} (the module "
                 "runs inside a transform that changes its variables' shapes, such as `nn.vmap`)")
     by_leaf = {i: v for v, i in inner.items()}
@@ -314,7 +314,7 @@ class _Init:
     def init(self, key: Any, *args: Any, **kwargs: Any) -> Any:
         call = self.own.call
         if self.module is None:
-            raise errors.mox_no_values(self.what, self.node, self.why)
+            raise errors.MoxNoValues(self.what, self.node, self.why)
         method = call.method if call.method not in (None, "__call__") else None
         made = self.module.init(key, *args, **({"method": method} if method else {}), **kwargs)
         got = {"/".join(r): type_str(a) for r, a in leaves(dict(made))}
@@ -323,7 +323,7 @@ class _Init:
                for r, t in want.items() if got.get(r) != t]
         odd += [f"makes `{r}` {t}, which the MoX does not read" for r, t in got.items() if r not in want]
         if odd:
-            raise errors.mox_no_values(self.what, self.node, f"the own `init` of `{call.type}` {odd[0]}")
+            raise errors.MoxNoValues(self.what, self.node, f"the own `init` of `{call.type}` {odd[0]}")
         return made
 
 
@@ -363,13 +363,13 @@ def resolve(mox: Mox, node: Node, names: Sequence[Names], invars: Sequence[Var],
     the root of ``mox`` holds it; refuses any it lacks."""
     scope = getattr(node, "scope", None)
     if scope is None or not isinstance(node, Mox) or node.kind not in CALL_KINDS:
-        raise errors.mox_no_place(what, node, "/".join(names[0]) if names else "", "which a node that is not a "
+        raise errors.MoxNoPlace(what, node, "/".join(names[0]) if names else "", "which a node that is not a "
                                   "module call cannot have")
     found = located(mox, scope, list(names))
     out: dict[Var, Var] = {}
     for r, tv, v in zip(names, invars, found):
         if v is None or tuple(v.shape) != (*stack, *tv.shape) or v.dtype != tv.dtype:
             there = "which that module does not have" if v is None else f"which that module holds as {type_str(v)}"
-            raise errors.mox_no_place(what, node, "/".join(r), f"{type_str(tv)}, {there}")
+            raise errors.MoxNoPlace(what, node, "/".join(r), f"{type_str(tv)}, {there}")
         out[tv] = v
     return out

@@ -17,13 +17,13 @@ import functools
 import inspect
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 
 from .. import errors, frontends
 from .._ir import Equation, Kind, Mox, Packing, Var
-from .._print import type_str
+from .._vocab import type_str
 from ..errors import YaxRewriteError
 from ..frontends import MappedCall, Template
 from . import own, thread
@@ -235,9 +235,11 @@ def _trace(repl: Any, module: Any, fe: Any, node: Node, avals: list, how: Mapped
     if isinstance(repl, Mox):
         return Traced(repl, fixed=True)
     if isinstance(repl, Equation):
-        return Traced(Mox(kind=Kind.ROOT, children=(repl,), inputs=repl.inputs, invars=repl.inputs,
+        # an equation's literal inputs stay among the formal parameters (eval reads them as literals)
+        invars = cast(tuple[Var, ...], repl.inputs)
+        return Traced(Mox(kind=Kind.ROOT, children=(repl,), inputs=repl.inputs, invars=invars,
                           outvars=repl.outputs, outputs=repl.outputs, name=repl.name), fixed=True)
-    first = None
+    first: Exception | None = None
     for call in _conventions(node, module):
         try:
             return _trace_one(repl, module, fe, avals, call, how)
@@ -245,6 +247,7 @@ def _trace(repl: Any, module: Any, fe: Any, node: Node, avals: list, how: Mapped
             raise
         except Exception as e:
             first = first or e
+    assert first is not None  # there is always a convention to try
     raise first
 
 
@@ -318,7 +321,7 @@ def trace(repl: Any, node: Node, cache: dict[tuple, tuple[Any, Traced]], chain: 
     except YaxRewriteError:
         raise
     except Exception as e:
-        raise errors.not_traceable(
+        raise errors.NotTraceable(
             what, node, " ".join(map(type_str, node.inputs)), e,
             "A module replacement is called like the original call (same arguments, arrays in place); "
             "a function with the node's array inputs, positionally, or else like the original call."
@@ -332,14 +335,14 @@ def check(t: Traced, node: Node, repl: Any) -> None:
     """The replacement takes and returns as many arrays as the node."""
     what = _name(repl)
     if len(t.root.invars) - t.n_vars != len(node.inputs):
-        raise errors.wrong_count(what, node, "takes", len(t.root.invars) - t.n_vars, len(node.inputs),
+        raise errors.WrongCount(what, node, "inputs", len(t.root.invars) - t.n_vars, len(node.inputs),
                                  " ".join(map(type_str, node.inputs)))
     if t.fixed:  # not traced on the node's inputs: it computes what it was traced on
         for i, (a, b) in enumerate(zip(t.root.invars[t.n_vars:], node.inputs)):
             if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
-                raise errors.traced_on_other_inputs(what, node, i, type_str(a), type_str(b))
+                raise errors.TracedOnOtherInputs(what, node, i, type_str(a), type_str(b))
     if len(t.outvars) != len(node.outputs):
-        raise errors.wrong_count(what, node, "returns", len(t.outvars), len(node.outputs),
+        raise errors.WrongCount(what, node, "outputs", len(t.outvars), len(node.outputs),
                                  " ".join(map(type_str, node.outputs)))
 
 
@@ -358,7 +361,7 @@ def fit(t: Traced, node: Node, repl: Any, cast: bool) -> tuple[tuple[Equation, .
         hint = "Pass `cast=True` to cast outputs back to the node's dtypes." if a.shape == b.shape else ""
         if not hint and isinstance(node, Mox):  # what the node's module system does that explains it
             hint = frontends.of_node(node).fit_hint(node, tuple(a.shape), tuple(b.shape))
-        raise errors.does_not_fit(_name(repl), node, i, type_str(a), type_str(b), hint)
+        raise errors.DoesNotFit(_name(repl), node, i, type_str(a), type_str(b), hint)
     if not casts:
         return (), {}
     src = [t.outvars[i] for i, _ in casts]
@@ -371,7 +374,9 @@ def _broadcast(node: Node, held: Callable | None) -> bool:
     """Whether the model holds the module's variables in the shapes the
     module saw although scans run it: they are broadcast to every step, not
     stacked per layer."""
-    have = held(node) if held is not None and getattr(node, "var_tree", None) else None
+    if held is None or not isinstance(node, Mox) or not node.var_tree:
+        return False
+    have = held(node)
     if not have:
         return False
     there = dict(own.leaves(have))
@@ -392,14 +397,14 @@ def checked(node: Node, r: Any, cast: bool, chain: tuple, cache: dict, held: Cal
     check(t, node, r)
     casts = fit(t, node, r, cast)
     stack = thread.stack(chain, node) if t.n_vars and chain else ()
-    if stack and t.mapped is None and t.var_avals is not None and _broadcast(node, held):
+    if stack and t.mapped is None and t.var_avals is not None and held is not None and _broadcast(node, held):
         # the scans around it pass its variables as they are (`nn.scan(..., variable_broadcast=...)`,
         # a recurrent cell): kept ones are followed down, new ones would need a place per scan
         there = dict(own.leaves(held(node)))
         new = ["/".join(r) for r, a in own.leaves(t.var_avals)
                if r not in there or tuple(there[r].shape) != tuple(a.shape) or there[r].dtype != a.dtype]
         if new:
-            raise errors.broadcast_new_variables(_name(r), node, new)
+            raise errors.BroadcastNewVariables(_name(r), node, new)
         stack = ()
     if t.n_vars and t.mapped is not None:
         stack = (*stack, *t.mapped.stack)  # one slice per instance, inside the layers of enclosing scans

@@ -124,7 +124,7 @@ def outside_rules(mox: Mox, node: Node, chain: tuple) -> tuple[Node, tuple]:
     holder = up[-2] if len(up) > 1 and isinstance(up[-2], Mox) and up[-2].kind in CALL_KINDS else None
     path = ancestry(rule, node) or []
     if not path or not all(_whole(a, b) for a, b in zip(path, path[1:])):
-        raise errors.inside_custom_rule(node, rule, holder)
+        raise errors.InsideCustomRule(node, rule, holder)
     if holder is not None and holder.kind in FN_KINDS and _whole(holder, rule):
         return holder, chain[:k]
     return rule, chain[:k]

@@ -5,7 +5,8 @@ copied; and the check that nothing reads a value the splice removed."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, overload
 
 from .._ir import FN_KINDS, Equation, Kind, Mox, Symbol, Var
 from .._map import map_mox
@@ -13,7 +14,13 @@ from .._map import map_mox
 Node = Equation | Mox
 
 
-def subst(node: Node, m: dict[Var, Symbol]) -> Node:
+@overload
+def subst(node: Mox, m: Mapping[Var, Symbol]) -> Mox: ...
+@overload
+def subst(node: Equation, m: Mapping[Var, Symbol]) -> Equation: ...
+@overload
+def subst(node: Node, m: Mapping[Var, Symbol]) -> Node: ...
+def subst(node: Node, m: Mapping[Var, Symbol]) -> Node:
     """``node`` with references to the vars in ``m`` replaced (a new tree)."""
     if not m:
         return node
@@ -30,6 +37,12 @@ def subst(node: Node, m: dict[Var, Symbol]) -> Node:
     return map_mox(one, node) if isinstance(node, Mox) else one(node)
 
 
+@overload
+def repath(node: Mox, old: str, new: str, scope: tuple[str, ...] | None = None) -> Mox: ...
+@overload
+def repath(node: Equation, old: str, new: str, scope: tuple[str, ...] | None = None) -> Equation: ...
+@overload
+def repath(node: Node, old: str, new: str, scope: tuple[str, ...] | None = None) -> Node: ...
 def repath(node: Node, old: str, new: str, scope: tuple[str, ...] | None = None) -> Node:
     """``node`` moved from path ``old`` to ``new`` (and module scopes under ``scope``)."""
     def p(path: str) -> str:

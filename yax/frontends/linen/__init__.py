@@ -62,7 +62,8 @@ def _path(module: nn.Module, rec: Recorder) -> str:
 
 
 def _fields(module: nn.Module) -> dict[str, Any]:
-    return {name: getattr(module, name, None) for name in _field_names(type(module))}
+    names = _field_names(type(module))  # type: ignore[arg-type]  # mypy#11470
+    return {name: getattr(module, name, None) for name in names}
 
 
 @functools.cache
@@ -92,6 +93,7 @@ class _Abstracts:
         hit = self.seen.get(id(tree))
         if hit is not None and hit[0] is tree:
             return hit[1], hit[2]
+        out: tuple[Any, int]
         if type(tree) is dict:
             parts = {k: self(v) for k, v in tree.items()}
             out = {k: a for k, (a, _) in parts.items()}, sum(n for _, n in parts.values())
@@ -319,7 +321,9 @@ def _init(module: Any, needed: tuple[int, ...], call: Callable, fingerprint: Any
             if not stack:
                 return one(key, xs)
             keys = jax.random.split(key, math.prod(stack)).reshape(stack)
-            g = lambda k: one(k, xs)  # noqa: E731
+            def g(k: Any) -> list[Any]:
+                return one(k, xs)
+
             for _ in stack:
                 g = jax.vmap(g)
             return g(keys)
@@ -343,7 +347,9 @@ class DictVariables(Variables):
         self.scopes: dict[tuple[str, ...], _Scope] = {}
         self.args = root.sig.args(root.invars)
         self.values = None
-        self.where, self.vars, self.bare = (), {}, False
+        self.where: tuple[Any, ...] = ()
+        self.vars: Any = {}  # a nested dict, or what `_put` rebuilt
+        self.bare = False
         if self.given:
             self.values = jax.tree_util.tree_map(lambda x: x, dict(params))
             self.where, self.vars = _find(self.args, self.values)
@@ -428,7 +434,7 @@ class DictVariables(Variables):
         if sc is not None and sc.traced is not None:
             if [(a.shape, a.dtype) for _, a in flat] != [
                     (a.shape, a.dtype) for a in jax.tree_util.tree_leaves(sc.traced.var_avals)]:
-                raise errors.shared_variables('/'.join(scope))
+                raise errors.SharedVariables('/'.join(scope))
         else:
             sc = self.scopes[scope] = _Scope(node, t, stack=site.stack)
             self._keep(sc, scope, flat, is_module)
@@ -453,7 +459,8 @@ class DictVariables(Variables):
             old = sources.get("/".join(keys), keys)
             where_ = self._keys(old[0], scope, old[1:]) if is_module else None
             ov = _get(self.vars, where_) if where_ is not None else None
-            if isinstance(ov, Var) and ov.shape == (*sc.stack, *a.shape) and ov.dtype == a.dtype:
+            if (where_ is not None and isinstance(ov, Var) and ov.shape == (*sc.stack, *a.shape)
+                    and ov.dtype == a.dtype):
                 sc.canon[_keystr(kp)] = ov
                 sc.kept[_keystr(kp)] = _get(self.values, where_) if self.given else None
         if is_module and not sc.kept and self.keep is None:

@@ -80,6 +80,8 @@ class LoRA(nn.Module):
                for name in shapes}
         kernel = own["kernel"]
         in_axes = kernel_axes(layer, kernel.ndim)
+        if in_axes is None:
+            raise ValueError(f"LoRA does not know the kernel's input axes in `{type(layer).__name__}`.")
         n_in = math.prod(kernel.shape[i] for i in in_axes)
         n_out = kernel.size // n_in
         a = self.param("lora_a", nn.initializers.normal(1.0 / self.rank), (n_in, self.rank), kernel.dtype)
@@ -95,7 +97,7 @@ def adapter(node: Mox, rank: int, alpha: float) -> LoRA | None:
     t = node.module_type
     if t not in KERNEL_AXES:
         return None
-    base = module_of(node)
+    base: nn.Module = module_of(node)
     if kernel_axes(base, 2 if not isinstance(base, nn.Einsum) else len(base.shape)) is None:
         return None
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)
@@ -119,10 +121,12 @@ def merge(mox: Mox, params: Any) -> tuple[Mox, Any] | None:
     once = {n.scope: n for n in reversed(nodes)}  # a layer called twice (shared weights) is merged once
     for n in once.values():
         keys = layout._keys("params", n.scope)
+        assert keys is not None  # the params collection always has a place
         p = _get(merged, keys)
         layer = n.attrs["base"](parent=None)
         n_stack = p["lora_a"].ndim - 2  # layers (`nn.scan`) and instances (`nn.vmap`) lead each leaf
         in_axes = kernel_axes(layer, p["kernel"].ndim - n_stack)
+        assert in_axes is not None  # `adapter` made this LoRA only for a layout it knows
         d = functools.partial(delta, in_axes=in_axes, scale=n.attrs["alpha"] / n.attrs["rank"])
         for _ in range(n_stack):
             d = jax.vmap(d)
@@ -132,4 +136,5 @@ def merge(mox: Mox, params: Any) -> tuple[Mox, Any] | None:
     def layer_of(path: str, node: Mox) -> Any:
         return node.attrs["base"](parent=None)
 
-    return sub(nodes, layer_of, mox, params=merged)
+    out: tuple[Mox, Any] = sub(nodes, layer_of, mox, params=merged)
+    return out

@@ -102,4 +102,5 @@ def merge(mox: Mox, state: Any) -> tuple[Mox, Any] | None:
     def layer_of(path: str, node: Mox) -> Any:
         return by_type[node.module_type].layer(dict(node.attrs))
 
-    return sub(nodes, layer_of, mox, params=new_state)
+    out: tuple[Mox, Any] = sub(nodes, layer_of, mox, params=new_state)
+    return out

@@ -26,7 +26,7 @@ import numpy as np
 
 from ... import errors
 from ..._ir import Kind, Mox, Packing, Var
-from ..._print import type_str
+from ..._vocab import type_str
 from ...errors import YaxRewriteError, where
 from .._protocol import Variables
 from ._base import NAME, flax_nnx, is_module, is_module_type
@@ -132,13 +132,17 @@ def _stacked(node: Mox, module: Any) -> bool:
     return live != seen
 
 
-def _module_calls(targets: list[Any]) -> None:
+def _module_calls(targets: list[Any]) -> list[Mox]:
+    """``targets``, each checked to be a call of an nnx module."""
+    calls = []
     for n in targets:
         if not isinstance(n, Mox) or n.kind != Kind.MODULE_CALL or not is_module_type(n.module_type):
             raise YaxRewriteError(
                 f"`replace_modules` replaces nnx modules, but the pattern matched {where(n)}. Narrow the "
                 "pattern to `//module_call[...]`, or rewrite activations and equations of the MoX with `yax.sub`."
             )
+        calls.append(n)
+    return calls
 
 
 def replace_modules(model: Any, pattern: Any, repl: Any, *args: Any, **kwargs: Any) -> Any:
@@ -192,9 +196,9 @@ def replace_modules(model: Any, pattern: Any, repl: Any, *args: Any, **kwargs: A
         )
     mox = make_mox(model)(*args, **kwargs)
     targets, _ = locate(mox, matches(pattern, mox))
-    _module_calls(targets)
+    calls = _module_calls(targets)
     copy = nnx.clone(model)
-    plan = _surgery_plan(mox, targets, copy, repl)
+    plan = _surgery_plan(mox, calls, copy, repl)
     refs = _references(copy)
     for old, new in plan:
         _swap_in(copy, old, new, refs)
@@ -336,7 +340,7 @@ class StateVariables(Variables):
                 else:
                     c[rel], self.kept[scope + rel] = tv, x
         elif list(c) != paths:
-            raise errors.shared_variables(s.node.path)
+            raise errors.SharedVariables(s.node.path)
         vm = {tv: c[rel] for rel, tv in zip(paths, t.root.invars) if c[rel] is not tv}
         for rel, v, tv in zip(paths, t.state_out, t.root.invars):  # the last call's updates win
             if s.chain and v is not tv:

@@ -31,7 +31,7 @@ import functools
 import inspect
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -87,14 +87,14 @@ def stamp(root: Any, path: str, tr: _Trace, keys: tuple[str, ...] = ()) -> None:
                 object.__setattr__(node, _STAMP, (*old, (tr.token, p, ks)))
                 tr.stamped.append(node)
         for k, v in sorted(vars(node).items(), key=lambda kv: _order(kv[0])):
-            if is_graph_type(type(v)):
+            if is_graph_type(type(v)):  # type: ignore[arg-type]  # mypy#11470
                 visit(v, f"{p}/{k}", (*ks, str(k)))
 
     with _lock:  # another thread's trace may stamp the same objects
         visit(root, path, keys)
 
 
-def _stamp_of(st: tuple | None, token: int) -> tuple | None:
+def _stamp_of(st: tuple[tuple, ...] | None, token: int) -> tuple | None:
     """This trace's ``(token, path, keys)`` among a module's stamps ``st``."""
     if st is not None:
         for s in st:
@@ -166,7 +166,8 @@ def module_attrs(module: Any) -> dict[str, Any]:
     return {k: v for k, v in sorted(vars(module).items()) if not k.startswith("_") and _printable(v)}
 
 
-def _collect(module: Any, memo: dict, sizes: dict) -> tuple[set[int], int, dict]:
+def _collect(module: Any, memo: dict[int, tuple[set[int], int, dict]],
+             sizes: dict) -> tuple[set[int], int, dict]:
     """The ids of the variables below ``module``, its parameter count and its
     variables (abstract, as nested dicts by attribute). Memoised per object
     for the trace (shapes do not change while it runs): a parent reuses its
@@ -179,7 +180,7 @@ def _collect(module: Any, memo: dict, sizes: dict) -> tuple[set[int], int, dict]
     n = 0
     tree: dict[str, Any] = {}
     for k, v in sorted(vars(module).items()):
-        if is_variable_type(type(v)):
+        if is_variable_type(type(v)):  # type: ignore[arg-type]  # mypy#11470
             x = v.get_value()
             tree[k] = jax.ShapeDtypeStruct(np.shape(x), x.dtype) if hasattr(x, "dtype") else x
             if id(v) not in ids:
@@ -187,7 +188,7 @@ def _collect(module: Any, memo: dict, sizes: dict) -> tuple[set[int], int, dict]
                 size = int(np.prod(np.shape(x))) if issubclass(type(v), flax_nnx().Param) else 0
                 sizes[id(v)] = size
                 n += size
-        elif is_graph_type(type(v)):
+        elif is_graph_type(type(v)):  # type: ignore[arg-type]  # mypy#11470
             c_ids, c_n, c_tree = _collect(v, memo, sizes)
             if c_tree:
                 tree[k] = c_tree
@@ -222,7 +223,7 @@ def _wrap(name: str, fn: Callable) -> Callable:
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         rec = recorder()
         tr = _state(rec)
-        if tr is None:
+        if rec is None or tr is None:
             return fn(self, *args, **kwargs)
         same = bool(rec.stack) and rec.stack[-1][1] is self
         if same and rec.calls[rec.stack[-1][0]].info.method == name:
@@ -238,8 +239,8 @@ def _wrap(name: str, fn: Callable) -> Callable:
             _activations.restore(undo, _dict_put)
         _, n, tree = _collect(self, tr.memo, tr.sizes)
         call.info = ModuleInfo(type=type(self), method=name, attrs=module_attrs(self),
-                               defaults=init_defaults(type(self)), num_params=n, var_tree=tree,
-                               scope=scope, frontend=NAME)
+                               defaults=init_defaults(type(self)),  # type: ignore[arg-type]  # mypy#11470
+                               num_params=n, var_tree=tree, scope=scope, frontend=NAME)
         return out
 
     method.__yax_method__ = fn  # type: ignore[attr-defined]
@@ -268,7 +269,7 @@ _undo: list[tuple[type, str, Callable]] = []  # (class, name, own function), unw
 
 
 @contextlib.contextmanager
-def patched_methods(rec: Recorder):
+def patched_methods(rec: Recorder) -> Iterator[None]:
     """Wrap the methods of every ``nnx.Module`` subclass for one trace
     (while any trace in any thread runs)."""
     if not nnx_loaded():
@@ -309,7 +310,7 @@ def _unwrap_methods() -> None:
 
 
 @functools.cache
-def init_defaults(cls: type) -> dict[str, Any]:
+def init_defaults(cls: type[Any]) -> dict[str, Any]:
     try:
         params = inspect.signature(cls.__init__).parameters.values()
     except (TypeError, ValueError):
@@ -330,7 +331,7 @@ def module_target(module: Any, method: str = "__call__") -> tuple[Callable, Any,
         m = nnx.merge(graphdef, state)
         rec = recorder()
         tr = _state(rec)
-        if tr is not None:
+        if rec is not None and tr is not None:
             rec.root_name = root
             stamp(m, root, tr)
         out = getattr(m, method)(*args, **kwargs)
