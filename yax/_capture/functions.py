@@ -1,0 +1,143 @@
+"""The public functions: `capture` and `patch`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .._eval import flatten_inputs, unflatten_outputs
+from .._ir import Equation, Mox
+from ..errors import YaxCaptureError
+from .hooks import fitted
+from .programs import cached_plan, check_root, program_for, values_of
+
+Node = Equation | Mox
+
+
+def capture(pattern: Any, mox: Mox, *args: Any, with_inputs: bool = False, **kwargs: Any) -> tuple[Any, dict]:
+    """Run ``mox`` and bring out the values at the nodes ``pattern`` selects.
+
+    Nothing is changed: ``out`` is what `eval_mox` returns. The program is
+    jitted once per MoX and pattern (and kept while the MoX lives); `capture`
+    is pure, so it also works under ``jax.jit``, ``jax.grad`` and ``jax.vmap``.
+
+    Args:
+      pattern: an XPath (``'//module_call[@type="Block"]'``, ``'//activation'``,
+        ``'//dot_general'``), a node, or a list of nodes of ``mox``.
+      mox: the root MoX.
+      *args, **kwargs: the arguments, as for ``eval_mox(mox, *args, **kwargs)``.
+      with_inputs: also give each node's inputs.
+
+    Returns:
+      ``(out, values)``. ``values`` maps each matched node's key to its output,
+      in evaluation order: the key is the call's path (``GPT/Block_3``;
+      ``path.method`` for a method other than ``__call__``), an equation's
+      ``path:primitive``; a module called several times gives ``path``,
+      ``path#2``, ``path#3``… in call order. A call's value is what the call
+      returned (its pytree), an equation's its output (a tuple when it has
+      several). Nodes inside a ``scan`` body (``nn.scan``, ``nnx.scan``) give
+      their values of every step, stacked along a leading axis (one per
+      enclosing scan). With ``with_inputs``, each value is ``(inputs, output)``,
+      ``inputs`` being the tuple of arrays the node received (a call's traced
+      arguments in order, an equation's operands).
+
+    Raises:
+      YaxCaptureError: the pattern matches nothing (with `yax.explain`'s
+        account), or a matched node runs inside a ``while`` loop, a ``cond``
+        branch or a custom derivative rule, whose values cannot come out.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, flax.linen as nn, yax
+      >>> m = nn.Sequential([nn.Dense(4), nn.relu, nn.Dense(2)]); x = jnp.ones((3, 5))
+      >>> p = m.init(jax.random.key(0), x)
+      >>> mox = yax.make_mox(m.apply)(p, x)
+      >>> out, values = yax.capture('//module_call[@type="Dense"] | //activation', mox, p, x)
+      >>> {k: v.shape for k, v in values.items()}
+      {'Sequential/layers_0': (3, 4), 'Sequential/relu': (3, 4), 'Sequential/layers_2': (3, 2)}
+      >>> float((values['Sequential/relu'] == 0).mean()) <= 1.0   # the fraction of dead units
+      True
+    """
+    check_root(mox, "capture")
+    plan = cached_plan(pattern, mox, "capture")
+    prog = program_for(mox, pattern, plan, "capture", bool(with_inputs))
+    outs, got = prog(flatten_inputs(mox, args, kwargs), {}, None)
+    return unflatten_outputs(mox, outs), values_of(plan, got, bool(with_inputs))
+
+
+def patch(pattern: Any, mox: Mox, repl: Callable | None = None) -> Callable[..., Any]:
+    """A function running ``mox`` with the outputs of the nodes ``pattern``
+    selects replaced: activation patching, ablation, steering.
+
+    The replacement values are an argument of the returned function, so a
+    sweep over them (layers, positions, scales) compiles once.
+
+    Args:
+      pattern: an XPath, a node, or a list of nodes of ``mox`` (as for `capture`).
+      mox: the root MoX.
+      repl: ``None`` to replace outputs by given values; or a function
+        ``repl(path, value)`` or ``repl(path, value, arg)`` returning the new
+        output of each matched node (same structure, shapes and dtypes) from
+        its key, its value and the ``arg`` given to the returned function. A
+        node inside a scan body sees one step's value; a ``repl`` with a
+        parameter named ``step`` also gets the step indices (a tuple of int32
+        scalars, outermost scan first, ``()`` outside scans).
+
+    Returns:
+      ``patched(values, *args, **kwargs) -> out``. Without ``repl``, ``values``
+      maps keys (as `capture` gives them) to new outputs: every key or some of
+      them (each set of keys compiles once), stacked along the scan axes for
+      nodes inside scans (as `capture` gives them); they are checked against
+      the nodes' shapes and dtypes before anything runs. With ``repl``,
+      ``values`` is any pytree, passed on as ``arg``.
+
+    Raises:
+      YaxCaptureError: as `capture`; and when a value does not fit its node
+        (which key, expected and found) or names a key the pattern did not match.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, flax.linen as nn, yax
+      >>> m = nn.Sequential([nn.Dense(4), nn.relu, nn.Dense(2)]); x = jnp.ones((3, 5))
+      >>> p = m.init(jax.random.key(0), x)
+      >>> mox = yax.make_mox(m.apply)(p, x)
+      >>> ablate = yax.patch('//activation[@name="relu"]', mox)   # replace by given values
+      >>> out = ablate({"Sequential/relu": jnp.zeros((3, 4))}, p, x)
+      >>> bool(jnp.allclose(out, p["params"]["layers_2"]["bias"]))
+      True
+      >>> steer = yax.patch('//*[@path="Sequential/layers_0"]', mox, lambda path, h, v: h + v)
+      >>> steer(jnp.zeros(4), p, x).shape                       # the vector is an argument
+      (3, 2)
+    """
+    check_root(mox, "patch")
+    if repl is not None and not callable(repl):
+        raise YaxCaptureError(
+            f"`repl` must be `None` (values given to the returned function) or a function `repl(path, value)`, "
+            f"but got a `{type(repl).__name__}`. To patch with arrays, pass them to the returned function."
+        )
+    plan = cached_plan(pattern, mox, "patch")
+    prog = program_for(mox, pattern, plan, "arrays" if repl is None else "fn", repl=repl)
+    by_key = {t.key: t for t in plan.targets.values()}
+
+    def patched(values: Any, *args: Any, **kwargs: Any) -> Any:
+        flat = flatten_inputs(mox, args, kwargs)
+        if repl is not None:
+            outs, _ = prog(flat, {}, values)
+            return unflatten_outputs(mox, outs)
+        if not isinstance(values, Mapping):
+            raise YaxCaptureError(
+                f"The patched function takes a dict of new outputs by key (such as `yax.capture` returns) as its "
+                f"first argument, but got a `{type(values).__name__}`. Pass `{{{next(iter(by_key))!r}: value}}`, "
+                "or give `yax.patch` a function `repl(path, value)`."
+            )
+        unknown = [k for k in values if k not in by_key]
+        if unknown:
+            known = ", ".join(f"`{k}`" for k in list(by_key)[:8]) + (" …" if len(by_key) > 8 else "")
+            raise YaxCaptureError(
+                f"The patch names `{unknown[0]}`, which the pattern did not match (it matched {known}). Use the "
+                "keys `yax.capture` gives for the same pattern."
+            )
+        patches = {k: fitted(by_key[k], v, "The patch gives", stacked=True) for k, v in values.items()}
+        outs, _ = prog(flat, patches, None)
+        return unflatten_outputs(mox, outs)
+
+    patched.__name__ = patched.__qualname__ = f"patched_{mox.name or 'mox'}"
+    return patched

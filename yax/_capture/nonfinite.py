@@ -1,0 +1,255 @@
+"""`first_nonfinite`: the first NaN or Inf in evaluation order, its layer, step and first reader."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import errors
+from .._eval import Hooks, bind, flatten_inputs, run
+from .._ir import CALL_KINDS, Equation, Mox
+from .plan import how_reached
+from .programs import cached_plan, check_root, program_for
+from .stats import NonFinite, ValueStats
+
+Node = Equation | Mox
+
+
+def _bad(x: Any) -> Any:
+    return jnp.any(~jnp.isfinite(x))
+
+
+def _inexact(a: Any) -> bool:
+    return jnp.issubdtype(a.dtype, jnp.inexact)
+
+
+class _Flags(Hooks):
+    """Flags every inexact equation output that holds a NaN or an Inf, in
+    evaluation order. ``entries`` (static) says what each flag stands for; a
+    scan's body gives a level of its own, its flags stacked per step."""
+
+    def __init__(self) -> None:
+        self.flags: list[Any] = []
+        self.subs: list[Any] = []
+        self.entries: list[tuple] = []
+
+    def level(self) -> tuple:
+        flags = jnp.stack(self.flags) if self.flags else jnp.zeros((0,), bool)
+        return flags, tuple(self.subs)
+
+    def equation(self, eqn: Equation, values: list[Any]) -> list[Any]:
+        how = how_reached(eqn, forward_only=True)
+        if how in ("inline", "remat"):
+            (_, body), = eqn.subs
+            return run(body, values, hooks=self)
+        if how == "scan":
+            return self._scan(eqn, values)
+        outs = bind(eqn, values)
+        for i, (o, v) in enumerate(zip(outs, eqn.outputs)):
+            if _inexact(v):
+                self.entries.append(("eq", eqn, len(self.flags), i))
+                self.flags.append(_bad(o))
+        return outs
+
+    def _scan(self, eqn: Equation, values: list[Any]) -> list[Any]:
+        (_, body), = eqn.subs
+        p = eqn.params
+        nc, nk = p["num_consts"], p["num_carry"]
+        consts, init, xs = list(values[:nc]), list(values[nc:nc + nk]), list(values[nc + nk:])
+        inner: list[list] = []
+
+        def step(carry: list, x: list) -> tuple:
+            child = _Flags()
+            outs = run(body, [*consts, *carry, *x], hooks=child)
+            inner[:] = [child.entries]
+            return outs[:nk], (outs[nk:], child.level())
+
+        ys: list[Any]
+        level: tuple[Any, ...]
+        carry, (ys, level) = jax.lax.scan(step, init, xs, length=p["length"], reverse=p.get("reverse", False),
+                                          unroll=p.get("unroll", 1))
+        self.entries.append(("scan", eqn, len(self.subs), inner[0], bool(p.get("reverse", False))))
+        self.subs.append(level)
+        return [*carry, *ys]
+
+
+class _Search:
+    """The jitted flagging program of one MoX; ``entries`` is set when it is traced."""
+
+    def __init__(self, mox: Mox):
+        self.entries: list[tuple] = []
+        self.args: list[int] = []
+        self.traces = 0
+        ref = weakref.ref(mox)
+
+        def program(flat: list) -> tuple:
+            self.traces += 1
+            top = _Flags()
+            root = ref()
+            assert root is not None  # the program is cached with its MoX and dies with it
+            self.args = [i for i, v in enumerate(root.invars) if _inexact(v)]
+            arg_flags = [_bad(flat[i]) for i in self.args]
+            run(root, flat, hooks=top)
+            self.entries = top.entries
+            return jnp.stack(arg_flags) if arg_flags else jnp.zeros((0,), bool), top.level()
+
+        self.jitted = jax.jit(program)
+
+
+_searches: weakref.WeakKeyDictionary[Mox, _Search] = weakref.WeakKeyDictionary()
+
+
+def _first(entries: list[tuple], level: tuple) -> tuple[tuple, tuple[int, ...]] | None:
+    """The first flagged entry, in evaluation order, and its scan steps."""
+    flags, subs = level
+    for e in entries:
+        if e[0] == "eq":
+            if flags[e[2]]:
+                return e, ()
+            continue
+        _, eqn, j, body, reverse = e
+        sub = subs[j]
+        leaves = jax.tree_util.tree_leaves(sub)
+        length = eqn.params["length"]
+        bad = np.zeros(length, bool)
+        for leaf in leaves:
+            bad |= np.asarray(leaf).reshape(length, -1).any(axis=1)
+        order = range(length - 1, -1, -1) if reverse else range(length)
+        s = next((s for s in order if bad[s]), None)
+        if s is not None:
+            found = _first(body, jax.tree_util.tree_map(lambda a, s=s: a[s], sub))
+            if found is not None:
+                return found[0], (s, *found[1])
+    return None
+
+
+def _innermost_call(mox: Mox, eqn: Equation) -> Mox | None:
+    """The innermost call node around ``eqn`` (through nested computations)."""
+    stack: list[tuple[Any, Mox | None]] = [(iter(mox.children), None)]
+    while stack:
+        it, call = stack[-1]
+        c = next(it, None)
+        if c is None:
+            stack.pop()
+            continue
+        if c is eqn:
+            return call
+        if isinstance(c, Equation):
+            stack.extend((iter(s.children), call) for _, s in c.subs)
+        else:
+            stack.append((iter(c.children), c if c.kind in CALL_KINDS else call))
+    return None
+
+
+def _first_reader(mox: Mox, var: Any) -> tuple[Equation | None, Equation | None]:
+    """The first equation, in program order, that reads ``var`` (an input of ``mox``) for
+    what it computes, following it into nested computations and calls; and the scan that
+    slices it per step on the way, if one does."""
+    alias: dict[Any, Equation | None] = {var: None}  # var -> the scan slicing it on the way
+    for n in mox.walk():
+        if isinstance(n, Mox):
+            for formal, actual in zip(n.invars, n.inputs):
+                if actual in alias:
+                    alias[formal] = alias[actual]
+            continue
+        read = [(j, a) for j, a in enumerate(n.inputs) if a in alias]
+        if not read:
+            continue
+        subs = n.subs
+        if not subs or n.name == "while":
+            return n, next((alias[a] for _, a in read if alias[a] is not None), None)
+        offset = 1 if n.name == "cond" else 0  # a cond's first input picks the branch
+        for _, sub in subs:
+            for j, a in read:
+                k = j - offset
+                if 0 <= k < len(sub.invars):
+                    sliced = n if n.name == "scan" and k >= n.params["num_consts"] + n.params["num_carry"] else None
+                    alias[sub.invars[k]] = alias[a] or sliced
+    return None, None
+
+
+def _bad_argument(mox: Mox, i: int, value: Any, name: str) -> NonFinite:
+    """A `NonFinite` for argument ``i`` holding NaN or Inf: the first equation reading it and
+    its call, and for an argument a scan slices per step (a stacked layer's weight), the
+    first layer holding them."""
+    from .._print import window
+
+    reader, scan = _first_reader(mox, mox.invars[i])
+    step: tuple[int, ...] = ()
+    if scan is not None:
+        a = np.asarray(value)
+        bad = ~np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1)
+        order = range(a.shape[0] - 1, -1, -1) if scan.params.get("reverse", False) else range(a.shape[0])
+        step = (next(s for s in order if bad[s]),)
+    call = _innermost_call(mox, reader) if reader is not None else None
+    return NonFinite(None, call, name, step, ValueStats.of(value), window=window(mox, reader) if reader else "",
+                     reader=reader)
+
+
+def first_nonfinite(mox: Mox, *args: Any, **kwargs: Any) -> NonFinite | None:
+    """Find where a NaN or an Inf first appears when ``mox`` runs on these arguments.
+
+    Runs ``mox`` once (jitted, compiled once per MoX), flagging every floating
+    output of every equation, inside ``jit``, ``remat``, custom-derivative and
+    ``scan`` bodies too (per step); then a second program brings out the
+    inputs of the first flagged equation. Unlike ``jax_debug_nans`` it sees
+    inside scans, reports Inf as well, says which scan step, and names the
+    module; ``jax_debug_nans``/``jax_debug_infs`` are switched off while it runs.
+    ``while`` loops and ``cond`` branches are looked at from outside only.
+
+    Args:
+      mox: the root MoX.
+      *args, **kwargs: the arguments, as for `eval_mox`.
+
+    Returns:
+      A `NonFinite` (printed, it shows the equation, the module, the scan step,
+      statistics of the inputs and the MoX around it), or ``None`` when every
+      value is finite.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, flax.linen as nn, yax
+      >>> class Net(nn.Module):
+      ...     @nn.compact
+      ...     def __call__(self, x):
+      ...         return nn.Dense(2)(jnp.log(nn.Dense(3)(x)))
+      >>> x = jnp.ones((1, 4)); p = Net().init(jax.random.key(0), x)
+      >>> mox = yax.make_mox(Net().apply)(p, x)
+      >>> found = yax.first_nonfinite(mox, p, x)
+      >>> found.equation.name, found.path, found.inputs[0].min < 0
+      ('log', 'Net', True)
+    """
+    check_root(mox, "first_nonfinite")
+    flat = flatten_inputs(mox, args, kwargs)
+    search = _searches.get(mox)
+    if search is None:
+        search = _searches[mox] = _Search(mox)
+    with jax.debug_nans(False), jax.debug_infs(False):
+        arg_flags, level = jax.device_get(search.jitted(flat))
+        if arg_flags.any():
+            i = search.args[int(np.argmax(arg_flags))]
+            keypath = jax.tree_util.tree_flatten_with_path((args, kwargs))[0][mox.dyn_in[i]][0]
+            return _bad_argument(mox, i, flat[i], errors.arg_name(keypath))
+        found = _first(search.entries, level)
+        if found is None:
+            return None
+        (_, eqn, _, out_i), step = found
+        call = _innermost_call(mox, eqn)
+        nodes = [eqn] if call is None else [eqn, call]
+        plan = cached_plan(nodes, mox, "first_nonfinite", forward_only=True)
+        prog = program_for(mox, nodes, plan, "capture", inputs=True, forward_only=True)
+        _, got = jax.device_get(prog(flat, {}, None))
+
+    def at(x: Any) -> Any:
+        return np.asarray(x)[step] if step else np.asarray(x)
+
+    k = plan.targets[id(eqn)].key
+    ins = tuple(ValueStats.of(at(v)) for v in got[k]["in"])
+    out = ValueStats.of(at(got[k]["out"][out_i]))
+    call_ins = tuple(ValueStats.of(at(v)) for v in got[plan.targets[id(call)].key]["in"]) if call else ()
+    from .._print import window
+
+    return NonFinite(eqn, call, eqn.path, tuple(step), out, ins, call_ins, window(mox, eqn))

@@ -1,0 +1,102 @@
+"""Programs that capture or patch, jitted once per MoX, pattern and mode, and kept
+while the MoX lives."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import jax
+
+from .._eval import run
+from .._ir import Equation, Kind, Mox
+from ..errors import YaxInputError
+from .hooks import Watch
+from .plan import Plan, make_plan
+
+Node = Equation | Mox
+
+
+class _Program:
+    """One jitted evaluation of a MoX with a plan: ``(flat inputs, patches,
+    arg) -> (flat outputs, got)``; ``traces`` counts how often it was traced."""
+
+    def __init__(self, mox: Mox, plan: Plan, mode: str, inputs: bool, repl: Any):
+        self.plan, self.traces = plan, 0
+        ref = weakref.ref(mox)  # the cache must not keep its own key alive
+
+        def program(flat: list, patches: dict, arg: Any) -> tuple:
+            self.traces += 1
+            w = Watch(plan, mode, inputs, patches, repl, arg, ())
+            root = ref()
+            assert root is not None  # the program is cached with its MoX and dies with it
+            return run(root, flat, hooks=w), w.got
+
+        self.jitted = jax.jit(program)
+
+    def __call__(self, flat: list, patches: dict, arg: Any) -> tuple:
+        out: tuple = self.jitted(flat, patches, arg)
+        return out
+
+
+def watched(mox: Mox, plan: Plan, mode: str, flat: list) -> tuple[list, dict]:
+    """Evaluate ``mox`` on ``flat`` with ``plan``'s targets watched in ``mode``
+    (``"capture"``, or ``"measure"``: one flat float32 array per target);
+    ``(flat outputs, got)``."""
+    w = Watch(plan, mode, False, {}, None, None, ())
+    return run(mox, flat, hooks=w), w.got
+
+
+_plans: weakref.WeakKeyDictionary[Mox, dict[Any, Plan]] = weakref.WeakKeyDictionary()
+_programs: weakref.WeakKeyDictionary[Mox, dict[Any, _Program]] = weakref.WeakKeyDictionary()
+
+
+def _pattern_key(pattern: Any) -> Any:
+    if isinstance(pattern, str):
+        return pattern
+    if isinstance(pattern, (list, tuple)):
+        return ("nodes", *(id(n) for n in pattern))
+    return ("nodes", id(pattern))
+
+
+def cached_plan(pattern: Any, mox: Mox, what: str, forward_only: bool = False) -> Plan:
+    cache = _plans.setdefault(mox, {})
+    k = (_pattern_key(pattern), forward_only)
+    plan = cache.get(k)
+    if plan is None:
+        plan = cache[k] = make_plan(pattern, mox, what, forward_only)
+    return plan
+
+
+def program_for(mox: Mox, pattern: Any, plan: Plan, mode: str, inputs: bool = False, repl: Any = None,
+             forward_only: bool = False) -> _Program:
+    cache = _programs.setdefault(mox, {})
+    k = (_pattern_key(pattern), forward_only, mode, inputs, repl)
+    prog = cache.get(k)
+    if prog is None:
+        prog = cache[k] = _Program(mox, plan, mode, inputs, repl)
+    return prog
+
+
+def capture_programs(mox: Mox) -> dict:
+    """The jitted programs `capture` and `patch` keep for ``mox`` (each with
+    ``traces``, how many times it was traced: once per argument shapes)."""
+    return _programs.get(mox, {})
+
+
+def check_root(mox: Any, what: str) -> None:
+    if not isinstance(mox, Mox) or mox.kind != Kind.ROOT:
+        got = f"a `{mox.kind}` node" if isinstance(mox, Mox) else f"a `{type(mox).__name__}`"
+        raise YaxInputError(
+            f"`{what}` expected the root MoX returned by `yax.make_mox(fn)(...)`, but got {got}. "
+            "Pass the whole MoX and select nodes with the pattern."
+        )
+
+
+def values_of(plan: Plan, got: dict, inputs: bool) -> dict[str, Any]:
+    out = {}
+    for t in plan.targets.values():
+        g = got[t.key]
+        value = t.results(g["out"])
+        out[t.key] = (tuple(g.get("in", ())), value) if inputs else value
+    return out

@@ -1,0 +1,112 @@
+"""What the NaN search and the explorer report about values: `ValueStats`, `NonFinite`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .._ir import Equation, Mox
+from .._vocab import type_str
+
+Node = Equation | Mox
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueStats:
+    """Statistics of one array: its type, the range, mean and standard
+    deviation of its finite values, and counts of NaN, ±Inf and zeros."""
+
+    type: str
+    min: float
+    max: float
+    mean: float
+    std: float
+    nan: int
+    posinf: int
+    neginf: int
+    zeros: int
+    size: int
+
+    @classmethod
+    def of(cls, x: Any) -> ValueStats:
+        a = np.asarray(x)
+        size = int(a.size)
+        if not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_):
+            return cls(type_str(x), np.nan, np.nan, np.nan, np.nan, 0, 0, 0, 0, size)
+        f = a.astype(np.float64) if not np.iscomplexobj(a) else np.abs(a).astype(np.float64)
+        fin = f[np.isfinite(f)]
+
+        def stat(g: Callable[[Any], Any]) -> float:
+            return float(g(fin)) if fin.size else float("nan")
+
+        return cls(type_str(x), stat(np.min), stat(np.max), stat(np.mean), stat(np.std), int(np.isnan(f).sum()),
+                   int(np.isposinf(f).sum()), int(np.isneginf(f).sum()), int((f == 0).sum()), size)
+
+    @property
+    def nonfinite(self) -> int:
+        return self.nan + self.posinf + self.neginf
+
+    def __str__(self) -> str:
+        bad = [f"{n} {w}" for n, w in ((self.nan, "NaN"), (self.posinf, "+Inf"), (self.neginf, "-Inf")) if n]
+        if self.nonfinite == self.size and self.size:
+            return f"{self.type}  no finite values ({', '.join(bad)})"
+        return (f"{self.type}  min {self.min:.4g}  max {self.max:.4g}  mean {self.mean:.4g}  std {self.std:.4g}"
+                + (f"  ({', '.join(bad)} of {self.size})" if bad else ""))
+
+
+@dataclasses.dataclass(frozen=True)
+class NonFinite:
+    """Where a model's first NaN or Inf comes from (`first_nonfinite`).
+
+    Attributes:
+      equation: the first equation, in evaluation order, whose output holds a
+        NaN or an Inf (``None`` when an argument holds one already).
+      call: the innermost call it ran in (a module call or activation;
+        ``None`` at the root).
+      path: that call's path, or the argument's name (``args[1]``).
+      step: the scan steps it ran in, outermost scan first (``()`` outside scans).
+      output: statistics of the non-finite output at that step.
+      inputs: statistics of the equation's inputs at that step.
+      call_inputs: statistics of the call's inputs at that step.
+      window: the printed MoX around the equation, marked with ``>>>``.
+      reader: when an argument holds the NaN or Inf: the first equation that reads it
+        (``call`` is the call it runs in, ``step`` the layers of a stacked argument that
+        hold non-finite values, when a scan slices it per step).
+    """
+
+    equation: Equation | None
+    call: Mox | None
+    path: str
+    step: tuple[int, ...]
+    output: ValueStats
+    inputs: tuple[ValueStats, ...] = ()
+    call_inputs: tuple[ValueStats, ...] = ()
+    window: str = dataclasses.field(default="", repr=False)
+    reader: Equation | None = dataclasses.field(default=None, repr=False)
+
+    def __str__(self) -> str:
+        at = f" at scan step {', '.join(map(str, self.step))}" if self.step else ""
+        if self.equation is None:
+            head = f"The argument `{self.path}` already holds non-finite values: {self.output}"
+            if self.step:
+                head += (f"\n  They are in layer {self.step[0]} of the stack (the scan slices the argument per step; "
+                         f"step {self.step[0]} is the first to read them).")
+            if self.reader is not None:
+                who = f"`{self.call.path}` ({self.call.type})" if self.call is not None else "the root"
+                head += f"\n  The first to read it is `{self.reader.name}` in {who}."
+            return head + (f"\n\n{self.window}" if self.window else "")
+        lines = [f"The first non-finite value comes from `{self.equation.name}` in `{self.path or 'the root'}`{at}.",
+                 f"  output   {self.output}"]
+        lines += [f"  input {i}  {s}" for i, s in enumerate(self.inputs)]
+        if self.call is not None:
+            lines.append(f"  inputs of `{self.call.path}` ({self.call.type}):")
+            lines += [f"    {i}  {s}" for i, s in enumerate(self.call_inputs)]
+        if self.window:
+            lines += ["", self.window]
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
