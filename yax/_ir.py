@@ -325,7 +325,7 @@ class Mox(_Typed):
         ``in_static``/``out_static`` (untraced leaves as ``(index, value)``),
         ``dyn_in``/``dyn_out`` (indices of traced leaves) and ``in_paths``.
       frontend: on a root, the name of the frontend that traced it
-        (``"linen"``, ``"nnx"``, ``"function"``).
+        (``"linen"``, ``"nnx"``, ``"equinox"``, ``"jax"`` for a plain function).
       origin: on a root, what that frontend keeps to rebuild the traced
         object (for nnx, the ``nnx.GraphDef``, also as ``graphdef``).
     """

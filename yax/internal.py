@@ -18,7 +18,7 @@ Contents:
                    programs `capture`/`patch` keep per MoX, with their trace counts),
                    `capturable_calls` (the calls whose values `capture` can bring out)
   tracing          `trace_target` (a MoX and the arguments it is evaluated with),
-                   `params_argument` (which of them `yax.sub`'s ``params=`` takes)
+                   `variables_argument` (which of them `yax.sub`'s ``params=`` takes)
   frontends        `Frontend`, `register`, `frontends` (all, in order), `frontend_named`,
                    `unwrap_target` (a model holding its own variables as a function of them)
 """
@@ -69,7 +69,7 @@ def node_ids(mox: Any) -> dict[int, int]:
     return view(mox).ids
 
 
-def params_argument(mox: Any, args: tuple) -> Any:
+def variables_argument(mox: Any, args: tuple) -> Any:
     """The argument of ``args`` that `yax.sub`'s ``params=`` takes for
     ``mox`` (the variables or state), or ``None`` when there is none: the
     root's frontend's answer, else the first frontend that recognises one (a
@@ -77,7 +77,7 @@ def params_argument(mox: Any, args: tuple) -> Any:
     places them."""
     from .frontends import first_answer
 
-    return first_answer(mox, lambda f: f.params_argument(mox, args))
+    return first_answer(mox, lambda f: f.variables_argument(mox, args))
 
 
 def frontends() -> list[Frontend]:

@@ -42,8 +42,8 @@ from yax.internal import (
     misfit,
     node_ids,
     paired_outputs,
-    params_argument,
     trace_target,
+    variables_argument,
     view,
 )
 
@@ -169,7 +169,7 @@ class Session:
         self.args, self.kwargs = args, kwargs  # the inputs of the batch in use, parameters first
         self.target_kind = target_kind(given, target, mox)  # how "copy as code" makes `mox` again
         self.names: list[str] | None = None  # the expressions `%yax` was given: the script's names
-        params = params_argument(mox, args)  # the variables or state `yax.sub` reconciles, or None
+        params = variables_argument(mox, args)  # the variables or state `yax.sub` reconciles, or None
         self.has_params = params is not None
         # what the positional inputs are called in the model's own signature: the export's README names them so
         self.input_names = input_names(given, len(args) - self.has_params, self.has_params)

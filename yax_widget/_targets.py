@@ -31,7 +31,7 @@ def target_kind(target: Any, traced: Any, mox: Any) -> str:
         found = unwrap_target(target, ())
         if found is not None:
             return found[2].name
-    return getattr(mox, "frontend", None) or "function"
+    return getattr(mox, "frontend", None) or "jax"
 
 
 def _literal(v: Any) -> str:

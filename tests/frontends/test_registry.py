@@ -97,8 +97,8 @@ def _model():
 
 def test_the_builtin_frontends_are_found_in_order():
     names = [f.name for f in frontends.registry()]
-    assert names[:2] == ["nnx", "linen"] and names[-1] == "function"
-    assert frontends.for_target(lambda x: x).name == "function"
+    assert names[:2] == ["nnx", "linen"] and names[-1] == "jax"
+    assert frontends.for_target(lambda x: x).name == "jax"
 
 
 def test_a_registered_frontend_traces_queries_evaluates_and_rewrites(toy):
@@ -121,5 +121,5 @@ def test_a_registered_frontend_traces_queries_evaluates_and_rewrites(toy):
 def test_without_the_frontend_the_same_model_is_a_plain_function():
     model, x = _model(), jnp.ones((3, 4))
     mox = yax.make_mox(model)(x)
-    assert mox.frontend == "function" and list(mox.modules()) == []
+    assert mox.frontend == "jax" and list(mox.modules()) == []
     np.testing.assert_allclose(yax.eval_mox(mox, x), model(x), rtol=1e-6)

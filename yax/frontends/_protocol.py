@@ -178,7 +178,7 @@ class Frontend:
         dropping variables), or ``None`` when this system does not hold them."""
         return None
 
-    def params_argument(self, mox: Mox, args: tuple) -> Any:
+    def variables_argument(self, mox: Mox, args: tuple) -> Any:
         """The argument of ``args`` that `sub`'s ``params=`` takes, or ``None``."""
         return None
 

@@ -616,7 +616,7 @@ class EquinoxFrontend(Frontend):
     def variables(self, mox: Mox, params: Any) -> Variables | None:
         return ModelVariables(mox, params) if mox.frontend == NAME else None
 
-    def params_argument(self, mox: Mox, args: tuple) -> Any:
+    def variables_argument(self, mox: Mox, args: tuple) -> Any:
         return args[0] if mox.frontend == NAME and args else None
 
     def lora(self, node: Mox, spec: Any) -> Any:

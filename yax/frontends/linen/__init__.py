@@ -660,7 +660,7 @@ class LinenFrontend(Frontend):
             return None
         return DictVariables(mox, params)
 
-    def params_argument(self, mox: Mox, args: tuple) -> Any:
+    def variables_argument(self, mox: Mox, args: tuple) -> Any:
         return args[0] if args and isinstance(args[0], Mapping) else None
 
     activation_homes = ("flax.linen", "flax.linen.activation")

@@ -84,7 +84,7 @@ class NnxFrontend(Frontend):
     def variables(self, mox: Mox, params: Any) -> Variables | None:
         return StateVariables(mox, params) if mox.frontend == self.name else None
 
-    def params_argument(self, mox: Mox, args: tuple) -> Any:
+    def variables_argument(self, mox: Mox, args: tuple) -> Any:
         return args[0] if mox.frontend == self.name and args else None
 
     pair_by_name = True  # the states of a model and its rewrite hold different variables

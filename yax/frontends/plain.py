@@ -1,4 +1,4 @@
-"""The plain-function frontend: any JAX function (``lambda x: jnp.sin(x)``,
+"""The plain-JAX frontend, named ``"jax"``: any JAX function (``lambda x: jnp.sin(x)``,
 a Hugging Face wrapper's ``__call__``) traced as it is.
 
 Written through the recipe in docs/architecture.md ("how to add a
@@ -19,8 +19,8 @@ from .. import _activations
 from . import Frontend
 
 
-class FunctionFrontend(Frontend):
-    name = "function"
+class JaxFrontend(Frontend):
+    name = "jax"  # not "function", which is the kind of a node a rewrite puts in
     order = 100  # accepts every callable: asked last
     activation_homes = ("jax.nn",)
 
@@ -34,4 +34,4 @@ class FunctionFrontend(Frontend):
         return _activations.marking(fn), args, kwargs, None  # a bare activation is a node too
 
 
-frontend = FunctionFrontend()
+frontend = JaxFrontend()
