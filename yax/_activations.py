@@ -56,10 +56,10 @@ ACTIVATIONS = (
 #: yax never imports a library for it.
 TABLES: list[tuple[str, str | None]] = []
 
-_Entry = tuple[str, Callable, Callable]  # (name, original, marking wrapper)
+_Entry = tuple[str, Callable[..., Any], Callable[..., Any]]  # (name, original, marking wrapper)
 
 
-def _wrapper(name: str, fn: Callable, method: str | None = None) -> Callable:
+def _wrapper(name: str, fn: Callable[..., Any], method: str | None = None) -> Callable[..., Any]:
     """A function calling ``fn`` as an activation node ``name``. ``method``
     names the function really called (``gelu`` for ``ACT2FN["gelu_new"]``,
     a ``partial(nn.gelu, approximate=True)``), whose bound keywords become
@@ -155,7 +155,7 @@ def _own(f: Any, modname: str) -> bool:
     return inspect.isfunction(f) and f.__module__ == modname and not hasattr(f, "__yax_activation__")
 
 
-def _partial_entry(p: functools.partial, t: dict[int, _Entry], name: str | None = None) -> _Entry | None:
+def _partial_entry(p: functools.partial[Any], t: dict[int, _Entry], name: str | None = None) -> _Entry | None:
     """The entry of a partial of an activation in ``t``, named ``name`` (its
     table key) or after the function. A partial of a wrapper (made while a
     trace ran) marks itself: left alone."""
@@ -181,7 +181,7 @@ def _table_entries(modname: str, tbl: Any, out: dict[int, _Entry]) -> None:
                 out[id(v)] = entry
 
 
-_cache: dict[tuple, dict[int, _Entry]] = {}
+_cache: dict[tuple[Any, ...], dict[int, _Entry]] = {}
 #: Guards what traces in several threads share: building a table, the
 #: patched names (`_users`, `_during`, `_undo`) and the field swaps
 #: (`_swaps`, `_placed`). Taken once per trace, and by `swapped` only for
@@ -196,7 +196,7 @@ _during: dict[int, _Entry] | None = None
 _undo: list[tuple[Any, str, Any]] = []  # (holder, key, original) patched by `patched_names`
 #: ``(id(holder), key) -> [holder, original, placed value, holding calls]``: the fields `swapped` points
 #: at wrappers, counted over every running module call holding them, in any thread.
-_swaps: dict[tuple[int, Any], list] = {}
+_swaps: dict[tuple[int, Any], list[Any]] = {}
 #: ``id(placed value) -> how many fields hold it``: tells `swapped` a wrapper another call put there.
 _placed: dict[int, int] = {}
 
@@ -215,7 +215,7 @@ def table() -> dict[int, _Entry]:
         return _during if _during is not None else _fresh()
 
 
-def _key(loaded: list[tuple[str, Any]]) -> tuple:
+def _key(loaded: list[tuple[str, Any]]) -> tuple[Any, ...]:
     return tuple((id(t), len(t) if isinstance(t, dict) else len(vars(t))) for _, t in loaded)
 
 
@@ -292,7 +292,7 @@ def _unpatch() -> None:
             _during = None
 
 
-def swapped(items: list[tuple[Any, Any]], get: Callable, put: Callable) -> list[tuple[Any, Any]]:
+def swapped(items: list[tuple[Any, Any]], get: Callable[..., Any], put: Callable[..., Any]) -> list[tuple[Any, Any]]:
     """Point each ``(holder, key)`` whose value is an activation (or a plain
     list/tuple holding some: ``nn.Sequential`` layers) at the marking
     wrapper, with ``put(holder, key, value)``; returns what `restore` puts
@@ -314,7 +314,7 @@ def swapped(items: list[tuple[Any, Any]], get: Callable, put: Callable) -> list[
         return [(holder, k) for holder, k in held if _hold(holder, k, get, put, t)]
 
 
-def _hold(holder: Any, k: Any, get: Callable, put: Callable, t: dict[int, _Entry]) -> bool:
+def _hold(holder: Any, k: Any, get: Callable[..., Any], put: Callable[..., Any], t: dict[int, _Entry]) -> bool:
     """Swap one field or join the swap already there (with `_lock` held); whether it is held now."""
     v = get(holder, k)
     s = _swaps.get((id(holder), k))
@@ -332,7 +332,7 @@ def _hold(holder: Any, k: Any, get: Callable, put: Callable, t: dict[int, _Entry
     return True
 
 
-def restore(undo: list[tuple[Any, Any]], put: Callable) -> None:
+def restore(undo: list[tuple[Any, Any]], put: Callable[..., Any]) -> None:
     """Give back the fields `swapped` held; the last call holding one puts its value back."""
     if not undo:
         return

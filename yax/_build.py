@@ -40,7 +40,7 @@ class _SharedConsts:
     MIN_BYTES = 1024  # smaller ones cost more to compare than they hold
 
     def __init__(self) -> None:
-        self.seen: dict[tuple, list[tuple[Any, np.ndarray]]] = {}
+        self.seen: dict[tuple[Any, ...], list[tuple[Any, np.ndarray]]] = {}
 
     def __call__(self, c: Any) -> Any:
         host = _host_bytes(c, self.MIN_BYTES)
@@ -95,7 +95,7 @@ class _Converter:
             return Literal(a.val, getattr(av, "shape", ()), getattr(av, "dtype", None), getattr(av, "weak_type", False))
         return self.var(a)
 
-    def jaxpr(self, jaxpr: Any, consts: tuple = (), path: str = "") -> tuple[tuple, tuple, list, tuple, bool]:
+    def jaxpr(self, jaxpr: Any, consts: tuple[Any, ...] = (), path: str = "") -> tuple[tuple[Any, ...], tuple[Any, ...], list[Any], tuple[Any, ...], bool]:
         """Convert one (open) jaxpr. Returns constvars, invars, children,
         outvars, and whether any marker was found (so the original jaxpr
         cannot be reused for evaluation)."""
@@ -197,7 +197,7 @@ def build(closed: Any, rec: Recorder, ins: Packing, outs: Packing, *, name: str,
                   sig=Signature(ins, outs), frontend=frontend, origin=origin)
 
 
-def _block(kind: Kind, constvars: tuple, invars: tuple, children: list, outvars: tuple, consts: tuple,
+def _block(kind: Kind, constvars: tuple[Any, ...], invars: tuple[Any, ...], children: list[Any], outvars: tuple[Any, ...], consts: tuple[Any, ...],
            **fields: Any) -> Mox:
     """A root or nested computation: its own inputs are its formal parameters."""
     return Mox(kind=kind, children=tuple(children), inputs=invars, invars=invars, outvars=outvars,

@@ -135,7 +135,7 @@ def calls(mox: Mox) -> dict[str, Mox]:
 
 
 def _build(mox: Mox) -> Index:
-    seen: collections.Counter = collections.Counter()
+    seen: collections.Counter[str] = collections.Counter()
     keyed: dict[int, str] = {}
     for n in mox.walk():  # program order: a call before what it calls
         if isinstance(n, Mox) and n.kind not in CALL_KINDS:
@@ -147,7 +147,7 @@ def _build(mox: Mox) -> Index:
     positions: dict[int, Position] = {}
     counter = 0
     # Frames: (children, the call whose children they are, scans around, their equations, blocking equation).
-    Frame = tuple[Iterator[Any], Mox | None, tuple, tuple, Equation | None]
+    Frame = tuple[Iterator[Any], Mox | None, tuple[Any, ...], tuple[Any, ...], Equation | None]
     stack: list[Frame] = [(iter(mox.children), None, (), (), None)]
     while stack:
         it, call, scans, eqns, blocked = stack[-1]

@@ -214,7 +214,7 @@ def _flat(vals: list[jax.Array]) -> jax.Array:
     return jnp.concatenate([jnp.ravel(v).astype(jnp.float32) for v in vals])
 
 
-_programs: weakref.WeakKeyDictionary[Mox, dict[tuple, Any]] = weakref.WeakKeyDictionary()
+_programs: weakref.WeakKeyDictionary[Mox, dict[tuple[Any, ...], Any]] = weakref.WeakKeyDictionary()
 
 
 def _tapped(mox: Mox) -> list[Mox]:
@@ -255,7 +255,7 @@ def eager_is_cheaper(mox: Mox) -> bool:
     cheaper is chosen from those counts (a fused-away boundary counted at ~3 ms); models whose
     boundaries are mostly matrix products stay jitted (bench/bench_compare.py)."""
     producer: dict[int, str] = {}
-    signatures: set[tuple] = set()
+    signatures: set[tuple[Any, ...]] = set()
     n_eqns = 0
     for n in mox.walk():
         if isinstance(n, Equation):
@@ -329,7 +329,7 @@ def paired_outputs(original: Mox, modified: Mox) -> tuple[tuple[int, ...], tuple
     return tuple(sel_a[k] for k in pos), tuple(sel_b[k] for k in pos)
 
 
-def measure(mox: Mox, args: tuple, kwargs: dict, out_idx: tuple[int, ...], boundaries: bool = True,
+def measure(mox: Mox, args: tuple[Any, ...], kwargs: dict[str, Any], out_idx: tuple[int, ...], boundaries: bool = True,
             lowered: threading.Event | None = None, eager: bool | None = None) -> Measured:
     """Run ``mox`` (jitted, compiled once per MoX) and bring its outputs
     ``out_idx`` and, with ``boundaries``, its call boundaries to the host.
@@ -379,7 +379,7 @@ def compare_measured(original: Mox, modified: Mox, a: Measured, b: Measured, *, 
     stacks: dict[str, tuple[int, ...]] = {}
     labels: dict[str, str] = {}
     unavailable: dict[str, str] = {}
-    first: tuple | None = None
+    first: tuple[Any, ...] | None = None
     if a.taps is not None and b.taps is not None:
         ia, ib = _calls.index(original), _calls.index(modified)
         unavailable = _unavailable(original)
@@ -488,16 +488,16 @@ def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rt
                                                               rtol, atol))
 
 
-def compare_gradients(original: Mox, modified: Mox, args: tuple, args_b: tuple, kwargs: dict, loss: Any,
+def compare_gradients(original: Mox, modified: Mox, args: tuple[Any, ...], args_b: tuple[Any, ...], kwargs: dict[str, Any], loss: Any,
                       rtol: float = 1e-5, atol: float = 1e-6) -> dict[str, Stats]:
     """Gradients of ``loss(model(*args))`` with respect to the first argument's floating
     leaves, compared per leaf both models have (by key path)."""
-    def grads(mox: Mox, a: tuple) -> dict[str, np.ndarray]:
+    def grads(mox: Mox, a: tuple[Any, ...]) -> dict[str, np.ndarray]:
         flat, tree = jax.tree_util.tree_flatten_with_path(a[0])
         where = [i for i, (_, x) in enumerate(flat) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
         leaves = [x for _, x in flat]
 
-        def f(ws: list) -> Any:
+        def f(ws: list[Any]) -> Any:
             full = list(leaves)
             for i, w in zip(where, ws):
                 full[i] = w
@@ -519,6 +519,6 @@ def _output_names(mox: Mox) -> dict[int, str]:
     return {j: "out" + paths[i] for j, i in enumerate(mox.dyn_out)}
 
 
-def compiled_programs(mox: Mox) -> dict:
+def compiled_programs(mox: Mox) -> dict[Any, Any]:
     """The jitted programs `compare` keeps for ``mox`` (empty until it ran)."""
     return _programs.get(mox, {})

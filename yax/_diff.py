@@ -12,11 +12,11 @@ from ._view import tree_of
 _CALLS = CALL_KINDS
 
 
-def keyed(x: Any) -> dict[tuple, Any]:
+def keyed(x: Any) -> dict[tuple[Any, ...], Any]:
     """``(path, kind, method, k)`` -> the XML element of each call: the k-th
     call of that module method at that path. The keys `diff` reports."""
     tree, _ = tree_of(x, "diff")
-    seen: collections.Counter = collections.Counter()
+    seen: collections.Counter[tuple[Any, ...]] = collections.Counter()
     out = {}
     for el in tree.iter(*_CALLS):
         base = (el.get("path"), el.tag, el.get("method"))
@@ -25,7 +25,7 @@ def keyed(x: Any) -> dict[tuple, Any]:
     return out
 
 
-def _calls(x: Any) -> dict[tuple, dict[str, str]]:
+def _calls(x: Any) -> dict[tuple[Any, ...], dict[str, str]]:
     return {k: {a: v for a, v in el.attrib.items() if a != "id"} for k, el in keyed(x).items()}
 
 
@@ -35,9 +35,9 @@ class Diff:
     different attributes (changed: ``{attr: (old, new)}``). Keys are
     ``(path, kind, method, k)``: the k-th call of that method at that path."""
 
-    added: list[tuple]
-    removed: list[tuple]
-    changed: dict[tuple, dict[str, tuple[str | None, str | None]]]
+    added: list[tuple[Any, ...]]
+    removed: list[tuple[Any, ...]]
+    changed: dict[tuple[Any, ...], dict[str, tuple[str | None, str | None]]]
 
     def __bool__(self) -> bool:
         return bool(self.added or self.removed or self.changed)

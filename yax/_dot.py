@@ -98,7 +98,7 @@ class _Graph:
         """Draw what is inside ``parent``, without recursion: what is left to
         do is a stack of nodes to draw and of steps to take after a cluster's
         insides (close it, pass its results on)."""
-        todo: list[tuple] = [("inside", parent, level, indent)]
+        todo: list[tuple[Any, ...]] = [("inside", parent, level, indent)]
         while todo:
             task = todo.pop()
             if task[0] == "then":
@@ -119,7 +119,7 @@ class _Graph:
         for v in outs:
             self.prod[v] = frozenset({n})
 
-    def call(self, c: Mox, level: int, indent: int) -> list[tuple]:
+    def call(self, c: Mox, level: int, indent: int) -> list[tuple[Any, ...]]:
         """Draw a call (a box, or a cluster whose insides are the tasks returned)."""
         within = self.depth is None or level < self.depth
         inner = id(c) in self.with_calls or (self.equations and any(isinstance(x, Equation) for x in c.children))
@@ -143,14 +143,14 @@ class _Graph:
         self.produced(c.outputs, n)
         return []
 
-    def equation(self, e: Equation, level: int, indent: int) -> list[tuple]:
+    def equation(self, e: Equation, level: int, indent: int) -> list[tuple[Any, ...]]:
         """Draw an equation (hidden, a small node, or a cluster of its nested
         computations, whose insides are the tasks returned)."""
         if id(e) in self.with_calls:
             label = f"{e.name} ×{e.params['length']}" if isinstance(e.params.get("length"), int) else e.name
             pad = self.cluster(None, label, indent)  # the id goes to the node inside
             n = self.new(e, label, indent + 2, shape="ellipse", fontsize="10")
-            later: list[tuple] = []
+            later: list[tuple[Any, ...]] = []
             for _, sub in e.subs:
                 k = len(sub.invars)
                 later += [("then", self.alias, sub.invars, e.inputs[len(e.inputs) - k:] if k <= len(e.inputs) else ()),

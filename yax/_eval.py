@@ -22,10 +22,10 @@ from ._vocab import type_str
 from .errors import YaxEvalError, YaxInputError, arg_name
 
 # Equation -> {param name: jaxpr} built from nested MoX nodes.
-_retraced: weakref.WeakKeyDictionary[Equation, dict[str, Any]] = weakref.WeakKeyDictionary()
+_retraced: weakref.WeakKeyDictionary[Equation, dict[Any, Any]] = weakref.WeakKeyDictionary()
 
 
-def _read(env: dict, a: Symbol) -> Any:
+def _read(env: dict[Symbol, Any], a: Symbol) -> Any:
     return a.val if isinstance(a, Literal) else env[a]
 
 
@@ -53,7 +53,7 @@ def run(mox: Mox, args: Sequence[Any], consts: Sequence[Any] | None = None,
     With ``taps``, append ``(call node, its output values)`` for every call
     evaluated at this level (not inside nested computations); with ``hooks``,
     call them back at every call and equation of this level."""
-    env: dict = {}
+    env: dict[Symbol, Any] = {}
     for v, c in zip(mox.constvars, mox.consts if consts is None else consts):
         env[v] = c
     for v, x in zip(mox.invars, args):
@@ -81,7 +81,7 @@ def bind(c: Equation, vals: list[Any]) -> list[Any]:
     return list(out) if c.primitive.multiple_results else [out]
 
 
-def _exec(children: Sequence[Any], env: dict, taps: list | None = None, hooks: Hooks | None = None) -> None:
+def _exec(children: Sequence[Any], env: dict[Symbol, Any], taps: list[Any] | None = None, hooks: Hooks | None = None) -> None:
     # Without recursion: a call node opens a frame of its children, and its results are
     # bound when the frame is done, so a MoX of any depth evaluates (and traces under jit).
     stack: list[tuple[Any, Mox | None]] = [(iter(children), None)]
@@ -157,7 +157,7 @@ def _same_dtype(a: Any, b: Any) -> bool:
         return False
 
 
-def flatten_inputs(mox: Mox, args: tuple, kwargs: dict) -> list[Any]:
+def flatten_inputs(mox: Mox, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     """Check ``(args, kwargs)`` against what ``mox`` was traced with and return
     the traced leaves."""
     flat, tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
@@ -214,7 +214,7 @@ def structure_difference(expected: Any, found: Any) -> tuple[str, str]:
         skeleton = jax.tree_util.tree_unflatten(expected, [_Traced() for _ in range(expected.num_leaves)])
     except Exception:  # a node type that cannot be rebuilt from placeholders
         return "the arguments", f"the structure is `{_short(str(found))}` where `{_short(str(expected))}` was traced"
-    stack: list[tuple[tuple, Any, Any]] = [((), skeleton, found)]
+    stack: list[tuple[tuple[Any, ...], Any, Any]] = [((), skeleton, found)]
     while stack:
         path, e, f = stack.pop()
         (te, ce), (tf, cf) = _level(e), _level(f)

@@ -126,7 +126,7 @@ class Packing:
     paths: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, tree: Any, traced: Any, is_leaf: Any = None, with_paths: bool = False) -> tuple[Packing, list]:
+    def of(cls, tree: Any, traced: Any, is_leaf: Any = None, with_paths: bool = False) -> tuple[Packing, list[Any]]:
         """The packing of ``tree`` and its traced leaves (those ``traced`` accepts)."""
         if with_paths:
             flat, treedef = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)
@@ -137,7 +137,7 @@ class Packing:
 
     @classmethod
     def from_leaves(cls, treedef: Any, leaves: Sequence[Any], traced: Any,
-                    keys: Sequence[Any] | None = None) -> tuple[Packing, list]:
+                    keys: Sequence[Any] | None = None) -> tuple[Packing, list[Any]]:
         """The packing of flattened leaves, and the traced ones."""
         dyn = tuple(i for i, x in enumerate(leaves) if traced(x))
         dset = set(dyn)
@@ -174,9 +174,9 @@ class Signature:
     ins: Packing = Packing()
     outs: Packing = Packing()
 
-    def args(self, values: Sequence[Any]) -> tuple[tuple, dict]:
+    def args(self, values: Sequence[Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """``(args, kwargs)`` with ``values`` at the traced leaves."""
-        args: tuple[tuple, dict] = self.ins.unflatten(values)
+        args: tuple[tuple[Any, ...], dict[str, Any]] = self.ins.unflatten(values)
         return args
 
     def results(self, values: Sequence[Any]) -> Any:
@@ -212,7 +212,7 @@ class ModuleInfo:
     var_tree: Any = None
     scope: tuple[str, ...] | None = None
     frontend: str | None = None
-    seen: tuple | None = dataclasses.field(default=None, repr=False, compare=False)
+    seen: tuple[Any, ...] | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Frozen is not enough: a dict field can still be changed in place (a decider setting

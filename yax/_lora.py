@@ -78,7 +78,7 @@ def delta(kernel: jax.Array, a: jax.Array, b: jax.Array, in_axes: tuple[int, ...
 def lora_mask(params: Any) -> Any:
     """A pytree of booleans like ``params``: True for ``lora_a``/``lora_b``
     leaves, for ``optax.masked`` or ``optax.multi_transform``."""
-    def names(kp: Any) -> set:  # an nnx state's leaf path ends in its variable's `.value`
+    def names(kp: Any) -> set[Any]:  # an nnx state's leaf path ends in its variable's `.value`
         return {getattr(k, "key", getattr(k, "name", None)) for k in kp[-2:]}
 
     return jax.tree_util.tree_map_with_path(lambda kp, _: bool(names(kp) & {"lora_a", "lora_b"}), params)

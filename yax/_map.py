@@ -32,7 +32,7 @@ def map_mox(fn: Callable[[Node], Node], mox: Mox, *, before: Callable[[Node], No
     # Without recursion (a MoX of any depth maps): a frame per node being mapped holds
     # the node, its children (a call's, or the computations an equation holds as
     # (param, index, child)), how many were entered and what they mapped to.
-    def enter(node: Node) -> list:
+    def enter(node: Node) -> list[Any]:
         if before is not None:
             node = before(node)
         if isinstance(node, Equation):
@@ -62,7 +62,7 @@ def map_mox(fn: Callable[[Node], Node], mox: Mox, *, before: Callable[[Node], No
         stack[-1][3].append(out)
 
 
-def _rebuilt(node: Node, kids: list, mapped: list) -> Node:
+def _rebuilt(node: Node, kids: list[Any], mapped: list[Any]) -> Node:
     """``node`` with its children replaced by what they mapped to (itself when none changed)."""
     if isinstance(node, Mox):
         children = tuple(mapped)

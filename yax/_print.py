@@ -111,7 +111,7 @@ class _Printer:
     def binder(self, v: Var) -> str:
         return f"{self.name(v)}:{type_str(v)}"
 
-    def lhs(self, outs: tuple) -> str:
+    def lhs(self, outs: tuple[Any, ...]) -> str:
         return " ".join(self.binder(v) for v in outs) or "()"
 
     def block(self, mox: Mox, indent: int, head: str = "") -> None:

@@ -53,7 +53,7 @@ class CallInfo:
     sig: Signature = Signature()
     module: Any = dataclasses.field(default=None, repr=False)  # the module object, while it runs
     #: shapes of the traced inputs and outputs as the call saw them (one instance's inside `nn.vmap`)
-    seen: tuple | None = None
+    seen: tuple[Any, ...] | None = None
 
 
 class Recorder:
@@ -99,8 +99,8 @@ def _mark(tag: str, leaves: list[Any], idx: tuple[int, ...]) -> None:
         leaves[i] = v
 
 
-def marked_call(call: CallInfo, fn: Callable, args: tuple, kwargs: dict,
-                is_leaf: Callable | None = None) -> Any:
+def marked_call(call: CallInfo, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                is_leaf: Callable[..., Any] | None = None) -> Any:
     """Run ``fn(*args, **kwargs)`` between markers, recording ``call``.
     ``is_leaf`` keeps objects whole (nnx modules and variables)."""
     rec = recorder()

@@ -13,7 +13,7 @@ import threading
 import weakref
 from typing import Any
 
-_live: weakref.WeakSet = weakref.WeakSet()
+_live: weakref.WeakSet[Any] = weakref.WeakSet()
 _lock = threading.Lock()  # traces may run in several threads at once
 
 

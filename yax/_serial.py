@@ -67,14 +67,14 @@ def to_dict(mox: Mox, names: Names | None = None) -> dict[str, Any]:
 
 # -- writing nested data without recursion (json's and yt's writers recurse) -----------
 
-def _write(obj: Any, lay: Any) -> list:
+def _write(obj: Any, lay: Any) -> list[Any]:
     """The pieces of the text of ``obj`` (dicts, lists and scalars), laid out
     by ``lay``: ``open(is_map)``, ``before(level, count)`` (ahead of an item
     at ``level`` after ``count`` others), ``key(k)`` (with what follows a
     key), ``after`` (behind each item), ``close(level, is_map, count)``, and
     ``scalar(x)``."""
-    out: list = []
-    stack: list[list] = []  # [items left, is a map, level, items written, what follows it]
+    out: list[Any] = []
+    stack: list[list[Any]] = []  # [items left, is a map, level, items written, what follows it]
 
     def value(v: Any, level: int, after: Any) -> None:
         if isinstance(v, (dict, list, tuple)):
@@ -122,7 +122,7 @@ class _Json:
         self.sort_keys = sort_keys
         self.encoder = (cls or json.JSONEncoder)(sort_keys=sort_keys, indent=None, **kwargs)
 
-    def items(self, d: dict) -> Any:
+    def items(self, d: dict[str, Any]) -> Any:
         return sorted(d.items()) if self.sort_keys else d.items()
 
     def open(self, is_map: bool) -> str:
@@ -154,7 +154,7 @@ class _Yson:
         self.memo: dict[tuple[type, Any], bytes] = {}
 
     @staticmethod
-    def items(d: dict) -> Any:
+    def items(d: dict[str, Any]) -> Any:
         return d.items()
 
     def open(self, is_map: bool) -> bytes:

@@ -4,6 +4,7 @@ and FLOPs (matrix products and convolutions), like ``flax.linen.tabulate``."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from . import _calls
 from ._ir import CALL_KINDS, Equation, Kind, Mox
@@ -77,12 +78,12 @@ def _rows(mox: Mox) -> list[tuple[int, Mox, int]]:
     """``(depth, call, times it runs)`` of every call under ``mox``, in
     document order (calls in a scan body run ``length`` times)."""
     out: list[tuple[int, Mox, int]] = []
-    stack: list[tuple[Mox, int, int, tuple | None]] = [(mox, 0, 1, None)]  # node, depth inside it, times, row
+    stack: list[tuple[Mox, int, int, tuple[Any, ...] | None]] = [(mox, 0, 1, None)]  # node, depth inside it, times, row
     while stack:
         node, depth, mult, row = stack.pop()
         if row is not None:
             out.append(row)
-        below: list[tuple[Mox, int, int, tuple | None]] = []
+        below: list[tuple[Mox, int, int, tuple[Any, ...] | None]] = []
         for c in node.children:
             if isinstance(c, Equation):
                 times = mult * (c.params.get("length", 1) if c.name == "scan" else 1)

@@ -33,7 +33,7 @@ def is_dynamic(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))
 
 
-def make_mox(fn: Callable, *, static_argnums: int | Sequence[int] | None = None,
+def make_mox(fn: Callable[..., Any], *, static_argnums: int | Sequence[int] | None = None,
              static_argnames: str | Sequence[str] | None = None) -> Callable[..., Any]:
     """Trace ``fn`` into a module expression, like ``jax.make_jaxpr``.
 
@@ -85,7 +85,7 @@ def make_mox(fn: Callable, *, static_argnums: int | Sequence[int] | None = None,
         target, args, kwargs, origin = frontend.prepare(fn, args, kwargs)
         shift = len(args) - n_user  # arguments a frontend put first (an nnx state) are never static
 
-        def dynamic(keypath: tuple, x: Any) -> bool:
+        def dynamic(keypath: tuple[Any, ...], x: Any) -> bool:
             if not explicit:
                 return is_dynamic(x)
             where, which = keypath[0].idx, keypath[1]
@@ -134,8 +134,8 @@ class _Setting:
 _headroom = _Setting(sys.getrecursionlimit, sys.setrecursionlimit, lambda limit: 2 * limit)
 
 
-def _traced_root(target: Callable, args: tuple, kwargs: dict, frontend: str, origin: Any,
-                 dynamic: Callable[[tuple, Any], bool]) -> Any:
+def _traced_root(target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], frontend: str, origin: Any,
+                 dynamic: Callable[[tuple[Any, ...], Any], bool]) -> Any:
     flat, treedef = jax.tree_util.tree_flatten_with_path((args, kwargs))
     flags = iter([dynamic(kp, x) for kp, x in flat])
     ins, dyn_vals = Packing.from_leaves(treedef, [x for _, x in flat], lambda _: next(flags), [kp for kp, _ in flat])
@@ -195,7 +195,7 @@ def _collect(on: bool) -> None:
 _collector_paused = _Setting(gc.isenabled, _collect, lambda was: False)
 
 
-def _call(f: Callable, *args: Any) -> Any:
+def _call(f: Callable[..., Any], *args: Any) -> Any:
     return f(*args)
 
 
@@ -217,7 +217,7 @@ def _call(f: Callable, *args: Any) -> Any:
 _roomy = types.FunctionType(_call.__code__.replace(co_stacksize=64_600), _call.__globals__, "_roomy")
 
 
-def trace_target(target: Any, *args: Any, **kwargs: Any) -> tuple[Any, tuple]:
+def trace_target(target: Any, *args: Any, **kwargs: Any) -> tuple[Any, tuple[Any, ...]]:
     """The MoX of ``target`` (anything `make_mox` takes) on ``*args, **kwargs``,
     and the positional arguments it is evaluated with (for an nnx module,
     its state comes first: docs/nnx.md)."""

@@ -88,7 +88,7 @@ NOT_XML_CHAR = re.compile(f"[{_NOT_XML}]")
 _ESCAPE = re.compile(r"\\(\\|x[0-9a-f]{2}|u[0-9a-f]{4})")
 
 
-def _escaped(m: re.Match) -> str:
+def _escaped(m: re.Match[str]) -> str:
     c = m.group()
     if c == "\\":
         return "\\\\"

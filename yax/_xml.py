@@ -416,7 +416,7 @@ def _parse_expat(source: _Source, budget: _Budget) -> etree._Element:
     return builder.close()
 
 
-def load_xml(source: IO[Any] | bytes | str | os.PathLike, *, max_bytes: int = MAX_BYTES,
+def load_xml(source: IO[Any] | bytes | str | os.PathLike[str], *, max_bytes: int = MAX_BYTES,
              max_memory: int | None = None) -> Document:
     """Read a document written by `dump_xml`, safely for untrusted input.
 

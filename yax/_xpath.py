@@ -134,14 +134,14 @@ class Evaluator:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._sent: set[int] = set()  # documents the current process was given
         # the in-process fallback's documents, once a process failed to start
         self._local: _LocalDocs | None = None
         self._owner = 0  # the pid that started the process: a forked child starts its own
         self._replies: Any = None  # the pipe the process answers on
 
-    def _start(self) -> subprocess.Popen | None:
+    def _start(self) -> subprocess.Popen[bytes] | None:
         if self._proc is not None and self._owner == os.getpid() and self._proc.poll() is None:
             return self._proc
         if self._proc is not None and self._owner == os.getpid():
@@ -175,7 +175,7 @@ class Evaluator:
             proc.stdin.close()
             self._replies.close()
 
-    def evaluate(self, target: Queryable, xpath: str, timeout: float) -> tuple:
+    def evaluate(self, target: Queryable, xpath: str, timeout: float) -> tuple[Any, ...]:
         """The worker's reply to ``xpath`` over ``target`` within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         with self._lock:
@@ -201,7 +201,7 @@ class Evaluator:
             self._sent.add(target.token)
             return reply
 
-    def _call(self, msg: tuple, deadline: float) -> tuple:
+    def _call(self, msg: tuple[Any, ...], deadline: float) -> tuple[Any, ...]:
         body = marshal.dumps(msg)
         proc = self._proc
         assert proc is not None and proc.stdin is not None  # `evaluate` started it, with stdin=PIPE
@@ -211,7 +211,7 @@ class Evaluator:
         except (BrokenPipeError, OSError):
             raise _Stopped() from None
         head = _read(self._replies.fileno(), 8, deadline)
-        reply: tuple = marshal.loads(_read(self._replies.fileno(), struct.unpack("<Q", head)[0], deadline))
+        reply: tuple[Any, ...] = marshal.loads(_read(self._replies.fileno(), struct.unpack("<Q", head)[0], deadline))
         return reply
 
 
@@ -241,10 +241,10 @@ class _LocalDocs:
     """The worker's answers computed in this process (no time limit)."""
 
     def __init__(self) -> None:
-        self.docs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self.compiled: dict = {}
+        self.docs: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self.compiled: dict[str, Any] = {}
 
-    def answer(self, target: Queryable, xpath: str) -> tuple:
+    def answer(self, target: Queryable, xpath: str) -> tuple[Any, ...]:
         doc = self.docs.get(target)
         if doc is None:
             doc = self.docs[target] = worker.Doc.of(target.tree)

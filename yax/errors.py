@@ -8,6 +8,8 @@ what was expected, what was found, where (a module path such as
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class YaxError(Exception):
     """Base class of every error raised by yax on purpose."""
@@ -89,7 +91,7 @@ class YaxDependencyError(YaxError, ImportError):
 
 # -- recurring messages: helpers, and error classes that format their own (Flax's style) -------
 
-def arg_name(keypath: tuple) -> str:
+def arg_name(keypath: tuple[Any, ...]) -> str:
     """An argument as the user writes it: ``args[1]['params']``, ``kwargs['train']``
     (from a key path into ``(args, kwargs)``)."""
     import jax

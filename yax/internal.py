@@ -69,7 +69,7 @@ def node_ids(mox: Any) -> dict[int, int]:
     return view(mox).ids
 
 
-def variables_argument(mox: Any, args: tuple) -> Any:
+def variables_argument(mox: Any, args: tuple[Any, ...]) -> Any:
     """The argument of ``args`` that `yax.sub`'s ``params=`` takes for
     ``mox`` (the variables or state), or ``None`` when there is none: the
     root's frontend's answer, else the first frontend that recognises one (a
@@ -94,7 +94,7 @@ def frontend_named(name: str | None) -> Frontend:
     return get(name)
 
 
-def unwrap_target(target: Any, args: tuple) -> tuple[Any, tuple, Frontend] | None:
+def unwrap_target(target: Any, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...], Frontend] | None:
     """``(function, arguments, frontend)`` for a model object holding its own
     variables (a Hugging Face Flax wrapper): a function of ``(variables,
     *args)`` and the arguments it takes (`Frontend.unwrap`); else ``None``."""

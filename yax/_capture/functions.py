@@ -14,7 +14,7 @@ from .programs import cached_plan, check_root, program_for, values_of
 Node = Equation | Mox
 
 
-def capture(pattern: Any, mox: Mox, *args: Any, with_inputs: bool = False, **kwargs: Any) -> tuple[Any, dict]:
+def capture(pattern: Any, mox: Mox, *args: Any, with_inputs: bool = False, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
     """Run ``mox`` and bring out the values at the nodes ``pattern`` selects.
 
     Nothing is changed: ``out`` is what `eval_mox` returns. The program is
@@ -64,7 +64,7 @@ def capture(pattern: Any, mox: Mox, *args: Any, with_inputs: bool = False, **kwa
     return unflatten_outputs(mox, outs), values_of(plan, got, bool(with_inputs))
 
 
-def patch(pattern: Any, mox: Mox, repl: Callable | None = None) -> Callable[..., Any]:
+def patch(pattern: Any, mox: Mox, repl: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """A function running ``mox`` with the outputs of the nodes ``pattern``
     selects replaced: activation patching, ablation, steering.
 

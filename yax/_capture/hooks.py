@@ -24,13 +24,13 @@ class Watch(Hooks):
     """Captures or patches the targets at one level of nesting (the root, or
     one step of a scan body); ``got[key]`` holds ``{"in": [...], "out": [...]}``."""
 
-    def __init__(self, plan: Plan, mode: str, inputs: bool, patches: dict[str, list], repl: Any, arg: Any,
-                 step: tuple):
+    def __init__(self, plan: Plan, mode: str, inputs: bool, patches: dict[str, list[Any]], repl: Any, arg: Any,
+                 step: tuple[Any, ...]):
         self.plan, self.mode, self.inputs = plan, mode, inputs
         self.patches, self.repl, self.arg, self.step = patches, repl, arg, step
-        self.got: dict[str, dict[str, list]] = {}
+        self.got: dict[str, dict[str, list[Any]]] = {}
 
-    def child(self, patches: dict[str, list], step: tuple) -> Watch:
+    def child(self, patches: dict[str, list[Any]], step: tuple[Any, ...]) -> Watch:
         return Watch(self.plan, self.mode, self.inputs, patches, self.repl, self.arg, step)
 
     def enter(self, call: Mox, values: list[Any]) -> None:
@@ -74,7 +74,7 @@ def _remat(w: Watch, eqn: Equation, values: list[Any]) -> list[Any]:
     (_, body), = eqn.subs
     inner = {k: v for k, v in w.patches.items() if k in _inside_remat(w.plan, eqn)}
 
-    def f(vals: list, patches: dict) -> tuple:
+    def f(vals: list[Any], patches: dict[str, Any]) -> tuple[Any, ...]:
         child = w.child(patches, w.step)
         return run(body, vals, hooks=child), child.got
 
@@ -99,7 +99,7 @@ def _scan(w: Watch, eqn: Equation, values: list[Any]) -> list[Any]:
     inner = {k: v for k, v in w.patches.items() if k in inside}
     steps = jnp.arange(length, dtype=jnp.int32) if w.mode == "fn" and _wants_step(w.repl) else None
 
-    def step(carry: list, x: tuple) -> tuple:
+    def step(carry: list[Any], x: tuple[Any, ...]) -> tuple[Any, ...]:
         xs_i, patches_i, i = x
         child = w.child(patches_i, w.step if i is None else (*w.step, i))
         outs = run(body, [*consts, *carry, *xs_i], hooks=child)
@@ -113,10 +113,10 @@ def _scan(w: Watch, eqn: Equation, values: list[Any]) -> list[Any]:
     return [*carry, *ys]
 
 
-_DESCEND: dict[str, Callable] = {"inline": _inline, "remat": _remat, "scan": _scan}
+_DESCEND: dict[str, Callable[..., Any]] = {"inline": _inline, "remat": _remat, "scan": _scan}
 
 
-def _positional(fn: Callable) -> tuple[int, bool]:
+def _positional(fn: Callable[..., Any]) -> tuple[int, bool]:
     """How many positional arguments ``fn`` takes (a large number for ``*args``), and whether it takes ``step``."""
     try:
         ps = inspect.signature(fn).parameters.values()
@@ -128,11 +128,11 @@ def _positional(fn: Callable) -> tuple[int, bool]:
     return len(pos), any(p.name == "step" for p in ps)
 
 
-def _wants_step(fn: Callable) -> bool:
+def _wants_step(fn: Callable[..., Any]) -> bool:
     return _positional(fn)[1]
 
 
-def _replaced(t: Target, repl: Callable, values: list[Any], arg: Any, step: tuple) -> list[Any]:
+def _replaced(t: Target, repl: Callable[..., Any], values: list[Any], arg: Any, step: tuple[Any, ...]) -> list[Any]:
     """``repl(path, value[, arg][, step=])`` at one target, checked to fit."""
     n, wants_step = _positional(repl)
     call_args = (t.key, t.results(values), arg)[: 3 if n >= 3 else 2]

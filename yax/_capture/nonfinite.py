@@ -35,9 +35,9 @@ class _Flags(Hooks):
     def __init__(self) -> None:
         self.flags: list[Any] = []
         self.subs: list[Any] = []
-        self.entries: list[tuple] = []
+        self.entries: list[tuple[Any, ...]] = []
 
-    def level(self) -> tuple:
+    def level(self) -> tuple[Any, ...]:
         flags = jnp.stack(self.flags) if self.flags else jnp.zeros((0,), bool)
         return flags, tuple(self.subs)
 
@@ -60,9 +60,9 @@ class _Flags(Hooks):
         p = eqn.params
         nc, nk = p["num_consts"], p["num_carry"]
         consts, init, xs = list(values[:nc]), list(values[nc:nc + nk]), list(values[nc + nk:])
-        inner: list[list] = []
+        inner: list[list[Any]] = []
 
-        def step(carry: list, x: list) -> tuple:
+        def step(carry: list[Any], x: list[Any]) -> tuple[Any, ...]:
             child = _Flags()
             outs = run(body, [*consts, *carry, *x], hooks=child)
             inner[:] = [child.entries]
@@ -81,12 +81,12 @@ class _Search:
     """The jitted flagging program of one MoX; ``entries`` is set when it is traced."""
 
     def __init__(self, mox: Mox):
-        self.entries: list[tuple] = []
+        self.entries: list[tuple[Any, ...]] = []
         self.args: list[int] = []
         self.traces = 0
         ref = weakref.ref(mox)
 
-        def program(flat: list) -> tuple:
+        def program(flat: list[Any]) -> tuple[Any, ...]:
             self.traces += 1
             top = _Flags()
             root = ref()
@@ -103,7 +103,7 @@ class _Search:
 _searches: weakref.WeakKeyDictionary[Mox, _Search] = weakref.WeakKeyDictionary()
 
 
-def _first(entries: list[tuple], level: tuple) -> tuple[tuple, tuple[int, ...]] | None:
+def _first(entries: list[tuple[Any, ...]], level: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[int, ...]] | None:
     """The first flagged entry, in evaluation order, and its scan steps."""
     flags, subs = level
     for e in entries:

@@ -77,7 +77,7 @@ def plan_of(nodes: Sequence[Node], mox: Mox, what: str, pattern: Any = None,
     targets: dict[int, Target] = {}
     descend: dict[int, str] = {}
     # Walk without recursion: each frame is (children, chain of (equation, how) above them).
-    stack: list[tuple[Any, tuple]] = [(iter(mox.children), ())]
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(iter(mox.children), ())]
     while stack:
         it, chain = stack[-1]
         c = next(it, None)

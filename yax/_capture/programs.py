@@ -25,7 +25,7 @@ class _Program:
         self.plan, self.traces = plan, 0
         ref = weakref.ref(mox)  # the cache must not keep its own key alive
 
-        def program(flat: list, patches: dict, arg: Any) -> tuple:
+        def program(flat: list[Any], patches: dict[str, Any], arg: Any) -> tuple[Any, ...]:
             self.traces += 1
             w = Watch(plan, mode, inputs, patches, repl, arg, ())
             root = ref()
@@ -34,12 +34,12 @@ class _Program:
 
         self.jitted = jax.jit(program)
 
-    def __call__(self, flat: list, patches: dict, arg: Any) -> tuple:
-        out: tuple = self.jitted(flat, patches, arg)
+    def __call__(self, flat: list[Any], patches: dict[str, Any], arg: Any) -> tuple[Any, ...]:
+        out: tuple[Any, ...] = self.jitted(flat, patches, arg)
         return out
 
 
-def watched(mox: Mox, plan: Plan, mode: str, flat: list) -> tuple[list, dict]:
+def watched(mox: Mox, plan: Plan, mode: str, flat: list[Any]) -> tuple[list[Any], dict[str, Any]]:
     """Evaluate ``mox`` on ``flat`` with ``plan``'s targets watched in ``mode``
     (``"capture"``, or ``"measure"``: one flat float32 array per target);
     ``(flat outputs, got)``."""
@@ -78,7 +78,7 @@ def program_for(mox: Mox, pattern: Any, plan: Plan, mode: str, inputs: bool = Fa
     return prog
 
 
-def capture_programs(mox: Mox) -> dict:
+def capture_programs(mox: Mox) -> dict[str, Any]:
     """The jitted programs `capture` and `patch` keep for ``mox`` (each with
     ``traces``, how many times it was traced: once per argument shapes)."""
     return _programs.get(mox, {})
@@ -93,7 +93,7 @@ def check_root(mox: Any, what: str) -> None:
         )
 
 
-def values_of(plan: Plan, got: dict, inputs: bool) -> dict[str, Any]:
+def values_of(plan: Plan, got: dict[str, Any], inputs: bool) -> dict[str, Any]:
     out = {}
     for t in plan.targets.values():
         g = got[t.key]

@@ -105,7 +105,7 @@ def of_node(node: Any) -> Frontend:
     return get(getattr(info, "frontend", None))
 
 
-def unwrap(target: Any, args: tuple) -> tuple[Callable, tuple, Frontend] | None:
+def unwrap(target: Any, args: tuple[Any, ...]) -> tuple[Callable[..., Any], tuple[Any, ...], Frontend] | None:
     """``(function, arguments, frontend)`` for an object holding its own
     variables that some frontend knows (`Frontend.unwrap`), else ``None``."""
     for f in registry():
@@ -115,6 +115,6 @@ def unwrap(target: Any, args: tuple) -> tuple[Callable, tuple, Frontend] | None:
     return None
 
 
-def hooks() -> list[Callable]:
+def hooks() -> list[Callable[..., Any]]:
     """The trace hooks of every frontend, for `yax._record.recording`."""
     return [f.hooks for f in registry()]

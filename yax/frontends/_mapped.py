@@ -67,7 +67,7 @@ def _unmappable(node: Any, why: str, transform: str) -> YaxRewriteError:
     )
 
 
-def mapped(node: Any, scans: tuple[int, ...], held: Callable | None, transform: str = "nn.vmap") -> Mapped | None:
+def mapped(node: Any, scans: tuple[int, ...], held: Callable[..., Any] | None, transform: str = "nn.vmap") -> Mapped | None:
     """How the module call ``node`` is mapped by ``transform``, told by the
     shapes its module saw (``info.seen``) against the node's, and by its
     variables as the model holds them (``held(node)``: ``{collection: tree of
@@ -100,7 +100,7 @@ def mapped(node: Any, scans: tuple[int, ...], held: Callable | None, transform: 
     return Mapped(size, tuple(axes[:n]), tuple(axes[n:]), var_axis)
 
 
-def _var_axis(node: Mox, lead: int, held: Callable | None, size: int, transform: str) -> int | None:
+def _var_axis(node: Mox, lead: int, held: Callable[..., Any] | None, size: int, transform: str) -> int | None:
     """The axis the node's variables are stacked along at its level (``None``: broadcast),
     below ``lead`` layer axes of enclosing scans."""
     root = held(node) if held is not None else None
@@ -135,7 +135,7 @@ def fit_hint(node: Any, found: tuple[int, ...], expected: tuple[int, ...], trans
             "replacement is mapped like the original.")
 
 
-def trace_mapped(module: Any, apply: Callable, var_avals: Any, avals: list, how: Mapped) -> Mox:
+def trace_mapped(module: Any, apply: Callable[..., Any], var_avals: Any, avals: list[Any], how: Mapped) -> Mox:
     """``apply(variables, *xs)`` traced under ``jax.vmap`` as ``how`` maps the
     replaced call: on one instance's inputs, variables stacked (or broadcast)."""
     from .._trace import make_mox

@@ -106,13 +106,13 @@ class Frontend:
         """Whether `make_mox(fn)` traces ``fn`` through this frontend."""
         return False
 
-    def prepare(self, fn: Any, args: tuple, kwargs: dict) -> tuple[Callable, tuple, dict, Any]:
+    def prepare(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Any]:
         """What `make_mox(fn)(*args, **kwargs)` traces: a function, the
         arguments it is traced on (a stateful system puts its state first), and
         the origin kept on the root (`Mox.origin`: what rebuilds the object)."""
         return fn, args, kwargs, None
 
-    def arguments(self, fn: Any, args: tuple) -> tuple:
+    def arguments(self, fn: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
         """The positional arguments the MoX of ``fn`` is evaluated with, given
         those ``fn`` is called with (a stateful system puts its state first)."""
         return args
@@ -156,7 +156,7 @@ class Frontend:
         for a mapping yax cannot repeat."""
         return None
 
-    def trace_replacement(self, module: Any, avals: list, call: Callable,
+    def trace_replacement(self, module: Any, avals: list[Any], call: Callable[..., Any],
                           mapped: MappedCall | None = None) -> tuple[Mox, Any, int]:
         """``module`` traced on the replaced node's input ``avals`` (called with
         ``call(xs) -> (args, kwargs)``, the convention the engine chose): a root MoX
@@ -178,7 +178,7 @@ class Frontend:
         dropping variables), or ``None`` when this system does not hold them."""
         return None
 
-    def variables_argument(self, mox: Mox, args: tuple) -> Any:
+    def variables_argument(self, mox: Mox, args: tuple[Any, ...]) -> Any:
         """The argument of ``args`` that `sub`'s ``params=`` takes, or ``None``."""
         return None
 
@@ -206,7 +206,7 @@ class Frontend:
         return None
 
     # -- the explorer ----------------------------------------------------------------
-    def unwrap(self, target: Any, args: tuple) -> tuple[Callable, tuple] | None:
+    def unwrap(self, target: Any, args: tuple[Any, ...]) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
         """For an object of this system that holds its own variables and takes
         them at call time (a Hugging Face Flax wrapper): a function of
         ``(variables, *args)`` calling it, and ``(variables, *args)``, so that

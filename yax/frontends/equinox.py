@@ -216,7 +216,7 @@ def init_defaults(cls: type[Any]) -> dict[str, Any]:
     return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
 
 
-def _wrap(fn: Callable) -> Callable:
+def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         rec = recorder()
@@ -259,7 +259,7 @@ def _classes() -> list[type]:
 
 _lock = threading.Lock()
 _users = 0  # traces running with the methods wrapped, in all threads
-_undo: list[tuple[type, Callable]] = []
+_undo: list[tuple[type, Callable[..., Any]]] = []
 
 
 @contextlib.contextmanager
@@ -564,7 +564,7 @@ class EquinoxFrontend(Frontend):
     def accepts(self, fn: Any) -> bool:
         return is_module(fn)
 
-    def prepare(self, fn: Any, args: tuple, kwargs: dict) -> tuple[Callable, tuple, dict, Any]:
+    def prepare(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Any]:
         name = type(fn).__name__
 
         def call(model: Any, *args: Any, **kwargs: Any) -> Any:
@@ -578,7 +578,7 @@ class EquinoxFrontend(Frontend):
         call.__name__ = call.__qualname__ = name
         return call, (fn, *args), kwargs, None
 
-    def arguments(self, fn: Any, args: tuple) -> tuple:
+    def arguments(self, fn: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
         return (fn, *args)
 
     def defaults(self, cls: type) -> dict[str, Any]:
@@ -587,7 +587,7 @@ class EquinoxFrontend(Frontend):
     def owns(self, x: Any) -> bool:
         return is_module(x)
 
-    def trace_replacement(self, module: Any, avals: list, call: Callable,
+    def trace_replacement(self, module: Any, avals: list[Any], call: Callable[..., Any],
                           mapped: MappedCall | None = None) -> tuple[Mox, Any, int]:
         from .._trace import make_mox
 
@@ -616,7 +616,7 @@ class EquinoxFrontend(Frontend):
     def variables(self, mox: Mox, params: Any) -> Variables | None:
         return ModelVariables(mox, params) if mox.frontend == NAME else None
 
-    def variables_argument(self, mox: Mox, args: tuple) -> Any:
+    def variables_argument(self, mox: Mox, args: tuple[Any, ...]) -> Any:
         return args[0] if mox.frontend == NAME and args else None
 
     def lora(self, node: Mox, spec: Any) -> Any:

@@ -24,7 +24,7 @@ class HuggingFace(Frontend):
     activation_tables = (("transformers.modeling_flax_utils", "ACT2FN"),)
     prepended = 1  # the wrapper's parameters
 
-    def unwrap(self, target: Any, args: tuple) -> tuple[Callable, tuple] | None:
+    def unwrap(self, target: Any, args: tuple[Any, ...]) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
         """For a Hugging Face Flax wrapper (``FlaxBertForMaskedLM(...)``: a linen
         ``.module``, its ``.params``, and a ``__call__`` taking ``params=``): a
         function of ``(params, *args)`` calling it, and ``(target.params, *args)``.

@@ -30,7 +30,7 @@ class JaxFrontend(Frontend):
     def accepts(self, fn: Any) -> bool:
         return callable(fn)
 
-    def prepare(self, fn: Any, args: tuple, kwargs: dict) -> tuple[Callable, tuple, dict, Any]:
+    def prepare(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Any]:
         return _activations.marking(fn), args, kwargs, None  # a bare activation is a node too
 
 

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from .. import _roots, errors, frontends
-from .._ir import Equation, Kind, ModuleInfo, Mox, Signature
+from .._ir import Equation, Kind, ModuleInfo, Mox, Signature, Var
 from .._map import map_mox
 from ..errors import YaxError, YaxRewriteError
 from .replacement import Site, checked, is_decider, is_module
@@ -27,7 +27,7 @@ from .thread import Threads
 __all__ = ["sub", "misfit", "is_decider", "is_module"]
 
 
-def _plan(pattern: Any, repl: Any, mox: Mox, must_match: bool) -> tuple[list[tuple[Any, Any]], dict[int, tuple]]:
+def _plan(pattern: Any, repl: Any, mox: Mox, must_match: bool) -> tuple[list[tuple[Any, Any]], dict[int, tuple[Any, ...]]]:
     """``(node, replacement)`` for each match, outermost first, and the ids of
     matches inside nested computations. A decider's "keep" (the node itself) drops the match.
     A match inside a custom derivative rule's computation is replaced with the rule (`outside_rules`)."""
@@ -143,7 +143,7 @@ def _held(layout: frontends.Variables) -> Callable[[Any], Any]:
     return layout.held
 
 
-def _built(mox: Mox, sites: list[Site], var_maps: dict[int, dict], dropped: set) -> Mox:
+def _built(mox: Mox, sites: list[Site], var_maps: dict[int, dict[Var, Var]], dropped: set[Any]) -> Mox:
     """The tree with every site's replacement spliced in; variables read inside
     nested computations passed down to them, dropped ones no longer passed."""
     threads = Threads()
@@ -160,7 +160,7 @@ def _built(mox: Mox, sites: list[Site], var_maps: dict[int, dict], dropped: set)
     return map_mox(lambda n: built.get(id(n), n), mox, before=before) if built else mox
 
 
-def misfit(repl: Any, node: Any, mox: Mox, *, cast: bool = False, cache: dict | None = None,
+def misfit(repl: Any, node: Any, mox: Mox, *, cast: bool = False, cache: dict[Any, Any] | None = None,
            params: Any = None) -> str | None:
     """Why ``repl`` cannot replace ``node`` of ``mox``, or ``None`` when it
     fits: `sub` itself run on ``node`` (the explorer offers only the
@@ -256,7 +256,7 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
 
 
 def _sub(pattern: Any, repl: Any, mox: Mox, params: Any, key: Any, cast: bool, must_match: bool,
-         keep: dict[str, str] | None, cache: dict | None = None) -> Any:
+         keep: dict[str, str] | None, cache: dict[Any, Any] | None = None) -> Any:
     _check_key(key)
     plan, nested = _plan(pattern, repl, mox, must_match)
     if not plan:  # nothing to replace (`must_match=False`, or a decider kept every match)

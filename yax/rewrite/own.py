@@ -185,7 +185,7 @@ def located(root: Mox, scope: Sequence[str], wanted: list[Names]) -> list[Var | 
     return found
 
 
-def _outward(v: Var, chain: tuple, root: Mox) -> tuple[str, Any]:
+def _outward(v: Var, chain: tuple[Any, ...], root: Mox) -> tuple[str, Any]:
     """Where the var ``v`` read inside the last computation of ``chain`` comes
     from: ``("input", root var)``, ``("const", value)``, or ``("computed", None)``."""
     for eqn, key in reversed(chain):
@@ -232,7 +232,7 @@ class Own:
     var_tree: Any
 
 
-def root_holding(call: Mox, mox: Mox) -> tuple[Mox, tuple]:
+def root_holding(call: Mox, mox: Mox) -> tuple[Mox, tuple[Any, ...]]:
     """The root a cut ``call`` lives in and the chain of equations down to it:
     ``mox`` itself, or a root `make_mox` or `sub` made that still lives."""
     for r in (mox, *(r for r in _roots.live() if r is not mox)):

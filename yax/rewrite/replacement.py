@@ -46,15 +46,15 @@ class Traced:
     key: Any = None               # equal for replacements that compute and initialise the same (`fingerprint`)
     mapped: MappedCall | None = None  # how the replacement was mapped like the node's module (`nn.vmap`)
     fixed: bool = False           # a computation used as it is (a MoX, an Equation): traced on its own inputs
-    reads: tuple | None = None    # a MoX reading the replaced module's variables where they are: their paths
+    reads: tuple[Any, ...] | None = None    # a MoX reading the replaced module's variables where they are: their paths
 
     @property
-    def outvars(self) -> tuple:
+    def outvars(self) -> tuple[Any, ...]:
         """The replacement's results (without final variable values)."""
         return self.root.outvars[: len(self.root.outvars) - self.n_state]
 
     @property
-    def state_out(self) -> tuple:
+    def state_out(self) -> tuple[Any, ...]:
         """The variables' final values, in the order of ``var_avals``."""
         return self.root.outvars[len(self.root.outvars) - self.n_state:]
 
@@ -66,10 +66,10 @@ class Site:
     node: Node
     repl: Any
     traced: Traced
-    casts: tuple = ((), {})
-    chain: tuple = ()            # (equation, parameter) pairs from the root down to the node
+    casts: tuple[Any, ...] = ((), {})
+    chain: tuple[Any, ...] = ()            # (equation, parameter) pairs from the root down to the node
     stack: tuple[int, ...] = ()  # the leading axes its variables have at the root (one per scan, then nn.vmap's)
-    reads: dict = dataclasses.field(default_factory=dict)  # a MoX's variable vars -> the root vars it reads
+    reads: dict[Var, Var] = dataclasses.field(default_factory=dict)  # a MoX's variable vars -> the root vars it reads
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -147,7 +147,7 @@ def fresh(root: Mox) -> Mox:
             nv = m[v] = Var(v.shape, v.dtype, v.weak_type)
         return nv
 
-    def ref(atoms: Any) -> tuple:
+    def ref(atoms: Any) -> tuple[Any, ...]:
         return tuple(m.get(a, a) if isinstance(a, Var) else a for a in atoms)
 
     def block(node: Mox) -> Mox:
@@ -197,7 +197,7 @@ class Called:
 
     packing: Packing | None = None
 
-    def __call__(self, xs: Any) -> tuple[tuple, dict]:
+    def __call__(self, xs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (tuple(xs), {}) if self.packing is None else self.packing.unflatten(xs)
 
     def __repr__(self) -> str:
@@ -215,7 +215,7 @@ def _conventions(node: Node, module: Any) -> list[Called]:
     return [structured, Called()] if module is not None else [Called(), structured]
 
 
-def _trace_one(repl: Any, module: Any, fe: Any, avals: list, call: Any, how: MappedCall | None = None) -> Traced:
+def _trace_one(repl: Any, module: Any, fe: Any, avals: list[Any], call: Any, how: MappedCall | None = None) -> Traced:
     from .._trace import make_mox
 
     if module is not None:
@@ -231,7 +231,7 @@ def _trace_one(repl: Any, module: Any, fe: Any, avals: list, call: Any, how: Map
     return Traced(make_mox(fn if call.packing is not None else repl)(*avals), call=call)
 
 
-def _trace(repl: Any, module: Any, fe: Any, node: Node, avals: list, how: MappedCall | None) -> Traced:
+def _trace(repl: Any, module: Any, fe: Any, node: Node, avals: list[Any], how: MappedCall | None) -> Traced:
     if isinstance(repl, Mox):
         return Traced(repl, fixed=True)
     if isinstance(repl, Equation):
@@ -251,7 +251,7 @@ def _trace(repl: Any, module: Any, fe: Any, node: Node, avals: list, how: Mapped
     raise first
 
 
-def _own(repl: Mox, node: Node, cache: dict, mox: Mox | None) -> Traced:
+def _own(repl: Mox, node: Node, cache: dict[Any, Any], mox: Mox | None) -> Traced:
     """A root MoX of ``module.apply`` or a cut call node, as its own
     computation (`yax.rewrite.own`), for this site: its variables placed by
     the layout like a module's (new ones initialised by the module type's
@@ -273,8 +273,8 @@ def _own(repl: Mox, node: Node, cache: dict, mox: Mox | None) -> Traced:
     return dataclasses.replace(t, root=fresh(t.root))
 
 
-def trace(repl: Any, node: Node, cache: dict[tuple, tuple[Any, Traced]], chain: tuple = (),
-          held: Callable | None = None, mox: Mox | None = None) -> Traced:
+def trace(repl: Any, node: Node, cache: dict[tuple[Any, ...], tuple[Any, Traced]], chain: tuple[Any, ...] = (),
+          held: Callable[..., Any] | None = None, mox: Mox | None = None) -> Traced:
     """The replacement traced on the node's input avals, with fresh vars for
     this site; ``cache`` (one per `sub` call) keeps traces by replacement,
     avals and call structure, so 96 equal replacements trace once per shape.
@@ -370,7 +370,7 @@ def fit(t: Traced, node: Node, repl: Any, cast: bool) -> tuple[tuple[Equation, .
     return tuple(body.children), {i: v for (i, _), v in zip(casts, c.outvars)}
 
 
-def _broadcast(node: Node, held: Callable | None) -> bool:
+def _broadcast(node: Node, held: Callable[..., Any] | None) -> bool:
     """Whether the model holds the module's variables in the shapes the
     module saw although scans run it: they are broadcast to every step, not
     stacked per layer."""
@@ -384,7 +384,7 @@ def _broadcast(node: Node, held: Callable | None) -> bool:
     return bool(mine) and all(r in there and tuple(there[r].shape) == tuple(a.shape) for r, a in mine)
 
 
-def checked(node: Node, r: Any, cast: bool, chain: tuple, cache: dict, held: Callable | None = None,
+def checked(node: Node, r: Any, cast: bool, chain: tuple[Any, ...], cache: dict[Any, Any], held: Callable[..., Any] | None = None,
             mox: Mox | None = None) -> Site:
     """``r`` traced on ``node``'s inputs after every check `sub` makes
     before it changes anything; raises `YaxRewriteError`. ``chain`` leads to

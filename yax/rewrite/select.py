@@ -30,15 +30,15 @@ def matches(pattern: Any, mox: Mox) -> list[Node]:
     return found
 
 
-def locate(mox: Mox, targets: list[Node]) -> tuple[list[Node], dict[int, tuple]]:
+def locate(mox: Mox, targets: list[Node]) -> tuple[list[Node], dict[int, tuple[Any, ...]]]:
     """Targets in tree order, outermost only, and for those inside nested
     computations (scan, remat and jit bodies) their *chain*: the
     ``(equation, parameter)`` pairs leading from the root to them."""
     ids = {id(t) for t in targets}
     order: list[Node] = []
-    nested: dict[int, tuple] = {}
+    nested: dict[int, tuple[Any, ...]] = {}
 
-    todo: list[tuple[bool, Any, tuple]] = [(False, mox, ())]  # (is a target, node, chain); any depth
+    todo: list[tuple[bool, Any, tuple[Any, ...]]] = [(False, mox, ())]  # (is a target, node, chain); any depth
     while todo:
         hit, node, chain = todo.pop()
         if hit:
@@ -46,7 +46,7 @@ def locate(mox: Mox, targets: list[Node]) -> tuple[list[Node], dict[int, tuple]]
             if chain:
                 nested[id(node)] = chain
             continue
-        items: list[tuple[bool, Any, tuple]] = []
+        items: list[tuple[bool, Any, tuple[Any, ...]]] = []
         for c in node.children:
             if id(c) in ids:
                 items.append((True, c, chain))
@@ -109,7 +109,7 @@ def _whole(parent: Node, child: Node) -> bool:
             and tuple(child.inputs) == tuple(parent.invars) and tuple(child.outputs) == tuple(parent.outvars))
 
 
-def outside_rules(mox: Mox, node: Node, chain: tuple) -> tuple[Node, tuple]:
+def outside_rules(mox: Mox, node: Node, chain: tuple[Any, ...]) -> tuple[Node, tuple[Any, ...]]:
     """The node a rewrite of ``node`` (reached through ``chain``) replaces:
     ``node`` itself, or, inside a custom derivative rule's computation that
     it is the whole of, the rule's equation (or the activation that is just

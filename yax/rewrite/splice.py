@@ -110,7 +110,7 @@ def unbound(root: Mox) -> tuple[Node, Var] | None:
     as root outputs), a fresh one for each nested computation."""
 
     # iterative (any depth): per child, check its inputs, walk into it, then bind its outputs
-    todo: list[tuple[str, Any, set]] = [("enter", root, set())]
+    todo: list[tuple[str, Any, set[Any]]] = [("enter", root, set())]
     while todo:
         step, node, bound = todo.pop()
         if step == "enter":

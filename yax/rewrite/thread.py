@@ -20,11 +20,11 @@ from .._ir import Equation, Mox, Var
 from ..errors import YaxRewriteError, where
 
 
-def _passed(params: dict, key: str) -> dict:
+def _passed(params: dict[str, Any], key: str) -> dict[str, Any]:
     return params
 
 
-def _jit(params: dict, key: str) -> dict:
+def _jit(params: dict[str, Any], key: str) -> dict[str, Any]:
     out = dict(params)
     for name, extra in (("in_shardings", None), ("in_layouts", None), ("donated_invars", False)):
         if name in out:
@@ -37,13 +37,13 @@ def _jit(params: dict, key: str) -> dict:
     return out
 
 
-def _scan(params: dict, key: str) -> dict:
+def _scan(params: dict[str, Any], key: str) -> dict[str, Any]:
     if "linear" not in params:  # newer JAX keeps no per-input flags
         return params
     return {**params, "linear": (*params["linear"], False)}
 
 
-def _without(params: dict, name: str, idx: int) -> dict:
+def _without(params: dict[str, Any], name: str, idx: int) -> dict[str, Any]:
     """``params`` with input ``idx`` gone: per-input tuples shortened, counts of consts lowered."""
     out = dict(params)
     for k in ("in_shardings", "in_layouts", "donated_invars", "linear"):
@@ -58,7 +58,7 @@ def _without(params: dict, name: str, idx: int) -> dict:
 
 
 #: primitive name -> (how its params change for one more input, whether the input is scanned)
-RULES: dict[str, tuple[Callable[[dict, str], dict], bool]] = {
+RULES: dict[str, tuple[Callable[[dict[str, Any], str], dict[str, Any]], bool]] = {
     "checkpoint": (_passed, False),
     "remat": (_passed, False),
     "remat2": (_passed, False),

@@ -106,7 +106,7 @@ class _Abstracts:
         return out
 
 
-def _interceptor(next_fun: Callable, args: tuple, kwargs: dict, context: Any) -> Any:
+def _interceptor(next_fun: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], context: Any) -> Any:
     rec = recorder()
     if rec is None or context.method_name == "setup" or (rec.stack and getattr(type(rec.stack[-1][1]), "__yax_inline__", False)):
         # modules declaring `__yax_inline__` (yax.LoRA) compute with other modules as part of their own call
@@ -188,7 +188,7 @@ def _set_in(tree: Any, path: Sequence[Any], value: Any) -> Any:
     )
 
 
-def _find(args: Any, values: Any) -> tuple[tuple, Any]:
+def _find(args: Any, values: Any) -> tuple[tuple[Any, ...], Any]:
     """Where the dict ``values`` sits among the traced arguments ``args``
     (a key path) and the same dict holding the root's vars."""
     by_path = {_keystr(kp): (kp, leaf) for kp, leaf in jax.tree_util.tree_flatten_with_path(args)[0]}
@@ -224,11 +224,11 @@ def _find(args: Any, values: Any) -> tuple[tuple, Any]:
     return where, jax.tree_util.tree_map_with_path(lambda kp, _: by_path[prefix + _keystr(kp)][1], values)
 
 
-def _dicts(args: Any) -> list[tuple[tuple, dict]]:
+def _dicts(args: Any) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     """Every dict among the arguments, outermost first, with its key path."""
-    out: list[tuple[tuple, dict]] = []
+    out: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
 
-    def walk(x: Any, path: tuple) -> None:
+    def walk(x: Any, path: tuple[Any, ...]) -> None:
         if isinstance(x, dict):
             out.append((path, x))
             for k, v in x.items():
@@ -241,7 +241,7 @@ def _dicts(args: Any) -> list[tuple[tuple, dict]]:
     return out
 
 
-def _empty_dict(args: Any) -> tuple[tuple, Any]:
+def _empty_dict(args: Any) -> tuple[tuple[Any, ...], Any]:
     """A model without variables, traced with ``apply({}, x)``: the empty dict it took
     (an argument, not the keyword arguments themselves)."""
     for path, d in _dicts(args):
@@ -289,16 +289,16 @@ class _Scope:
     stack: tuple[int, ...] = ()        # leading axes of its variables (layers of enclosing scans)
 
 
-_inits: dict[tuple, Callable] = {}
+_inits: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
 
-def _initialised(module: Any, call: Callable, key: Any, xs: Any) -> dict:
+def _initialised(module: Any, call: Callable[..., Any], key: Any, xs: Any) -> dict[str, Any]:
     a, k = call(xs)
     return dict(module.init(key, *a, **k))
 
 
-def _init(module: Any, needed: tuple[int, ...], call: Callable, fingerprint: Any,
-          stack: tuple[int, ...]) -> Callable:
+def _init(module: Any, needed: tuple[int, ...], call: Callable[..., Any], fingerprint: Any,
+          stack: tuple[int, ...]) -> Callable[..., Any]:
     """A jitted ``init(key, i, xs)``: the leaves at ``needed`` of
     ``module.init(fold_in(key, i), *xs)`` (XLA then skips initialising kept
     ones), or for variables stacked per layer (``nn.scan``) one
@@ -448,7 +448,7 @@ class DictVariables(Variables):
         return {tv: sc.canon[_keystr(kp)] for tv, (kp, _) in zip(tvars, flat)
                 if sc.canon[_keystr(kp)] is not tv or site.chain}
 
-    def _keep(self, sc: _Scope, scope: tuple[str, ...], flat: list, is_module: bool) -> None:
+    def _keep(self, sc: _Scope, scope: tuple[str, ...], flat: list[Any], is_module: bool) -> None:
         """Which leaves of the replacement keep an old variable (its var and
         value): the one at the same path, or at the path ``keep=`` maps it to,
         or, for a replacement that wraps a module of the replaced type, the one
@@ -492,7 +492,7 @@ class DictVariables(Variables):
         at = _get(self.vars, keys) if keys is not None else None
         return isinstance(at, Mapping) and isinstance(tree, Mapping) and set(tree) <= set(at)
 
-    def _refuse_reinitialising(self, sc: _Scope, flat: list) -> None:
+    def _refuse_reinitialising(self, sc: _Scope, flat: list[Any]) -> None:
         """Every old variable would be initialised afresh although the replacement has leaves of their shapes."""
         old = {(tuple(a.shape), a.dtype) for a in jax.tree_util.tree_leaves(sc.node.var_tree or {})}
         alike = ["/".join(k.key for k in kp) for kp, a in flat if (tuple(a.shape), a.dtype) in old]
@@ -514,7 +514,7 @@ class DictVariables(Variables):
                 "(`keep={}` to initialise all afresh)."
             )
 
-    def _check_placeable(self, sc: _Scope, flat: list) -> None:
+    def _check_placeable(self, sc: _Scope, flat: list[Any]) -> None:
         """Without ``params`` only kept variables are possible; in a bare
         ``params`` collection only ``params`` can go."""
         t, node = sc.traced, sc.node
@@ -532,7 +532,7 @@ class DictVariables(Variables):
                 "a function that takes the whole variables dict (`model.apply`) to add other collections."
             )
 
-    def _fill(self, i: int, scope: tuple[str, ...], sc: _Scope, key: Any, zeros: Callable) -> None:
+    def _fill(self, i: int, scope: tuple[str, ...], sc: _Scope, key: Any, zeros: Callable[..., Any]) -> None:
         old = sc.node.var_tree or {}
         if sc.traced is None:  # replaced by something without variables: drop the old ones
             self._put(scope, old, {}, {})
@@ -600,7 +600,7 @@ class LinenFrontend(Frontend):
     def accepts(self, fn: Any) -> bool:
         return isinstance(fn, nn.Module) or (inspect.ismethod(fn) and isinstance(fn.__self__, nn.Module))
 
-    def prepare(self, fn: Any, args: tuple, kwargs: dict) -> tuple[Callable, tuple, dict, Any]:
+    def prepare(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Any]:
         if isinstance(fn, nn.Module) and fn.scope is None:
             fn = fn.apply  # make_mox(model)(variables, x) == make_mox(model.apply)(...)
         return fn, args, kwargs, None
@@ -634,7 +634,7 @@ class LinenFrontend(Frontend):
     def fit_hint(self, node: Mox, found: tuple[int, ...], expected: tuple[int, ...]) -> str:
         return _vmap.fit_hint(node, found, expected)
 
-    def trace_replacement(self, module: Any, avals: list, call: Callable,
+    def trace_replacement(self, module: Any, avals: list[Any], call: Callable[..., Any],
                           mapped: MappedCall | None = None) -> tuple[Mox, Any, int]:
         """``module`` traced on ``avals``; with ``mapped`` (the replaced call runs
         inside ``nn.vmap``, `.._mapped.Mapped`) under ``jax.vmap`` the same way:
@@ -660,7 +660,7 @@ class LinenFrontend(Frontend):
             return None
         return DictVariables(mox, params)
 
-    def variables_argument(self, mox: Mox, args: tuple) -> Any:
+    def variables_argument(self, mox: Mox, args: tuple[Any, ...]) -> Any:
         return args[0] if args and isinstance(args[0], Mapping) else None
 
     activation_homes = ("flax.linen", "flax.linen.activation")

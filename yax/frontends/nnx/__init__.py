@@ -46,11 +46,11 @@ class NnxFrontend(Frontend):
     def accepts(self, fn: Any) -> bool:
         return is_module(fn) or (inspect.ismethod(fn) and is_module(fn.__self__))
 
-    def prepare(self, fn: Any, args: tuple, kwargs: dict) -> tuple[Callable, tuple, dict, Any]:
+    def prepare(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Any]:
         pure, graphdef, state = module_target(*_module_and_method(fn))
         return pure, (jax.tree_util.tree_map(_shape_of, state), *args), kwargs, graphdef
 
-    def arguments(self, fn: Any, args: tuple) -> tuple:
+    def arguments(self, fn: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
         return (flax_nnx().state(_module_and_method(fn)[0]), *args)
 
     def defaults(self, cls: type) -> dict[str, Any]:
@@ -64,7 +64,7 @@ class NnxFrontend(Frontend):
     code_homes = (("flax.nnx", "nnx"),)
     prepended = 1  # the state
 
-    def trace_replacement(self, module: Any, avals: list, call: Callable,
+    def trace_replacement(self, module: Any, avals: list[Any], call: Callable[..., Any],
                           mapped: MappedCall | None = None) -> tuple[Mox, Any, int]:
         from ..._trace import make_mox
 
@@ -84,7 +84,7 @@ class NnxFrontend(Frontend):
     def variables(self, mox: Mox, params: Any) -> Variables | None:
         return StateVariables(mox, params) if mox.frontend == self.name else None
 
-    def variables_argument(self, mox: Mox, args: tuple) -> Any:
+    def variables_argument(self, mox: Mox, args: tuple[Any, ...]) -> Any:
         return args[0] if mox.frontend == self.name and args else None
 
     pair_by_name = True  # the states of a model and its rewrite hold different variables

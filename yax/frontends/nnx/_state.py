@@ -72,7 +72,7 @@ def _references(root: Any) -> dict[int, list[tuple[Any, str]]]:
     return refs
 
 
-def _swap_in(root: Any, old: Any, new: Any, refs: dict) -> None:
+def _swap_in(root: Any, old: Any, new: Any, refs: dict[int, list[tuple[Any, str]]]) -> None:
     if old is root:
         raise YaxRewriteError("The pattern matched the model itself; replace the model instead.")
     for holder, k in refs.get(id(old), []):
@@ -321,7 +321,8 @@ class StateVariables(Variables):
                     f"it changes every call; match them all (e.g. `//module_call[@path=\"{s.node.path}\"]`)."
                 )
 
-    def _assign(self, s: Any, old_in: dict, values: dict) -> dict[Var, Var]:
+    def _assign(self, s: Any, old_in: dict[tuple[str, ...], tuple[type, Any]],
+                values: dict[tuple[str, ...], Any]) -> dict[Var, Var]:
         scope, t = s.node.scope, s.traced
         paths = [p for p, _, _ in flat_state(t.var_avals)]
         c = self.canon.get(scope)

@@ -52,7 +52,7 @@ class _Trace:
 
     token: int
     stamped: list[Any] = dataclasses.field(default_factory=list)   # modules given a path
-    memo: dict[int, tuple] = dataclasses.field(default_factory=dict)  # id(module) -> its variables
+    memo: dict[int, tuple[Any, ...]] = dataclasses.field(default_factory=dict)  # id(module) -> its variables
     sizes: dict[int, int] = dataclasses.field(default_factory=dict)   # id(Param) -> its size
 
 
@@ -94,7 +94,7 @@ def stamp(root: Any, path: str, tr: _Trace, keys: tuple[str, ...] = ()) -> None:
         visit(root, path, keys)
 
 
-def _stamp_of(st: tuple[tuple, ...] | None, token: int) -> tuple | None:
+def _stamp_of(st: tuple[tuple[Any, ...], ...] | None, token: int) -> tuple[Any, ...] | None:
     """This trace's ``(token, path, keys)`` among a module's stamps ``st``."""
     if st is not None:
         for s in st:
@@ -103,7 +103,7 @@ def _stamp_of(st: tuple[tuple, ...] | None, token: int) -> tuple | None:
     return None
 
 
-def _order(k: str) -> tuple:
+def _order(k: str) -> tuple[Any, ...]:
     """nnx sorts the items of an ``nnx.List`` (attributes ``"0"``, ``"1"``, …) as numbers."""
     return (0, int(k), "") if k.isdigit() else (1, 0, k)
 
@@ -166,8 +166,8 @@ def module_attrs(module: Any) -> dict[str, Any]:
     return {k: v for k, v in sorted(vars(module).items()) if not k.startswith("_") and _printable(v)}
 
 
-def _collect(module: Any, memo: dict[int, tuple[set[int], int, dict]],
-             sizes: dict) -> tuple[set[int], int, dict]:
+def _collect(module: Any, memo: dict[int, tuple[set[int], int, dict[Any, Any]]],
+             sizes: dict[int, int]) -> tuple[set[int], int, dict[Any, Any]]:
     """The ids of the variables below ``module``, its parameter count and its
     variables (abstract, as nested dicts by attribute). Memoised per object
     for the trace (shapes do not change while it runs): a parent reuses its
@@ -200,7 +200,7 @@ def _collect(module: Any, memo: dict[int, tuple[set[int], int, dict]],
 
 # -- method wrappers ----------------------------------------------------------------
 
-def _activation_holders(module: Any) -> list[tuple[dict, str]]:
+def _activation_holders(module: Any) -> list[tuple[dict[str, Any], str]]:
     """Attributes that may hold an activation bound before the trace
     (``self.act = nnx.gelu``, the items of ``nnx.Sequential``'s list)."""
     nnx = flax_nnx()
@@ -210,15 +210,15 @@ def _activation_holders(module: Any) -> list[tuple[dict, str]]:
     return out
 
 
-def _dict_get(d: dict, k: str) -> Any:
+def _dict_get(d: dict[str, Any], k: str) -> Any:
     return d[k]
 
 
-def _dict_put(d: dict, k: str, v: Any) -> None:
+def _dict_put(d: dict[str, Any], k: str, v: Any) -> None:
     d[k] = v
 
 
-def _wrap(name: str, fn: Callable) -> Callable:
+def _wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         rec = recorder()
@@ -265,7 +265,7 @@ def _classes() -> list[type]:
 #: Guards what traces in several threads share: the wrapped methods and the stamps.
 _lock = threading.Lock()
 _users = 0  # traces running with the methods wrapped, in all threads
-_undo: list[tuple[type, str, Callable]] = []  # (class, name, own function), unwrapped by the last
+_undo: list[tuple[type, str, Callable[..., Any]]] = []  # (class, name, own function), unwrapped by the last
 
 
 @contextlib.contextmanager
@@ -320,7 +320,7 @@ def init_defaults(cls: type[Any]) -> dict[str, Any]:
 
 # -- make_mox(model) ------------------------------------------------------------------
 
-def module_target(module: Any, method: str = "__call__") -> tuple[Callable, Any, Any]:
+def module_target(module: Any, method: str = "__call__") -> tuple[Callable[..., Any], Any, Any]:
     """The pure function traced for ``make_mox(model)``:
     ``f(state, *args, **kwargs) -> (out, new_state)``, the graphdef and the state."""
     nnx = flax_nnx()
