@@ -197,6 +197,31 @@ class NothingToCapture(NothingMatched, YaxCaptureError):
                          "call or equation")
 
 
+class PartlyMatchedModule(YaxRewriteError):
+    """A module that is one value of the model (an nnx object, an Equinox field) is
+    called ``calls`` times but the pattern matched ``matched`` of its calls: replacing
+    it changes every call, so all must be matched. ``system`` names the module system."""
+
+    def __init__(self, path: str, calls: int, matched: int, system: str, what: str):
+        self.path, self.calls, self.matched = path, calls, matched
+        super().__init__(
+            f"The module at `{path}` is called {calls} times, but the pattern matched {matched} of its calls. "
+            f"An {system} module is {what}, so replacing it changes every call; match them all "
+            f"(`//module_call[@path=\"{path}\"]`).")
+
+    @staticmethod
+    def check(root: Any, sites: list[Any], system: str, what: str) -> None:
+        """Raise unless every call of each replaced module (by its ``scope``) is among ``sites``."""
+        import collections
+
+        matched = collections.Counter(s.node.scope for s in sites)
+        calls = collections.Counter(n.scope for n in root.modules()
+                                    if n.kind == "module_call" and n.scope in matched)
+        for s in sites:
+            if calls[s.node.scope] != matched[s.node.scope]:
+                raise PartlyMatchedModule(s.node.path, calls[s.node.scope], matched[s.node.scope], system, what)
+
+
 class SharedVariables(YaxRewriteError):
     """Two calls of one module (sharing its variables) were given replacements with different variables."""
 

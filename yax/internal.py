@@ -25,6 +25,7 @@ Contents:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ._calls import param_copies as param_copies
@@ -92,6 +93,14 @@ def frontend_named(name: str | None) -> Frontend:
     from .frontends import get
 
     return get(name)
+
+
+def call_signature(target: Any) -> tuple[Callable[..., Any], int] | None:
+    """The function naming the inputs of a model object and how many of its leading
+    parameters are no input (`Frontend.call_signature`), or ``None`` for a function."""
+    from .frontends import call_signature as ask
+
+    return ask(target)
 
 
 def unwrap_target(target: Any, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...], Frontend] | None:

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 
 import yax
-from yax.internal import type_str
+from yax.internal import call_signature, type_str
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -62,16 +62,12 @@ def input_names(given: Any, n: int, has_params: bool) -> tuple[str, ...]:
       >>> input_names(lambda params, ids, mask: None, 2, True)
       ('ids', 'mask')
     """
-    import flax.linen as nn
-    from flax import nnx
-
-    fn, skip = given, 1 if has_params else 0  # a function of (params, *inputs), or of the inputs
+    fn: Any = given
+    skip = 1 if has_params else 0  # a function of (params, *inputs), or of the inputs
     if isinstance(given, yax.Mox):
         fn = None
-    elif inspect.ismethod(given) and isinstance(given.__self__, nn.Module) and given.__name__ == "apply":
-        fn, skip = given.__self__.__call__, 0  # `model.apply(variables, *inputs)`: the inputs of `__call__`
-    elif isinstance(given, (nn.Module, nnx.Module)) or isinstance(getattr(given, "module", None), nn.Module):
-        fn, skip = given.__call__, 0  # a module, a Hugging Face wrapper: the variables are no parameter of `__call__`
+    elif (found := call_signature(given)) is not None:  # a model object: its frontend says what names the inputs
+        fn, skip = found
     names: list[str] = []
     try:
         params = list(inspect.signature(fn).parameters.values()) if fn is not None else []

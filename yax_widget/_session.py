@@ -36,6 +36,7 @@ from yax.internal import (
     Measured,
     compare_gradients,
     compare_measured,
+    frontends,
     is_decider,
     is_module,
     measure,
@@ -86,8 +87,9 @@ class SessionClosed(yax.YaxInputError):
     readable; open a new explorer to change or compare the model again."""
 
 
-# Names the script "copy as code" writes uses itself.
-_SCRIPT_NAMES = {"jax", "yax", "mox", "params", "KEY", "nn", "jnp", "nnx", "np"}
+# Names the script "copy as code" writes uses itself: its own, and the aliases of the frontends' modules.
+_SCRIPT_NAMES = {"jax", "yax", "mox", "params", "KEY", "jnp", "np",
+                 *(alias.split(".")[0] for f in frontends() for _, alias in f.code_homes)}
 
 
 def _identifier(name: str, taken: set[str]) -> str:

@@ -115,6 +115,15 @@ def unwrap(target: Any, args: tuple[Any, ...]) -> tuple[Callable[..., Any], tupl
     return None
 
 
+def call_signature(target: Any) -> tuple[Callable[..., Any], int] | None:
+    """The first frontend's answer to `Frontend.call_signature`, or ``None``."""
+    for f in registry():
+        found = f.call_signature(target)
+        if found is not None:
+            return found
+    return None
+
+
 def hooks() -> list[Callable[..., Any]]:
     """The trace hooks of every frontend, for `yax._record.recording`."""
     return [f.hooks for f in registry()]

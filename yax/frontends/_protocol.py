@@ -214,6 +214,14 @@ class Frontend:
         baking them into the trace; ``None`` for other objects."""
         return None
 
+    def call_signature(self, target: Any) -> tuple[Callable[..., Any], int] | None:
+        """For a model object of this system as the user gave it (a module, its
+        bound ``apply``, a wrapper): the function whose positional parameters
+        name its inputs (its ``__call__``), and how many of them lead that are
+        no input; ``None`` for other objects (the target is then that function,
+        its variables first). The explorer's export names the inputs so."""
+        return None
+
     #: ``(module, alias)``: where users import this system's modules from
     #: (``("flax.linen", "nn")``), for the expressions copy-as-code writes.
     code_homes: tuple[tuple[str, str], ...] = ()

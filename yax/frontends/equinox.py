@@ -25,7 +25,6 @@ replacement's own values (Equinox modules are initialised when built).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import functools
@@ -447,15 +446,7 @@ class ModelVariables(Variables):
                     f"An Equinox module can replace module calls of the model's own modules, but the pattern "
                     f"matched {where(s.node)}. Replace activations, equations and modules made inside the "
                     "model's call with functions.")
-        matched = collections.Counter(s.node.scope for s in sites)
-        calls = collections.Counter(n.scope for n in self.root.modules()
-                                    if n.kind == Kind.MODULE_CALL and n.scope in matched)
-        for s in sites:
-            if calls[s.node.scope] != matched[s.node.scope]:
-                raise YaxRewriteError(
-                    f"The module at `{s.node.path}` is called {calls[s.node.scope]} times, but the pattern matched "
-                    f"{matched[s.node.scope]} of its calls. An Equinox module is one value of the model, so "
-                    f"replacing it changes every call; match them all (`//module_call[@path=\"{s.node.path}\"]`).")
+        errors.PartlyMatchedModule.check(self.root, sites, "Equinox", "one value of the model")
 
     def _sources(self, sc: _Scope, keep: dict[str, str] | None) -> dict[str, str]:
         """New leaf path -> old leaf path, for leaves not kept at their own path:
@@ -557,6 +548,9 @@ class EquinoxFrontend(Frontend):
     order = 30
     lora_kinds = ("eqx.nn.Linear",)
     code_homes = (("equinox", "eqx"), ("equinox.nn", "eqx.nn"))
+
+    def call_signature(self, target: Any) -> tuple[Callable[..., Any], int] | None:
+        return (target.__call__, 0) if is_module(target) else None  # the model itself is no parameter of it
 
     def hooks(self, rec: Any) -> Any:
         return _patched(rec)

@@ -24,6 +24,14 @@ class HuggingFace(Frontend):
     activation_tables = (("transformers.modeling_flax_utils", "ACT2FN"),)
     prepended = 1  # the wrapper's parameters
 
+    def call_signature(self, target: Any) -> tuple[Callable[..., Any], int] | None:
+        if "flax.linen" not in sys.modules:
+            return None
+        import flax.linen as nn
+
+        wrapper = not isinstance(target, nn.Module) and isinstance(getattr(target, "module", None), nn.Module)
+        return (target.__call__, 0) if wrapper else None  # `model(input_ids, ...)`: its parameters are no input
+
     def unwrap(self, target: Any, args: tuple[Any, ...]) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
         """For a Hugging Face Flax wrapper (``FlaxBertForMaskedLM(...)``: a linen
         ``.module``, its ``.params``, and a ``__call__`` taking ``params=``): a

@@ -665,6 +665,11 @@ class LinenFrontend(Frontend):
 
     activation_homes = ("flax.linen", "flax.linen.activation")
     code_homes = (("flax.linen", "nn"),)
+
+    def call_signature(self, target: Any) -> tuple[Callable[..., Any], int] | None:
+        if inspect.ismethod(target) and isinstance(target.__self__, nn.Module) and target.__name__ == "apply":
+            return target.__self__.__call__, 0  # `model.apply(variables, *inputs)`: the inputs of `__call__`
+        return (target.__call__, 0) if isinstance(target, nn.Module) else None
     lora_kinds = ("Dense", "DenseGeneral", "Einsum")
 
     def lora(self, node: Mox, spec: Any) -> Any:

@@ -62,6 +62,9 @@ class NnxFrontend(Frontend):
     activation_homes = ("flax.nnx",)
     lora_kinds = _lora.KINDS
     code_homes = (("flax.nnx", "nnx"),)
+
+    def call_signature(self, target: Any) -> tuple[Callable[..., Any], int] | None:
+        return (target.__call__, 0) if is_module(target) else None  # the state is no parameter of `__call__`
     prepended = 1  # the state
 
     def trace_replacement(self, module: Any, avals: list[Any], call: Callable[..., Any],

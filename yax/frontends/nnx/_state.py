@@ -16,7 +16,6 @@ every attribute that held the old module, so
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -310,16 +309,7 @@ class StateVariables(Variables):
                     "Replace activations and equations with functions."
                 )
         # A module is one object: all its calls change together, so all must be matched.
-        matched = collections.Counter(s.node.scope for s in sites)
-        calls = collections.Counter(n.scope for n in self.root.modules()
-                                    if n.kind == Kind.MODULE_CALL and n.scope in matched)
-        for s in sites:
-            if calls[s.node.scope] != matched[s.node.scope]:
-                raise YaxRewriteError(
-                    f"The module at `{s.node.path}` is called {calls[s.node.scope]} times, but the pattern "
-                    f"matched {matched[s.node.scope]} of its calls. An nnx module is one object, so replacing "
-                    f"it changes every call; match them all (e.g. `//module_call[@path=\"{s.node.path}\"]`)."
-                )
+        errors.PartlyMatchedModule.check(self.root, sites, "nnx", "one object")
 
     def _assign(self, s: Any, old_in: dict[tuple[str, ...], tuple[type, Any]],
                 values: dict[tuple[str, ...], Any]) -> dict[Var, Var]:
