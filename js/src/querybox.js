@@ -41,7 +41,11 @@ export function createQueryBox({ model, request, onFailure, onDrop, debounceMs =
   const el = h("div", { class: "yax-query" }, h("div", { class: "yax-query-row" }, input, count), error, explain);
 
   let refused = ""; // the message of the query last refused, while the box shows it (UI state)
-  const errorText = () => refused || model.get("_query_error") || "";
+  const errorText = () => {
+    if (!refused) return model.get("_query_error") || "";
+    const ran = model.get("_query") || "";  // a refused query changes nothing: say what the highlight still shows
+    return ran.trim() ? `${refused}\nThe highlight still shows the last query that ran: ${ran}` : refused;
+  };
 
   /** `_query_result` changed: the count (or value) and, for an empty result, where it stops matching. */
   function syncResult() {

@@ -72,6 +72,7 @@ const PYTHON = {
     }
     const calls = model.get("_tree").rows.map(callRecord);
     const ids = msg.xpath ? calls.filter((c) => c.type === "Dense").map((c) => c.id) : [];
+    model.set("_query", msg.xpath); // as the session does: the query that ran
     model.set("_query_error", "");
     model.set("_match_owners", {});
     model.set("_matches", ids);
@@ -211,6 +212,23 @@ scenario("an invalid query's message is shown at the query box, not twice", asyn
   await new Promise((r) => setTimeout(r, 20));
   assert.equal($(".yax-status").textContent, "");
   assert.equal(root.dataset.matchIds, "");
+});
+
+scenario("a refused query leaves the highlight of the query that ran, and says so", async (mount) => {
+  const { root, $ } = await mount();
+  const input = $(".yax-query input");
+  input.value = "//Dense";
+  input.dispatchEvent(new window.Event("input"));
+  await until(() => root.dataset.matchIds === "3,5,8,10", "the highlight");
+  window.document.body.focus();
+  input.value = "//Dense[";
+  input.dispatchEvent(new window.Event("input"));
+  await until(() => $(".yax-query-error").textContent, "the query error");
+  assert.match($(".yax-query-error").textContent, /unbalanced[^]*still shows the last query that ran: \/\/Dense$/);
+  assert.equal(root.dataset.matchIds, "3,5,8,10"); // Python changed nothing
+  input.value = "//Dense";
+  input.dispatchEvent(new window.Event("input"));
+  await until(() => !$(".yax-query-error").textContent, "the error gone once a query runs");
 });
 
 scenario("matched equations: their call's equations are loaded and the rows highlighted", async (mount) => {
