@@ -38,6 +38,42 @@ def test_wrong_dtype_names_the_argument(mlp):
         yax.eval_mox(mox, bad, x)
 
 
+def test_numpy_float64_and_int64_are_taken_as_jax_jit_takes_them(mlp):
+    """With x64 off, `jax.jit` computes a NumPy float64 argument in float32 (and int64 in int32);
+    `eval_mox` takes what the traced function takes, and refuses only what differs after that."""
+    m, v, x, mox = mlp
+    v64 = jax.tree.map(lambda a: np.asarray(a, np.float64), v)
+    x64 = np.asarray(x, np.float64)
+    want = jax.jit(m.apply)(v64, x64)
+    got = yax.eval_mox(mox, v64, x64)
+    assert got.dtype == want.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(jax.jit(yax.to_function(mox))(v64, x64)), np.asarray(want))
+    ids = yax.make_mox(lambda i: jnp.take(jnp.arange(10.0), i))(jnp.arange(3))
+    assert float(yax.eval_mox(ids, np.arange(3, dtype=np.int64))[2]) == 2.0
+    with pytest.raises(yax.YaxInputError, match=r"traced as f32\[2,4\] but is f16\[2,4\]"):
+        yax.eval_mox(mox, v, x.astype(jnp.float16))  # a real change of dtype stays refused
+
+
+def test_an_nnx_state_holding_a_numpy_float64_buffer():
+    from flax import nnx
+
+    class Scaled(nnx.Module):
+        def __init__(self):
+            self.lin = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+            self.scale = nnx.Variable(2.0 * np.ones((2,)))  # NumPy float64, as `nnx.split` hands it over
+
+        def __call__(self, x):
+            return self.lin(x) * self.scale.value
+
+    model, x = Scaled(), np.ones((1, 3))
+    graphdef, state = nnx.split(model)
+    mox = yax.make_mox(model)(x)
+    out, _ = yax.eval_mox(mox, state, x)
+    want = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x))(state, x)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(want))
+
+
 def test_wrong_structure(mlp):
     m, v, x, mox = mlp
     with pytest.raises(yax.YaxInputError, match="at `args`, 3 elements were passed where 2 were traced"):

@@ -127,3 +127,28 @@ def test_fuzz_query_never_hangs(q):
 
 _FUZZ = CASES["mlp"]()
 _FUZZ_MOX = yax.make_mox(_FUZZ[0])(*_FUZZ[1], **_FUZZ[2])
+
+
+def test_string_fields_match_as_written():
+    """``@padding="SAME"``: a string field is its text in the view, not its repr (which needed
+    ``@padding="'SAME'"``); other values keep their form (numbers, tuples, functions by name)."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    class Block(nn.Module):
+        hidden_act: str = "gelu"
+
+        @nn.compact
+        def __call__(self, x):
+            x = nn.Conv(4, (3, 3), padding="SAME")(x)
+            return nn.Conv(4, (3, 3), padding="VALID", name="valid")(x)
+
+    x = jnp.ones((1, 8, 8, 3))
+    m = Block(hidden_act="relu")
+    mox = yax.make_mox(m.apply)(m.init(jax.random.key(0), x), x)
+    assert [n.path for n in yax.query('//module_call[@padding="SAME"]', mox)] == ["Block/Conv_0"]
+    assert [n.path for n in yax.query("//module_call[@padding='VALID']", mox)] == ["Block/valid"]
+    assert yax.query("//module_call[@padding=\"'SAME'\"]", mox) == []
+    assert [n.path for n in yax.query('//module_call[@hidden_act="relu"]', mox)] == ["Block"]
+    assert len(yax.query('//module_call[@kernel_size="(3, 3)"][@features=4]', mox)) == 2

@@ -278,12 +278,23 @@ def _checked_leaf(where: str, v: Symbol, x: Any) -> Any:
             f"Argument `{where}` was an array of {type_str(v)} when traced, but is a `{type(x).__name__}` now. "
             "Pass an array of that shape and dtype."
         )
-    if tuple(np.shape(x)) != v.shape or not _same_dtype(dtype, v.dtype):
+    if tuple(np.shape(x)) != v.shape or not _same_dtype(_canonical(dtype), v.dtype):
         raise YaxInputError(
             f"Argument `{where}` was traced as {type_str(v)} but is {type_str(x)} now. Trace again with "
             "`yax.make_mox` for new shapes or dtypes, or cast the argument."
         )
+    if not _same_dtype(dtype, v.dtype):  # a NumPy float64 with x64 off: as `jax.jit` takes it, as float32
+        x = jax.numpy.asarray(x, v.dtype)
     return x
+
+
+def _canonical(dtype: Any) -> Any:
+    """``dtype`` as JAX computes in it (`jax.jit` takes a NumPy float64 as float32 while
+    x64 is off): the dtype an argument is compared to its traced one by."""
+    try:
+        return jax.dtypes.canonicalize_dtype(dtype)
+    except (TypeError, ValueError):  # an extended dtype (a PRNG key's): as it is
+        return dtype
 
 
 def unflatten_outputs(mox: Mox, flat_out: Sequence[Any]) -> Any:

@@ -109,7 +109,10 @@ def from_xml_text(s: str) -> str:
 
 
 def _num(v: Any) -> str | None:
-    """Attribute text for a printable value; numbers stay numbers."""
+    """Attribute text for a printable value: numbers stay numbers, a string is itself
+    (``@padding="SAME"``, as users type it; not its repr), anything else its `value_str`."""
+    if isinstance(v, str):
+        return v if len(v) <= 200 else None
     if isinstance(v, bool):
         return str(v)
     if isinstance(v, (int, float)):
