@@ -48,6 +48,7 @@ from .errors import YaxTraceError as YaxTraceError
 from .errors import YaxXMLError as YaxXMLError
 from .frontends.linen import module_of as module_of
 from .frontends.nnx import replace_modules as replace_modules
+from .rewrite import decider as decider
 from .rewrite import sub as sub
 
 #: The earlier prototype's name for a MoX (a module expression).

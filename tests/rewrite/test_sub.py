@@ -435,3 +435,27 @@ def test_new_variables_are_what_init_gives_with_one_compile_per_shape():
     yax.sub(DENSE_MLP, yax.LoRA(rank=2), mox, params=params, key=other)
     counting[0] = False
     assert len(compiles) == 2
+
+
+def test_a_decider_is_named_path_node_or_marked_and_a_two_argument_function_is_told_which_rule_it_missed():
+    """The prototype's ``sub(fn, mox)`` with ``fn(path, expr)`` (re.sub style): marked with
+    `yax.decider` it decides per match; unmarked, it is a replacement, and the refusal says that a
+    decider's parameters are named ``path, node`` or that it is marked with `yax.decider`."""
+    x = jnp.linspace(-2, 2, 6)
+    mox = yax.make_mox(lambda x: jnp.tanh(jax.nn.relu(x) + jax.nn.relu(-x)))(x)
+
+    def choose(path, expr):  # gelu for the first relu, keep the second
+        return jax.nn.gelu if expr is yax.query("//activation", mox)[0] else expr
+
+    new = yax.sub("//activation", yax.decider(choose), mox)
+    assert [n.name for n in new.modules()] == ["gelu", "relu"]
+    np.testing.assert_allclose(yax.eval_mox(new, x), jnp.tanh(jax.nn.gelu(x) + jax.nn.relu(-x)), rtol=1e-6)
+    # the naming rule still works, and agrees
+    named = yax.sub("//activation", lambda path, node: choose(path, node), mox)
+    assert [n.name for n in named.modules()] == ["gelu", "relu"]
+    assert yax.internal.is_decider(yax.decider(choose)) and not yax.internal.is_decider(choose)
+    with pytest.raises(yax.YaxRewriteError, match=r"(?s)`choose\(path, expr\)` takes two arguments.*"
+                       r"must be named `path, node` \(these are `path, expr`\).*`yax.decider\(choose\)`"):
+        yax.sub("//activation", choose, mox)
+    with pytest.raises(yax.YaxRewriteError, match="takes a function"):
+        yax.decider(3)

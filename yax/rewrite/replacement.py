@@ -107,13 +107,70 @@ def _filled_cell(c: Any) -> bool:
     return True
 
 
+class Decider:
+    """A per-match decider ``f(path, node)`` marked as one (`yax.decider`), whatever its
+    parameters are called (the prototype's ``f(path, expr)``)."""
+
+    def __init__(self, fn: Callable[[str, Any], Any]):
+        if not callable(fn):
+            raise YaxRewriteError(f"`yax.decider` takes a function `f(path, node)`, not a `{type(fn).__name__}`.")
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        self.__doc__ = getattr(fn, "__doc__", None)
+
+    def __call__(self, path: str, node: Any) -> Any:
+        return self.fn(path, node)
+
+    def __repr__(self) -> str:
+        return f"decider({self.__name__})"
+
+
+def decider(fn: Callable[[str, Any], Any]) -> Decider:
+    """Mark ``fn(path, node)`` as a per-match decider for `sub`: called for each
+    matched node with its path and the node, it returns the replacement for that
+    node, or the node itself to keep it. A function whose first two parameters
+    are named ``path, node`` is a decider without this; the prototype's
+    ``f(path, expr)`` needs it.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, yax
+      >>> mox = yax.make_mox(lambda x: jax.nn.relu(jnp.sin(x)))(jnp.ones(3))
+      >>> pick = yax.decider(lambda p, expr: jax.nn.gelu if expr.name == "relu" else expr)
+      >>> [n.name for n in yax.sub("//activation", pick, mox).modules()]
+      ['gelu']
+    """
+    return Decider(fn)
+
+
 def is_decider(fn: Any) -> bool:
-    """Whether ``fn`` is a per-match decider ``f(path, node)``."""
+    """Whether ``fn`` is a per-match decider: marked by `decider`, or ``f(path, node)``
+    by the naming rule."""
+    if isinstance(fn, Decider):
+        return True
     try:
         names = list(inspect.signature(fn).parameters)[:2]
     except (TypeError, ValueError):
         return False
     return names == ["path", "node"]
+
+
+def _decider_hint(fn: Any, e: BaseException) -> str:
+    """For a two-parameter function that failed as a replacement (the prototype's
+    decider ``f(path, expr)``): which rule it missed. Else ``""``."""
+    causes = (e, e.__cause__, e.__context__)  # `make_mox` chains the call's TypeError to its YaxTraceError
+    if isinstance(fn, Mox) or not callable(fn) or not any(isinstance(c, TypeError) for c in causes):
+        return ""
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    except (TypeError, ValueError):
+        return ""
+    if len(params) != 2:
+        return ""
+    names = ", ".join(p.name for p in params)
+    return (f"\n`{_name(fn)}({names})` takes two arguments, so it may be meant as a decider, called with each "
+            f"match's path and node; a decider's parameters must be named `path, node` (these are `{names}`), or "
+            f"it is marked with `yax.decider({_name(fn)})`. As it is, it was called as a replacement.")
 
 
 def is_module(x: Any) -> bool:
@@ -325,6 +382,7 @@ def trace(repl: Any, node: Node, cache: dict[tuple[Any, ...], tuple[Any, Traced]
             what, node, " ".join(map(type_str, node.inputs)), e,
             "A module replacement is called like the original call (same arguments, arrays in place); "
             "a function with the node's array inputs, positionally, or else like the original call."
+            + _decider_hint(given, e)
         ) from None
     t = dataclasses.replace(t, key=(fp, how, mapping))
     cache[key] = (given, t)
