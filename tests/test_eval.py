@@ -64,7 +64,7 @@ def test_an_nnx_state_holding_a_numpy_float64_buffer():
             self.scale = nnx.Variable(2.0 * np.ones((2,)))  # NumPy float64, as `nnx.split` hands it over
 
         def __call__(self, x):
-            return self.lin(x) * self.scale.value
+            return self.lin(x) * self.scale[...]
 
     model, x = Scaled(), np.ones((1, 3))
     graphdef, state = nnx.split(model)
