@@ -145,7 +145,7 @@ def test_concurrent_traces_give_the_tree_traced_alone():
     assert not any(hasattr(v, "__yax_activation__") or hasattr(v, "__yax_method__") for v in after.values())
     assert jax.nn.gelu is before[(id(jax.nn), "gelu")] and not hasattr(jax.nn.gelu, "__yax_activation__")
     assert vars(shared.body.layers)["1"] is nnx.relu
-    assert not any("_yax_call" in vars(m) for _, m in nnx.iter_graph(shared) if isinstance(m, nnx.Module))
+    assert not any("_pytree__yax_call" in vars(m) for _, m in nnx.iter_graph(shared) if isinstance(m, nnx.Module))
     assert _activations._during is None and not _activations._swaps
     assert sys.getrecursionlimit() == limit and gc.isenabled()  # raised and paused for the traces only
 

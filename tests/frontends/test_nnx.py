@@ -142,7 +142,7 @@ def test_model_is_not_changed_by_tracing():
     yax.make_mox(model)(*args)
     after = nnx.split(model)
     assert before[0] == after[0] and close(before[1], after[1])
-    assert all("_yax_call" not in vars(m) for _, m in nnx.iter_modules(model))
+    assert all("_pytree__yax_call" not in vars(m) for _, m in nnx.iter_modules(model))
 
 
 def test_functional_style_and_bound_methods():
@@ -291,7 +291,7 @@ def test_classes_restored_even_when_tracing_fails():
     assert Boom.__call__ is boom_call
     assert {c: dict(vars(c)) for c in originals} == originals
     assert (jax.nn.gelu, nnx.gelu, nnx.relu, jax.nn.softmax) == acts
-    assert model.act is nnx.gelu and all("_yax_call" not in vars(m) for _, m in nnx.iter_modules(model))
+    assert model.act is nnx.gelu and all("_pytree__yax_call" not in vars(m) for _, m in nnx.iter_modules(model))
     assert nnx.split(model)[0] == graphdef
     # and plain nnx code runs without markers
     assert "optimization_barrier" not in str(jax.make_jaxpr(lambda x: model.lin(x))(jnp.ones((1, 2))))
@@ -553,3 +553,51 @@ def test_a_key_holding_a_slash_is_the_name_and_scope():
     new, state = yax.sub(node, yax.LoRA(rank=2), mox, params=nnx.state(m), key=jax.random.key(1))
     assert state["heads"]["a/b"]["lora"]["lora_b"][...].shape == (2, 3)
     np.testing.assert_allclose(yax.eval_mox(new, state, x)[0], m(x), rtol=1e-6)
+
+
+def test_flax_bridge_models_trace_evaluate_query_and_rewrite():
+    """Flax's own bridge: a linen module inside nnx (`ToNNX`, nested and at the root) and an nnx
+    module inside linen (`ToLinen`). The path stamp never reaches what the bridge reads as
+    variables (it failed with "Cannot infer collection name from value: (1, 'Outer/dense', ...)")."""
+    import flax.linen as nn
+    from flax.nnx import bridge
+
+    x = jnp.linspace(-1, 1, 6).reshape(2, 3)
+
+    class Outer(nnx.Module):
+        def __init__(self, rngs):
+            self.dense = bridge.ToNNX(nn.Dense(4), rngs=rngs)
+            self.lin = nnx.Linear(4, 2, rngs=rngs)
+
+        def __call__(self, x):
+            return self.lin(nnx.relu(self.dense(x)))
+
+    model = Outer(nnx.Rngs(0))
+    bridge.lazy_init(model.dense, x)
+    mox = yax.make_mox(model)(x)
+    _, state = nnx.split(model)
+    out, _ = yax.eval_mox(mox, state, x)
+    np.testing.assert_allclose(out, model(x), rtol=1e-6)
+    assert [n.path for n in yax.query('//module_call[@type="Dense"]', mox)] == ["Outer/dense/Dense"]
+    new, new_state = yax.sub("//activation", jax.nn.gelu, mox, params=state)
+    kernel, bias = model.dense.kernel[...], model.dense.bias[...]
+    want = model.lin(jax.nn.gelu(x @ kernel + bias))  # the hand-written model with GELU
+    np.testing.assert_allclose(yax.eval_mox(new, new_state, x)[0], want, rtol=1e-5, atol=1e-6)
+    assert not any(k.startswith("_pytree__yax") for k in vars(model.dense))  # the stamp is gone after
+
+    root = bridge.ToNNX(nn.Sequential([nn.Dense(4), nn.relu, nn.Dense(2)]), rngs=nnx.Rngs(1))
+    bridge.lazy_init(root, x)
+    rmox = yax.make_mox(root)(x)
+    np.testing.assert_allclose(yax.eval_mox(rmox, nnx.split(root)[1], x)[0], root(x), rtol=1e-6)
+    assert len(yax.query('//module_call[@type="Dense"]', rmox)) == 2
+
+    class Linen(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(2)(nn.relu(bridge.ToLinen(nnx.Linear, args=(3, 4))(x)))
+
+    m = Linen()
+    v = m.init(jax.random.key(0), x)
+    lmox = yax.make_mox(m.apply)(v, x)
+    np.testing.assert_allclose(yax.eval_mox(lmox, v, x), m.apply(v, x), rtol=1e-6)
+    assert [n.type for n in yax.query('//module_call[@type="Linear"]', lmox)] == ["Linear"]

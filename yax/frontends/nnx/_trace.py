@@ -42,7 +42,9 @@ from ..._ir import Kind, ModuleInfo
 from ..._record import CallInfo, Recorder, marked_call, recorder
 from ._base import NAME, flax_nnx, is_graph_leaf, is_graph_type, is_variable_type, nnx_loaded
 
-_STAMP = "_yax_call"
+# A prefix nnx keeps for its own bookkeeping: the bridge (`ToNNX`) reads every other attribute as a
+# variable, and reprs leave it out; it still travels in the graphdef as a static attribute.
+_STAMP = "_pytree__yax_call"
 _tokens = itertools.count(1)
 
 
