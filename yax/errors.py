@@ -8,6 +8,7 @@ what was expected, what was found, where (a module path such as
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 
@@ -212,8 +213,6 @@ class PartlyMatchedModule(YaxRewriteError):
     @staticmethod
     def check(root: Any, sites: list[Any], system: str, what: str) -> None:
         """Raise unless every call of each replaced module (by its ``scope``) is among ``sites``."""
-        import collections
-
         matched = collections.Counter(s.node.scope for s in sites)
         calls = collections.Counter(n.scope for n in root.modules()
                                     if n.kind == "module_call" and n.scope in matched)
@@ -262,7 +261,7 @@ class DeciderMutated(YaxRewriteError):
 
     def __init__(self, decider: str, node: object, changed: list[str]):
         self.decider, self.node, self.changed = decider, node, changed
-        what = ", ".join(f"`{c}`" for c in changed[:4]) + (" …" if len(changed) > 4 else "")
+        what = _listed(changed)
         super().__init__(
             f"The decider `{decider}` changed {where(node)} while deciding ({what}); MoX nodes are immutable, so "
             "the change was undone. A decider must leave the node as it is and return its replacement (a "
@@ -290,6 +289,11 @@ class InsideCustomRule(YaxRewriteError):
             "derivative is given by a custom rule written for that whole computation. Replacing only this part "
             "would keep the old rule around the new computation, and `jax.grad` through the result would be "
             f"wrong. Try replacing the whole rule: select {instead}.")
+
+
+def _listed(names: list[str], most: int = 4) -> str:
+    """```a`, `b` …``: the first ``most`` names, and an ellipsis for the rest."""
+    return ", ".join(f"`{n}`" for n in names[:most]) + (" …" if len(names) > most else "")
 
 
 def _call_of(call: object) -> str:
@@ -362,7 +366,7 @@ class BroadcastNewVariables(YaxRewriteError):
 
     def __init__(self, what: str, node: object, new: list[str]):
         self.what, self.node, self.new = what, node, new
-        shown = ", ".join(f"`{n}`" for n in new[:4]) + (" …" if len(new) > 4 else "")
+        shown = _listed(new)
         super().__init__(
             f"The replacement `{what}` for {where(node)} has variables the model does not have there ({shown}), "
             "but the node runs inside a scan that gives every step the same variables (`nn.scan(..., "

@@ -133,27 +133,29 @@ def export(ex: Session, stem: str | pathlib.Path, overwrite: bool = False) -> di
     kws = {g.name: _value(g, example) for g in inputs if not g.fixed and g.keyword}
     exported = jax.export.export(jax.jit(call))(*[example[i] for i in params], *pos, **kws)
 
-    files = [stem.with_name(stem.name + ".jax_exported")]
-    files[0].write_bytes(exported.serialize())
+    function, npz, readme, meta = _paths(stem)
+    files = [function]
+    function.write_bytes(exported.serialize())
     named = [_array(jax.tree_util.keystr(flat[i][0][2:]), example[i]) for i in params]  # the path inside params
     if ex.has_params:
-        files.append(stem.with_name(stem.name + ".params.npz"))
-        with open(files[-1], "wb") as fh:
+        files.append(npz)
+        with open(npz, "wb") as fh:
             np.savez(fh, **dict(named))
     manifest = _manifest(files, named, inputs, example, flat, exported, out_paths)
-    readme, meta = stem.with_name(stem.name + ".README.md"), stem.with_name(stem.name + ".manifest.json")
     readme.write_text(_readme(stem.name, manifest))
     meta.write_text(json.dumps(manifest, indent=1) + "\n")
     files += [readme, meta]
     return {"files": [str(p) for p in files], "bytes": [p.stat().st_size for p in files]}
 
 
+def _paths(stem: pathlib.Path) -> list[pathlib.Path]:
+    """The function, parameter, README and manifest files of an export to ``stem``."""
+    return [stem.with_name(stem.name + s) for s in (".jax_exported", ".params.npz", ".README.md", ".manifest.json")]
+
+
 def taken(stem: pathlib.Path) -> list[pathlib.Path]:
     """The files an export to ``stem`` would write that exist already."""
-    return [p for p in (stem.with_name(stem.name + s) for s in _SUFFIXES) if p.exists()]
-
-
-_SUFFIXES = (".jax_exported", ".params.npz", ".README.md", ".manifest.json")
+    return [p for p in _paths(stem) if p.exists()]
 
 
 def _groups(ex: Session, flat: list, traced: set[int]) -> tuple[list[int], list[_Input]]:

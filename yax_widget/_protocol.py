@@ -281,9 +281,8 @@ def answer(s: Session, content: Any) -> dict:
     rid = rid if _int(rid) else None
     try:
         request = parse(content)
-        if s.closed and request.type not in _READ_ONLY:
-            raise RequestError("This explorer is closed, so it changes, compares and computes nothing more. "
-                               "Open a new `Explorer` to go on.")
+        if request.type not in _READ_ONLY:
+            s.check_open()
         reply = request.run(s)
     except yax.YaxError as e:
         return {"type": "error", "rid": rid, "message": str(e)}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
 import keyword
 import pathlib
 import re
@@ -87,9 +88,11 @@ class SessionClosed(yax.YaxInputError):
     readable; open a new explorer to change or compare the model again."""
 
 
-# Names the script "copy as code" writes uses itself: its own, and the aliases of the frontends' modules.
-_SCRIPT_NAMES = {"jax", "yax", "mox", "params", "KEY", "jnp", "np",
-                 *(alias.split(".")[0] for f in frontends() for _, alias in f.code_homes)}
+@functools.cache
+def _script_names() -> frozenset[str]:
+    """Names the script "copy as code" writes uses itself: its own, and the aliases of the frontends' modules."""
+    return frozenset({"jax", "yax", "mox", "params", "KEY", "jnp", "np",
+                      *(alias.split(".")[0] for f in frontends() for _, alias in f.code_homes)})
 
 
 def _identifier(name: str, taken: set[str]) -> str:
@@ -99,7 +102,7 @@ def _identifier(name: str, taken: set[str]) -> str:
     base = "".join(ch if ("a" + ch).isidentifier() else "_" for ch in base).strip("_") or "replacement"
     if not base.isidentifier():  # it starts with a digit
         base = "r_" + base
-    if keyword.iskeyword(base) or keyword.issoftkeyword(base) or hasattr(builtins, base) or base in _SCRIPT_NAMES:
+    if keyword.iskeyword(base) or keyword.issoftkeyword(base) or hasattr(builtins, base) or base in _script_names():
         base += "_"
     ident, k = base, 2
     while ident in taken:
@@ -314,7 +317,8 @@ class Session:
 
     # -- commands --------------------------------------------------------------------------
 
-    def _open(self) -> None:
+    def check_open(self) -> None:
+        """Raise `SessionClosed` after `close`: what every command checks first."""
         if self._closed:
             raise SessionClosed("This explorer is closed, so it changes, compares and computes nothing more; "
                                 "its history stays readable. Open a new `Explorer` to go on.")
@@ -322,7 +326,7 @@ class Session:
     def add_replacement(self, name: str, repl: Any, *, code: str | None = None, doc: str | None = None) -> None:
         """Offer ``repl`` (anything `yax.sub` accepts) in the palette as ``name``.
         ``code`` is the Python expression "copy as code" writes for it."""
-        self._open()
+        self.check_open()
         if not isinstance(name, str) or not name.strip() or len(name) > 80:
             raise yax.YaxInputError(f"A replacement name must be a non-empty string of at most 80 characters, "
                                     f"not {name!r}.")
@@ -345,7 +349,7 @@ class Session:
         (`yax.query` semantics; non-node results are returned as they are and
         highlight nothing). A query that fails raises and changes nothing; an
         empty one clears the highlight."""
-        self._open()
+        self.check_open()
         if not isinstance(xpath, str):
             raise yax.YaxInputError(f"A query is an XPath string, not a `{type(xpath).__name__}`.")
         if not xpath.strip():
@@ -374,7 +378,7 @@ class Session:
         for the current query's matches) with the replacement registered as
         ``name``; compare with the original. Returns the change's description.
         Raises `yax.YaxRewriteError` and changes nothing when it does not fit."""
-        self._open()
+        self.check_open()
         change = self.change(target, name)
         self._move([*self._states[:self._index + 1], change], self._index + 1)
         return change.description
@@ -419,20 +423,20 @@ class Session:
 
     def undo(self) -> None:
         """Go back one change (nothing happens at the original)."""
-        self._open()
+        self.check_open()
         if self._index > 0:
             self._move(self._states, self._index - 1)
 
     def redo(self) -> None:
         """Re-apply the change last undone (nothing happens at the newest)."""
-        self._open()
+        self.check_open()
         if self._index + 1 < len(self._states):
             self._move(self._states, self._index + 1)
 
     def goto(self, index: int) -> None:
         """Make state ``index`` of the history current (0: the original; the
         changes after it stay, to redo), as a click on a history item does."""
-        self._open()
+        self.check_open()
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(self._states):
             raise yax.YaxInputError(f"`goto` takes a state of the history, 0 (the original) to "
                                     f"{len(self._states) - 1}, not {index!r}.")
@@ -443,7 +447,7 @@ class Session:
         """Compare the current model with ``"original"`` (the default) or with
         ``"previous"``: the state just before it in the history, so the
         comparison shows what the last change alone did. Compares again now."""
-        self._open()
+        self.check_open()
         if base not in ("original", "previous"):
             raise yax.YaxInputError(f"`compare_with` takes \"original\" or \"previous\", not {base!r}.")
         self._set(compare_base=base)
@@ -467,7 +471,7 @@ class Session:
     def export(self, stem: str | pathlib.Path = "yax_model", *, overwrite: bool = False) -> list[str]:
         """Save the current model to run without yax (`Explorer.export`). Refuses to
         replace existing files unless ``overwrite``."""
-        self._open()
+        self.check_open()
         from ._export import export
 
         return export(self, stem, overwrite=overwrite)["files"]
@@ -476,7 +480,7 @@ class Session:
         """The Export button: write ``yax_model_step{K}`` (K: the current step) in the
         working directory, with ``_2``, ``_3``… added when files of that name exist
         (none is replaced). Returns the files and their sizes."""
-        self._open()
+        self.check_open()
         from ._export import export, taken
 
         stem, k = f"yax_model_step{self._index}", 2
@@ -501,7 +505,7 @@ class Session:
 
     def values(self, target: Any) -> dict[str, Any]:
         """Statistics of the outputs of ``target`` on the batch in use (`Explorer.values`)."""
-        self._open()
+        self.check_open()
         return self.inspector.values(target)
 
     def close(self) -> None:
@@ -535,7 +539,7 @@ class Session:
         """Offer the inputs ``args`` (after the parameters, when the model has
         them) and ``kwargs`` (the example's, where not given) as the batch
         ``name`` (`Explorer.add_batch`)."""
-        self._open()
+        self.check_open()
         if not isinstance(name, str) or not name.strip() or len(name) > 80:
             raise yax.YaxInputError(f"A batch name must be a non-empty string of at most 80 characters, not {name!r}.")
         head = self.args[:1] if self.has_params else ()
@@ -546,7 +550,7 @@ class Session:
 
     def use_batch(self, name: str) -> None:
         """Show values, colours and the comparison on the batch ``name``."""
-        self._open()
+        self.check_open()
         if not isinstance(name, str) or name not in self._inputs:
             raise yax.YaxInputError(f"No batch is named {str(name)[:40]!r}; the batches are "
                                     f"{', '.join(map(repr, self._inputs)) or 'none'}. Add one with "
@@ -593,7 +597,7 @@ class Session:
     # -- comparing, on the worker ----------------------------------------------------------
 
     def _worker(self) -> ThreadPoolExecutor:
-        self._open()  # a closed session starts no thread again
+        self.check_open()  # a closed session starts no thread again
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="yax-explorer")
             weakref.finalize(self, _stop, self._pool)

@@ -6,12 +6,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._eval import flatten_inputs, unflatten_outputs
-from .._ir import Equation, Mox
+from .._ir import Mox
 from ..errors import YaxCaptureError
 from .hooks import fitted
 from .programs import cached_plan, check_root, program_for, values_of
-
-Node = Equation | Mox
 
 
 def capture(pattern: Any, mox: Mox, *args: Any, with_inputs: bool = False, **kwargs: Any) -> tuple[Any, dict[str, Any]]:

@@ -17,8 +17,6 @@ from .._vocab import type_str
 from ..errors import YaxCaptureError
 from .plan import Plan, Target
 
-Node = Equation | Mox
-
 
 class Watch(Hooks):
     """Captures or patches the targets at one level of nesting (the root, or

@@ -16,8 +16,6 @@ from .plan import how_reached
 from .programs import cached_plan, check_root, program_for
 from .stats import NonFinite, ValueStats
 
-Node = Equation | Mox
-
 
 def _bad(x: Any) -> Any:
     return jnp.any(~jnp.isfinite(x))

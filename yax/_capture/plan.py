@@ -11,9 +11,8 @@ import jax
 
 from .. import _calls, errors
 from .._ir import CALL_KINDS, Equation, Mox
+from .._map import Node
 from ..errors import YaxCaptureError
-
-Node = Equation | Mox
 
 
 def capture_keys(mox: Mox) -> dict[int, str]:

@@ -9,12 +9,10 @@ from typing import Any
 import jax
 
 from .._eval import run
-from .._ir import Equation, Kind, Mox
+from .._ir import Kind, Mox
 from ..errors import YaxInputError
 from .hooks import Watch
 from .plan import Plan, make_plan
-
-Node = Equation | Mox
 
 
 class _Program:

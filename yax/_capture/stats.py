@@ -11,8 +11,6 @@ import numpy as np
 from .._ir import Equation, Mox
 from .._vocab import type_str
 
-Node = Equation | Mox
-
 
 @dataclasses.dataclass(frozen=True)
 class ValueStats:
