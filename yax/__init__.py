@@ -26,10 +26,15 @@ from ._lora import LoRA as LoRA
 from ._lora import lora_mask as lora_mask
 from ._lora import merge_lora as merge_lora
 from ._map import map_mox as map_mox
+from ._precision import Policy as Policy
+from ._precision import default_policy as default_policy
+from ._precision import mixed_precision as mixed_precision
 from ._print import pprint as pprint
 from ._serial import dump_yson as dump_yson
 from ._summary import summary as summary
 from ._trace import make_mox as make_mox
+from ._weights import load_weights as load_weights
+from ._weights import save_weights as save_weights
 from ._xml import Document as Document
 from ._xml import dump_xml as dump_xml
 from ._xml import load_xml as load_xml
@@ -46,9 +51,9 @@ from .errors import YaxRenderError as YaxRenderError
 from .errors import YaxRewriteError as YaxRewriteError
 from .errors import YaxTraceError as YaxTraceError
 from .errors import YaxXMLError as YaxXMLError
-from .frontends.linen import module_of as module_of
 from .frontends.nnx import replace_modules as replace_modules
 from .rewrite import decider as decider
+from .rewrite import module_of as module_of
 from .rewrite import sub as sub
 
 #: The earlier prototype's name for a MoX (a module expression).

@@ -9,6 +9,8 @@ from typing import Any
 from . import _calls
 from ._ir import CALL_KINDS, Equation, Kind, Mox
 from ._map import Node
+from ._precision import mixed as is_mixed
+from ._precision import precisions
 from ._vocab import type_str
 
 
@@ -106,7 +108,9 @@ def _params(mox: Mox, node: Mox) -> str:
 
 def summary(mox: Mox) -> str:
     """A table of module calls: path, type, input/output shapes, parameters
-    owned and FLOPs (per call; calls inside a scan body run ``length`` times,
+    owned, FLOPs and, where calls differ in them, the dtypes of their
+    parameters, computation and outputs (``f32/bf16/f32``, see
+    `yax.mixed_precision`) (FLOPs per call; calls inside a scan body run ``length`` times,
     shown as ``×N``, and hold ``×N`` sets of parameters when the scan slices them per step).
 
     Example:
@@ -119,7 +123,9 @@ def summary(mox: Mox) -> str:
     """
     rows = _rows(mox)
     known = all_flops(mox)
-    table = [("path", "type", "inputs", "outputs", "params", "flops")]
+    pols = precisions(mox)
+    mixed = is_mixed(mox)  # shown when calls differ
+    table = [("path", "type", "inputs", "outputs", "params", "flops") + (("dtypes p/c/o",) if mixed else ())]
     for depth, node, mult in rows:
         f = known[id(node)]
         table.append(
@@ -130,12 +136,12 @@ def summary(mox: Mox) -> str:
                 " ".join(type_str(a) for a in node.outputs),
                 _params(mox, node),
                 (f"{f:,}".replace(",", "_") + (f" ×{mult}" if mult > 1 else "")) if f else "",
-            )
+            ) + ((pols[id(node)].short(),) if mixed else ())
         )
     top = [n for d, n, _ in rows if d == 0 and n.kind == Kind.MODULE_CALL]
     table.append(("total", "", "", "", f"{sum(n.num_params for n in top):,}".replace(",", "_"),
-                  f"{known[id(mox)]:,}".replace(",", "_")))
-    widths = [max(len(r[i]) for r in table) for i in range(6)]
+                  f"{known[id(mox)]:,}".replace(",", "_")) + (("",) if mixed else ()))
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table
     )

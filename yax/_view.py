@@ -32,6 +32,7 @@ from typing import Any
 from lxml import etree
 
 from ._ir import CALL_KINDS, FN_KINDS, Equation, Kind, Mox
+from ._precision import precisions
 from ._print import pprint, shown_params
 from ._vocab import dtype_str, type_str, value_str
 from .errors import YaxQueryError
@@ -158,6 +159,7 @@ def build_view(mox: Mox) -> View:
     """The XML view of ``mox``, built without recursion (any depth)."""
     nodes: list[Any] = []
     with_calls = calls_below(mox)
+    policies = precisions(mox)
     root_tag = "mox" if mox.kind == Kind.ROOT else mox.kind
     root: etree._Element | None = None
     # (parent element, node, tag, param, whether an enclosing element already shows the jaxpr text)
@@ -197,6 +199,10 @@ def build_view(mox: Mox) -> View:
                 el.set("method", to_xml_text(node.method or ""))
                 if node.kind not in FN_KINDS:
                     el.set("params", str(node.num_params))
+                pol = policies[id(node)]
+                el.set("policy", str(pol))
+                if pol.compute:
+                    el.set("compute", pol.compute)
                 for k, v in node.attrs.items():
                     t = _num(v)
                     if t is not None and _NAME_OK.match(k) and k not in el.attrib:

@@ -373,3 +373,34 @@ class BroadcastNewVariables(YaxRewriteError):
             "variable_broadcast=...)`, as a recurrent cell's): yax keeps a module's variables there but cannot "
             "add new ones yet. Try a replacement with the same variables (names and shapes), or replace the "
             "module that runs the scan.")
+
+
+class WeightsDoNotFit(YaxInputError):
+    """`load_weights` found that the weights in a file do not fit ``like``: keys of ``like``
+    missing from the file (``missing``), keys in the file that ``like`` lacks (``extra``), or
+    leaves of another shape or dtype (``mismatched``: ``(key, expected, found)`` types such as
+    ``f32[4,8]``). Every problem is listed at once; nothing is loaded."""
+
+    def __init__(self, path: str, missing: list[str], extra: list[str], mismatched: list[tuple[str, str, str]]):
+        self.path, self.missing, self.extra, self.mismatched = path, missing, extra, mismatched
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} of `like`'s keys missing from the file: "
+                         + ", ".join(f"`{k}`" for k in missing))
+        if extra:
+            parts.append(f"{_count(len(extra), 'key')} in the file that `like` lacks: "
+                         + ", ".join(f"`{k}`" for k in extra))
+        if mismatched:
+            parts.append(f"{_count(len(mismatched), 'leaf', 'leaves')} of another type: " + ", ".join(
+                f"`{k}` is {found} in the file but {expected} in `like`" for k, expected, found in mismatched))
+        listed = "".join(f"\n  - {p}" for p in parts)
+        super().__init__(
+            f"The weights in `{path}` do not fit `like`:{listed}\nNothing was loaded. Try loading with `like=` the "
+            "parameters of the model these weights were saved from (`jax.eval_shape` of its `init` gives them "
+            "without computing any), or, if they were saved from a rewritten model, rewrite the model the same "
+            "way first (a LoRA rewrite adds `lora_a`/`lora_b`).")
+
+
+def _count(n: int, one: str, many: str = "") -> str:
+    """``1 key``, ``2 keys``; ``many`` where the plural is not ``one`` + "s"."""
+    return f"{n} {one if n == 1 else many or one + 's'}"

@@ -21,8 +21,10 @@ from yax.internal import (
     call_keys,
     key_attrs,
     keyed,
+    mixed_precision,
     node_ids,
     param_copies,
+    precisions,
     shown_params,
     type_str,
     value_str,
@@ -54,13 +56,15 @@ def _fields(attrs: Mapping[str, Any], n: int) -> str:
 
 # -- the module tree ------------------------------------------------------------------
 
-def call_row(node: yax.Mox, ids: Mapping[int, int], parent: int, copies: int = 1) -> list:
+def call_row(node: yax.Mox, ids: Mapping[int, int], parent: int, copies: int = 1, policy: str = "") -> list:
     """The tree row of a call node: the one place its columns are laid out.
 
     A helper method (``method_call``: ``_split_heads`` called inside its module's
     own call) is named by its method, and its module's fields and parameters,
     which the enclosing call's row shows, are not shown (nor counted) again.
-    ``copies``: the sets of parameters a scanned stack holds (`param_copies`), shown ×N."""
+    ``copies``: the sets of parameters a scanned stack holds (`param_copies`), shown ×N;
+    ``policy``: its dtypes of parameters/computation/outputs (``f32/bf16/f32``), given
+    where the tree's calls differ in them (`yax.mixed_precision`)."""
     helper = node.kind == "method_call" and bool(node.method)
     return [
         ids[id(node)],                        # 0 id: the node's index in the XML view
@@ -75,19 +79,23 @@ def call_row(node: yax.Mox, ids: Mapping[int, int], parent: int, copies: int = 1
         sum(isinstance(e, yax.Equation) for e in node.children),  # 9 neq: equations run directly in it
         _fields(node.attrs, 400),             # 10 fields: every field (the row's tooltip)
         1 if helper else copies,              # 11 copies: sets of those parameters (a scanned stack's layers)
+        policy,                               # 12 policy: params/compute/output dtypes, "" where all calls agree
     ]
 
 
 def tree(mox: yax.Mox, version: int) -> dict:
     """The ``_tree`` trait: the call rows of ``mox`` in document order."""
     ids = node_ids(mox)
+    pols = precisions(mox)
+    mixed = mixed_precision(mox)
     rows: list[list] = []
     # (node, the row its calls hang from, its own row's parent if it is a call): no recursion, any depth
     stack: list[tuple[yax.Mox, int, int | None]] = [(mox, -1, None)]
     while stack:
         node, parent, row_parent = stack.pop()
         if row_parent is not None:
-            rows.append(call_row(node, ids, row_parent, param_copies(mox, node)))
+            rows.append(call_row(node, ids, row_parent, param_copies(mox, node),
+                                 pols[id(node)].short() if mixed else ""))
         below: list[tuple[yax.Mox, int, int | None]] = []
         for c in node.children:
             if isinstance(c, yax.Equation):  # calls inside a loop or branch body belong to the enclosing call

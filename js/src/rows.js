@@ -5,6 +5,7 @@
 /** Columns of a call row, `_tree.rows[i]`. */
 export const CALL = Object.freeze({
   id: 0, parent: 1, kind: 2, name: 3, type: 4, attrs: 5, ins: 6, outs: 7, params: 8, neq: 9, fields: 10, copies: 11,
+  policy: 12,
 });
 
 /** Columns of an equation row, an `expand` reply's `rows[i]`. */
@@ -21,7 +22,7 @@ export function callRecord(row) {
     id: row[CALL.id], parent: row[CALL.parent], kind: row[CALL.kind], name: row[CALL.name],
     type: row[CALL.type], attrs: row[CALL.attrs], ins: row[CALL.ins], outs: row[CALL.outs],
     params: row[CALL.params], neq: row[CALL.neq], fields: row[CALL.fields] || "", eq: false,
-    copies: row[CALL.copies] || 1,
+    copies: row[CALL.copies] || 1, policy: row[CALL.policy] || "",
   };
 }
 
@@ -36,7 +37,7 @@ export function equationRecord(row, parentId) {
 }
 
 const CALL_DEFAULTS = { kind: "module_call", type: "", attrs: "", ins: "", outs: "", params: 0, neq: 0, fields: "",
-  copies: 1 };
+  copies: 1, policy: "" };
 
 /** The inverse of `callRecord`, for fixtures: a positional call row from named fields
  * (`id`, `parent` and `name` are required). */

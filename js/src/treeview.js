@@ -47,6 +47,8 @@ export function rowElement(node, i, look) {
   node.type && node.type !== node.name ? h("span", { class: "yax-type" }, node.type) : null,
   h("span", { class: "yax-attrs" }, node.attrs || ""), // always there: it takes the room left, the shapes line up
   h("span", { class: "yax-shapes" }, `${node.ins} → ${node.outs}`),
+  node.policy ? h("span", { class: "yax-policy", title: "dtypes of its parameters / computation / outputs" },
+    node.policy) : null,
   node.params ? h("span", { class: "yax-params", title: node.copies > 1
     ? `${node.params.toLocaleString("en")} parameters in each of ${node.copies} layers `
       + `(${(node.params * node.copies).toLocaleString("en")} in all)` : undefined },

@@ -67,3 +67,17 @@ def test_substitute_by_row_compares_and_keeps_the_original(model):
     assert set(map(int, state["boundaries"])) <= set(rows)
     assert ex._diff["current"] and ex._diff["original"]
     assert ex._history == {"items": [reply["description"]], "index": 1}
+
+
+def test_rows_show_each_calls_dtypes_once_the_model_mixes_them(model):
+    ex = explorer(model)
+    assert {r[12] for r in ex._tree["rows"]} == {""}  # one dtype throughout: nothing to show
+    m, v = model
+    half = yax.mixed_precision(ex.mox)
+    mixed = explorer((half, v))
+    nodes = view(mixed.mox).nodes
+    shown = {nodes[r[0]].path: r[12] for r in mixed._tree["rows"]}
+    dense = [p for p, n in ((n.path, n) for n in half.modules()) if n.type == "Dense"]
+    assert dense and all(shown[p] == "f32/bf16/f32" for p in dense)
+    norms = [n.path for n in half.modules() if n.type == "LayerNorm"]
+    assert norms and all(shown[p] == "f32/f32/f32" for p in norms)

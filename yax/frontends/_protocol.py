@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -136,10 +136,17 @@ class Frontend:
         """Whether ``x`` is a module instance of this system (a replacement)."""
         return False
 
-    def rebuild(self, node: Mox) -> Any:
-        """A new module like the one a call node of this system called (for a
-        node cut from another MoX used as a replacement), or ``None`` when
-        this system cannot rebuild one from the node's fields."""
+    #: Whether a replacement's variables are placed by module (its own new
+    #: module initialises those the model lacks: linen), rather than read where
+    #: the model holds them (an nnx state, which a replacement cannot extend).
+    places_by_module = False
+
+    def rebuild(self, node: Mox, changes: Mapping[str, Any] | None = None) -> Any:
+        """A new module like the one a call node of this system called, with
+        ``changes`` to its fields (`yax.module_of`; a node cut from another MoX
+        used as a replacement), or ``None`` when this system cannot rebuild
+        one from the node's fields. Raises `yax.YaxRewriteError` for changes
+        the module does not take, or a module it cannot rebuild faithfully."""
         return None
 
     def fill(self, module: Any, node: Any) -> Any:

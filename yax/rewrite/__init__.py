@@ -19,12 +19,12 @@ from .. import _roots, errors, frontends
 from .._ir import Equation, Kind, ModuleInfo, Mox, Signature, Var
 from .._map import map_mox
 from ..errors import YaxError, YaxRewriteError
-from .replacement import Decider, Site, checked, decider, is_decider, is_module
+from .replacement import Decider, Site, checked, decider, is_decider, is_module, module_of
 from .select import locate, matches, outside_rules
 from .splice import spliced, unbound
 from .thread import Threads
 
-__all__ = ["Decider", "decider", "sub", "misfit", "is_decider", "is_module"]
+__all__ = ["Decider", "decider", "module_of", "sub", "misfit", "is_decider", "is_module"]
 
 
 def _plan(pattern: Any, repl: Any, mox: Mox, must_match: bool) -> tuple[list[tuple[Any, Any]], dict[int, tuple[Any, ...]]]:

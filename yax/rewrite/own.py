@@ -348,8 +348,7 @@ def initialiser(own_: Own, node: Node, what: str) -> Any:
 def rebuilds(call: Mox) -> bool:
     """Whether the call's frontend places variables by module (it can rebuild
     one: linen), rather than reading them where they are (nnx)."""
-    fe = frontends.get(call.info.frontend)
-    return type(fe).rebuild is not frontends.Frontend.rebuild
+    return frontends.get(call.info.frontend).places_by_module
 
 
 # -- variables read where they are ------------------------------------------------------

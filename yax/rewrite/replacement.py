@@ -142,6 +142,42 @@ def decider(fn: Callable[[str, Any], Any]) -> Decider:
     return Decider(fn)
 
 
+def module_of(node: Mox, **changes: Any) -> Any:
+    """A new module of the same type and configuration as the one the call
+    ``node`` called, with ``changes``: the replacement for "the same layer,
+    but …" rewrites (``dtype=jnp.bfloat16``). A linen module is built from the
+    node's fields; an nnx module from its constructor, each argument read from
+    the attribute of the same name (checked: a module that stores its
+    arguments otherwise is refused, naming them).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, flax.linen as nn, yax
+      >>> m = nn.Dense(3); x = jnp.ones((1, 2))
+      >>> mox = yax.make_mox(m.apply)(m.init(jax.random.key(0), x), x)
+      >>> yax.module_of(mox.calls[0], use_bias=False)
+      Dense(
+          # attributes
+          features = 3
+          use_bias = False
+      ...
+      >>> from flax import nnx
+      >>> lin = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+      >>> node = yax.make_mox(lin)(x).calls[0]
+      >>> new = yax.module_of(node, dtype=jnp.bfloat16)
+      >>> type(new).__name__, new.out_features, new.dtype.__name__
+      ('Linear', 3, 'bfloat16')
+    """
+    if not isinstance(node, Mox) or node.module_type is None:
+        raise YaxRewriteError(f"`module_of` needs a module call node, but got {node!r}.")
+    module = frontends.of_node(node).rebuild(node, changes)
+    if module is None:
+        raise YaxRewriteError(
+            f"`module_of` cannot rebuild the `{node.type}` at {node.path!r}: its module system "
+            f"({node.info.frontend or 'plain JAX'}) builds no module from a call's fields. Pass the "
+            "replacement module or function itself to `yax.sub`.")
+    return module
+
+
 def is_decider(fn: Any) -> bool:
     """Whether ``fn`` is a per-match decider: marked by `decider`, or ``f(path, node)``
     by the naming rule."""

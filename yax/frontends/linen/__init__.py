@@ -611,9 +611,20 @@ class LinenFrontend(Frontend):
     def owns(self, x: Any) -> bool:
         return isinstance(x, nn.Module)
 
-    def rebuild(self, node: Mox) -> Any:
+    places_by_module = True
+
+    def rebuild(self, node: Mox, changes: Mapping[str, Any] | None = None) -> Any:
         t = node.module_type
-        return module_of(node) if isinstance(t, type) and issubclass(t, nn.Module) else None
+        if not (isinstance(t, type) and issubclass(t, nn.Module)):
+            return None
+        fields = {f.name for f in dataclasses.fields(t) if f.init and f.name not in _SKIP_FIELDS}
+        unknown = sorted(set(changes or {}) - fields)
+        if unknown:
+            raise YaxRewriteError(
+                f"`module_of` changes fields of the `{t.__name__}` at {node.path!r}, which has no field "
+                f"{', '.join(f'`{k}`' for k in unknown)}. Its fields: {', '.join(sorted(fields))}.")
+        # parent=None: a template, never adopted by a module whose method happens to be running
+        return t(**{"parent": None, **{k: v for k, v in node.attrs.items() if k in fields}, **(changes or {})})
 
     def fill(self, module: Any, node: Any) -> Any:
         """A template module completed from the node it replaces: its ``None``
@@ -691,26 +702,3 @@ def _defaults(cls: type) -> dict[str, Any]:
 
 
 frontend = LinenFrontend()
-
-
-def module_of(node: Mox, **changes: Any) -> Any:
-    """A new, unbound Flax module of the same type and fields as the module
-    call ``node``, with ``changes`` applied: the replacement for "the same
-    layer, but …" rewrites (``dtype=jnp.bfloat16``).
-
-    Example:
-      >>> import jax, jax.numpy as jnp, flax.linen as nn, yax
-      >>> m = nn.Dense(3); x = jnp.ones((1, 2))
-      >>> mox = yax.make_mox(m.apply)(m.init(jax.random.key(0), x), x)
-      >>> yax.module_of(mox.calls[0], use_bias=False)
-      Dense(
-          # attributes
-          features = 3
-          use_bias = False
-      ...
-    """
-    if not isinstance(node, Mox) or node.module_type is None:
-        raise YaxRewriteError(f"`module_of` needs a module call node, but got {node!r}.")
-    fields = {f.name for f in dataclasses.fields(node.module_type) if f.init and f.name not in _SKIP_FIELDS}
-    # parent=None: a template, never adopted by a module whose method happens to be running
-    return node.module_type(**{"parent": None, **{k: v for k, v in node.attrs.items() if k in fields}, **changes})

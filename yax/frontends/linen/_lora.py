@@ -92,12 +92,12 @@ class LoRA(nn.Module):
 
 def adapter(node: Mox, rank: int, alpha: float) -> LoRA | None:
     """The `LoRA` for the linen layer ``node``, or ``None`` for a layer it does not know."""
-    from . import module_of
+    from . import frontend
 
     t = node.module_type
     if t not in KERNEL_AXES:
         return None
-    base: nn.Module = module_of(node)
+    base: nn.Module = frontend.rebuild(node)
     if kernel_axes(base, 2 if not isinstance(base, nn.Einsum) else len(base.shape)) is None:
         return None
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)

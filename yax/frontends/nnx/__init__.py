@@ -11,7 +11,7 @@ attribute path.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -19,7 +19,7 @@ import numpy as np
 
 from ..._ir import Mox
 from .._protocol import Frontend, MappedCall, Variables
-from . import _lora
+from . import _lora, _rebuild
 from ._base import NAME, flax_nnx, is_module
 from ._state import StateVariables, replace_modules
 from ._trace import init_defaults, module_target, patched_methods
@@ -58,6 +58,9 @@ class NnxFrontend(Frontend):
 
     def owns(self, x: Any) -> bool:
         return is_module(x)
+
+    def rebuild(self, node: Mox, changes: Mapping[str, Any] | None = None) -> Any:
+        return _rebuild.rebuild(node, changes)
 
     activation_homes = ("flax.nnx",)
     lora_kinds = _lora.KINDS

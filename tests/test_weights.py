@@ -1,0 +1,240 @@
+"""yax.save_weights and yax.load_weights: round trips through a safetensors file for linen
+variables, a Hugging Face Flax model, an nnx state with a PRNG key and a LoRA rewrite, each
+checked against the model run on the original weights; every refusal names what it found."""
+
+import sys
+
+import flax
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import nnx_models
+import numpy as np
+import pytest
+from flax import nnx
+from models import CNN, KEY, MLP
+from safetensors import safe_open
+
+import yax
+from yax.errors import WeightsDoNotFit
+
+pytestmark = pytest.mark.core
+
+X = jnp.linspace(-1, 1, 8).reshape(2, 4)
+HINT = "rewrite the model the same way first (a LoRA rewrite adds `lora_a`/`lora_b`)"
+
+
+def keys_and_metadata(path):
+    with safe_open(path, "np") as f:
+        return sorted(f.keys()), f.metadata()
+
+
+def assert_same(got, want):
+    """The same structure (container types included) and bit-identical leaves, held as jax arrays."""
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        assert isinstance(g, jax.Array)
+        assert g.shape == w.shape and g.dtype == w.dtype
+        if jnp.issubdtype(w.dtype, jax.dtypes.prng_key):
+            g, w = jax.random.key_data(g), jax.random.key_data(w)
+        np.testing.assert_array_equal(np.asarray(g).reshape(-1).view(np.uint8), np.asarray(w).reshape(-1).view(np.uint8))
+
+
+def dense(features=3, dtype=jnp.float32):
+    m = flax.linen.Dense(features, param_dtype=dtype)
+    return m, m.init(KEY, X)
+
+
+def test_linen_params_and_batch_stats_round_trip(tmp_path):
+    m, x = CNN(), jax.random.normal(KEY, (2, 8, 8, 3))
+    v = m.init(KEY, x)
+    path = tmp_path / "cnn.safetensors"
+    yax.save_weights(v, path)
+    keys, meta = keys_and_metadata(path)
+    assert keys == ["batch_stats/BatchNorm_0/mean", "batch_stats/BatchNorm_0/var", "params/BatchNorm_0/bias",
+                    "params/BatchNorm_0/scale", "params/Conv_0/bias", "params/Conv_0/kernel",
+                    "params/Dense_0/bias", "params/Dense_0/kernel"]
+    assert meta == {"format": "yax.weights", "version": "1"}
+    loaded = yax.load_weights(path, like=v)
+    assert_same(loaded, v)
+    np.testing.assert_array_equal(m.apply(loaded, x), m.apply(v, x))
+    frozen = yax.load_weights(path, like=flax.core.freeze(v))  # like's container types come back
+    assert isinstance(frozen, flax.core.FrozenDict)
+    assert_same(frozen, flax.core.freeze(v))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, ml_dtypes.float8_e4m3fn])
+def test_low_precision_leaves_round_trip_exactly(tmp_path, dtype):
+    w = {"w": jax.random.normal(KEY, (3, 5)).astype(dtype), "f32": jnp.ones(2)}
+    yax.save_weights(w, tmp_path / "w.safetensors")
+    loaded = yax.load_weights(tmp_path / "w.safetensors", like=w)
+    assert loaded["w"].dtype == dtype
+    assert_same(loaded, w)
+
+
+def test_strided_numpy_leaves_and_scalars_keep_their_values(tmp_path):
+    w = {"t": np.arange(12.0, dtype=np.float32).reshape(3, 4).T, "s": np.float32(2.5), "z": jnp.zeros((0, 3))}
+    yax.save_weights(w, tmp_path / "w.safetensors")
+    loaded = yax.load_weights(tmp_path / "w.safetensors", like=w)
+    np.testing.assert_array_equal(loaded["t"], w["t"])  # not the transposed array's memory order
+    assert loaded["s"].shape == () and float(loaded["s"]) == 2.5
+    assert loaded["z"].shape == (0, 3)
+
+
+def test_hugging_face_gpt2_params_give_the_same_logits(tmp_path):
+    from thirdparty import case
+
+    c = case("gpt2-wrapper")
+    params, *inputs = c.args
+    path = tmp_path / "gpt2.safetensors"
+    yax.save_weights(params, path)
+    keys, _ = keys_and_metadata(path)
+    assert "transformer/h/0/attn/c_attn/kernel" in keys and "transformer/wte/embedding" in keys
+    assert len(keys) == len(jax.tree_util.tree_leaves(params))
+    loaded = yax.load_weights(path, like=params)
+    assert_same(loaded, params)
+    np.testing.assert_array_equal(c.fn(loaded, *inputs), c.fn(params, *inputs))
+
+
+def test_nnx_state_with_a_prng_key_merges_into_the_same_model(tmp_path):
+    m = nnx_models.CNN(rngs=nnx_models.rngs())
+    m.train()  # dropout on: the output depends on the RngKey loaded back
+    x = jax.random.normal(jax.random.key(1), (2, 8, 8, 3))
+    graphdef, state = nnx.split(m)
+    path = tmp_path / "cnn.safetensors"
+    yax.save_weights(state, path)
+    keys, meta = keys_and_metadata(path)
+    assert {"conv/kernel", "bn/mean", "dropout/rngs/key", "dropout/rngs/count"} <= set(keys)
+    [key] = [a for a in jax.tree_util.tree_leaves(state) if jnp.issubdtype(a.dtype, jax.dtypes.prng_key)]
+    impl = str(jax.random.key_impl(key))
+    assert meta["key_arrays"] == f'{{"dropout/rngs/key": "{impl}"}}'
+
+    loaded = yax.load_weights(path, like=state)
+    assert isinstance(loaded, nnx.State)
+    assert isinstance(loaded["dropout"]["rngs"]["key"], nnx.RngKey)
+    assert_same(loaded, state)
+    assert_same(yax.load_weights(path, like=nnx.state(m)), state)  # before calls change the state
+    got = nnx.merge(graphdef, loaded)(x)
+    other = nnx.merge(graphdef, jax.tree_util.tree_map(
+        lambda a: jax.random.key(9) if jnp.issubdtype(a.dtype, jax.dtypes.prng_key) else a, state))(x)
+    want = m(x)
+    np.testing.assert_array_equal(got, want)
+    assert not np.allclose(other, want)  # the key matters
+
+
+def lora_model():
+    m = MLP()
+    v = m.init(KEY, X)
+    mox = yax.make_mox(m.apply)(v, X)
+    new, nv = yax.sub('//module_call[@type="Dense"]', yax.LoRA(rank=2), mox, params=v, key=jax.random.key(1))
+    # B starts at zero, which would hide adapters that failed to load: give it values
+    nv = jax.tree_util.tree_map_with_path(
+        lambda kp, a: a + 0.1 if jax.tree_util.keystr(kp).endswith("['lora_b']") else a, nv)
+    return m, v, new, nv
+
+
+def test_lora_rewrite_round_trip(tmp_path):
+    m, v, new, nv = lora_model()
+    path = tmp_path / "lora.safetensors"
+    yax.save_weights(nv, path)
+    keys, _ = keys_and_metadata(path)
+    assert "params/Dense_0/lora_a" in keys and "params/Dense_1/lora_b" in keys
+    loaded = yax.load_weights(path, like=nv)
+    assert_same(loaded, nv)
+    np.testing.assert_array_equal(yax.eval_mox(new, loaded, X), yax.eval_mox(new, nv, X))
+    assert not np.allclose(yax.eval_mox(new, loaded, X), m.apply(v, X))
+
+
+def test_lora_weights_with_the_original_params_are_refused(tmp_path):
+    _, v, _, nv = lora_model()
+    yax.save_weights(nv, tmp_path / "lora.safetensors")
+    with pytest.raises(WeightsDoNotFit) as e:
+        yax.load_weights(tmp_path / "lora.safetensors", like=v)
+    lora = ["params/Dense_0/lora_a", "params/Dense_0/lora_b", "params/Dense_1/lora_a", "params/Dense_1/lora_b"]
+    assert e.value.extra == lora and e.value.missing == [] and e.value.mismatched == []
+    msg = str(e.value)
+    assert isinstance(e.value, yax.YaxInputError)
+    assert "4 keys in the file that `like` lacks: " + ", ".join(f"`{k}`" for k in lora) in msg
+    assert "Nothing was loaded." in msg and HINT in msg
+
+
+def test_shape_mismatch_names_the_path_and_both_shapes(tmp_path):
+    _, v = dense(3)
+    yax.save_weights(v, tmp_path / "w.safetensors")
+    with pytest.raises(WeightsDoNotFit) as e:
+        yax.load_weights(tmp_path / "w.safetensors", like=dense(5)[1])
+    msg = str(e.value)
+    assert "2 leaves of another type: " in msg
+    assert "`params/bias` is f32[3] in the file but f32[5] in `like`" in msg
+    assert "`params/kernel` is f32[4,3] in the file but f32[4,5] in `like`" in msg
+    assert HINT in msg
+
+
+def test_dtype_mismatch_names_the_path_and_both_dtypes(tmp_path):
+    _, v = dense(3)
+    yax.save_weights(v, tmp_path / "w.safetensors")
+    with pytest.raises(WeightsDoNotFit, match=r"`params/kernel` is f32\[4,3\] in the file but bf16\[4,3\] in `like`"):
+        yax.load_weights(tmp_path / "w.safetensors", like=dense(3, jnp.bfloat16)[1])
+
+
+def test_every_problem_is_listed_in_one_message(tmp_path):
+    yax.save_weights({"a": jnp.ones(2), "b": jnp.ones(3), "gone": jnp.ones(1)}, tmp_path / "w.safetensors")
+    like = {"a": jnp.ones(2), "b": jnp.ones(4, jnp.int32), "new": {"w": jnp.ones(1)}, "new2": jnp.ones(1)}
+    with pytest.raises(WeightsDoNotFit) as e:
+        yax.load_weights(tmp_path / "w.safetensors", like=like)
+    msg = str(e.value)
+    assert "2 of `like`'s keys missing from the file: `new/w`, `new2`" in msg
+    assert "1 key in the file that `like` lacks: `gone`" in msg
+    assert "1 leaf of another type: `b` is f32[3] in the file but i32[4] in `like`" in msg
+
+
+def test_like_may_hold_shape_dtype_structs(tmp_path):
+    m, v = dense(3)
+    yax.save_weights(v, tmp_path / "w.safetensors")
+    like = jax.eval_shape(m.init, KEY, X)
+    assert isinstance(like["params"]["kernel"], jax.ShapeDtypeStruct)
+    loaded = yax.load_weights(tmp_path / "w.safetensors", like=like)
+    assert_same(loaded, v)
+    np.testing.assert_array_equal(m.apply(loaded, X), m.apply(v, X))
+
+
+def test_like_must_hold_arrays(tmp_path):
+    yax.save_weights({"a": jnp.ones(2)}, tmp_path / "w.safetensors")
+    with pytest.raises(yax.YaxInputError, match=r"1 leaf of it is neither: `a` \(`int`\)"):
+        yax.load_weights(tmp_path / "w.safetensors", like={"a": 2})
+
+
+def test_save_refuses_leaves_that_are_not_arrays(tmp_path):
+    path = tmp_path / "w.safetensors"
+    tree = {"w": jnp.ones(2), "n": 3, "s": "relu", "abstract": jax.ShapeDtypeStruct((2,), jnp.float32)}
+    with pytest.raises(yax.YaxInputError) as e:
+        yax.save_weights(tree, path)
+    assert ("3 leaves of `params` are not arrays: `abstract` (a `jax.ShapeDtypeStruct` f32[2]), `n` (`int`), "
+            "`s` (`str`). Try converting them with `jnp.asarray`") in str(e.value)
+    assert not path.exists()
+
+
+def test_save_refuses_two_leaves_with_one_key(tmp_path):
+    with pytest.raises(yax.YaxInputError, match=r"`params\['a'\]\['b'\]` and `params\['a/b'\]`, have the same key `a/b`"):
+        yax.save_weights({"a/b": jnp.ones(1), "a": {"b": jnp.ones(1)}}, tmp_path / "w.safetensors")
+
+
+def test_save_refuses_dtypes_safetensors_cannot_store(tmp_path):
+    with pytest.raises(yax.YaxInputError, match=r"cannot store the dtype of 1 leaf of `params`: `c` \(complex128\[2\]\)"):
+        yax.save_weights({"c": np.zeros(2, np.complex128)}, tmp_path / "w.safetensors")
+
+
+def test_a_file_that_is_not_safetensors_is_refused(tmp_path):
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(b"not a safetensors file")
+    with pytest.raises(yax.YaxInputError, match="could not be read as a safetensors file"):
+        yax.load_weights(path, like={})
+
+
+def test_without_safetensors_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "safetensors", None)
+    monkeypatch.setitem(sys.modules, "safetensors.numpy", None)
+    for call in (lambda: yax.save_weights({"a": jnp.ones(1)}, tmp_path / "w"),
+                 lambda: yax.load_weights(tmp_path / "w", like={})):
+        with pytest.raises(yax.YaxDependencyError, match="pip install safetensors"):
+            call()

@@ -1,0 +1,266 @@
+"""Save a model's weights to a file and load them back: `save_weights` and `load_weights`.
+
+The file is a `safetensors <https://github.com/huggingface/safetensors>`_ file (it needs the
+``safetensors`` package). Each array is stored under its path in the pytree, the keys joined with
+``/``:
+
+- linen variables ``{"params": {"Dense_0": {"kernel": ...}}}``: ``params/Dense_0/kernel``;
+- a Hugging Face Flax model's bare parameter dict: ``transformer/h/0/attn/c_attn/kernel``;
+- an ``nnx.State`` (from ``nnx.state(model)`` or ``nnx.split(model)``): the attribute path,
+  ``layers/0/kernel``, without the ``.value`` of the nnx ``Variable`` holding the array.
+
+A MoX names modules by the same paths (a node's ``scope``, after the collection for linen), so the
+weights of the module at ``Model/Block_0/Dense_0`` are the keys that begin with
+``params/Block_0/Dense_0/``. JAX PRNG key arrays (an nnx ``RngKey``) cannot be stored as they are:
+the file holds their `jax.random.key_data`, its metadata records which keys are key arrays and their
+implementation, and `load_weights` rebuilds them. The metadata also says ``"format": "yax.weights"``
+and ``"version": "1"``.
+
+`save_weights` gathers every array to the host and writes one file: it is made for a model's weights
+(keeping a LoRA rewrite's adapters, handing weights to another program). For checkpoints of sharded
+training (arrays larger than one host's memory, asynchronous saves, optimizer state, restarts), Orbax
+(``orbax-checkpoint``) stays the tool to use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from ._vocab import type_str
+from .errors import WeightsDoNotFit, YaxDependencyError, YaxInputError, _count
+
+FORMAT, VERSION = "yax.weights", "1"
+_KEY_ARRAYS = "key_arrays"  # the metadata entry: JSON ``{key: implementation name}`` of the key arrays
+
+# The dtypes safetensors stores, by NumPy name and safetensors code.
+_CODES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "uint16": "U16", "int16": "I16", "uint32": "U32",
+          "int32": "I32", "uint64": "U64", "int64": "I64", "float16": "F16", "bfloat16": "BF16",
+          "float32": "F32", "float64": "F64", "complex64": "C64", "float8_e4m3fn": "F8_E4M3",
+          "float8_e4m3fnuz": "F8_E4M3FNUZ", "float8_e5m2": "F8_E5M2", "float8_e5m2fnuz": "F8_E5M2FNUZ",
+          "float8_e8m0fnu": "F8_E8M0"}
+_DTYPES = {code: np.dtype(getattr(ml_dtypes, name, None) or name) for name, code in _CODES.items()}
+# safetensors' own NumPy loader looks these up in `numpy`, which lacks them (they live in
+# `ml_dtypes`), so they are read from the file's raw bytes instead.
+_RAW = {"F8_E4M3", "F8_E4M3FNUZ", "F8_E5M2", "F8_E5M2FNUZ", "F8_E8M0"}
+
+
+def _safetensors() -> Any:
+    try:
+        import safetensors
+        import safetensors.numpy
+    except ImportError:
+        raise YaxDependencyError(
+            "`save_weights` and `load_weights` need the `safetensors` package, which is not installed. "
+            "Install it with `pip install safetensors`."
+        ) from None
+    return safetensors
+
+
+def key_of(keypath: tuple[Any, ...]) -> str:
+    """The file key of a leaf: its path's keys joined with ``/``, without the ``.value`` that an
+    nnx ``Variable`` adds at the end (``['layers'][0]['kernel'].value`` -> ``layers/0/kernel``)."""
+    keys = list(keypath)
+    if keys and isinstance(keys[-1], jax.tree_util.GetAttrKey) and keys[-1].name == "value":
+        keys.pop()
+    names = []
+    for k in keys:
+        if isinstance(k, jax.tree_util.GetAttrKey):
+            names.append(k.name)
+        elif isinstance(k, jax.tree_util.SequenceKey):
+            names.append(str(k.idx))
+        else:  # DictKey, FlattenedIndexKey
+            names.append(str(getattr(k, "key", k)))
+    return "/".join(names)
+
+
+def _flat(tree: Any, arg: str) -> tuple[list[tuple[str, Any]], Any]:
+    """``([(key, leaf)], treedef)`` of ``tree`` (the argument ``arg``); refuses two leaves with one key."""
+    with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    seen: dict[str, Any] = {}
+    for kp, _ in with_paths:
+        k = key_of(kp)
+        if k in seen:
+            raise YaxInputError(
+                f"Two leaves of `{arg}`, `{arg}{jax.tree_util.keystr(seen[k])}` and "
+                f"`{arg}{jax.tree_util.keystr(kp)}`, have the same key `{k}` (a leaf's key is its path "
+                "joined with `/`, so a dict key holding `/` can collide with a nested path). Try renaming "
+                "one of them.")
+        seen[k] = kp
+    return [(key_of(kp), leaf) for kp, leaf in with_paths], treedef
+
+
+def _is_key(x: Any) -> bool:
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def _kind(x: Any) -> str:
+    return f"a `jax.ShapeDtypeStruct` {type_str(x)}" if isinstance(x, jax.ShapeDtypeStruct) else f"`{type(x).__name__}`"
+
+
+def save_weights(params: Any, path: str | os.PathLike[str]) -> None:
+    """Write the arrays of ``params`` to the safetensors file ``path``, each under its path in the
+    tree joined with ``/``.
+
+    ``params`` is any pytree of arrays: linen variables (keys such as ``params/Dense_0/kernel``), a
+    Hugging Face Flax model's ``params`` (``transformer/h/0/attn/c_attn/kernel``), an ``nnx.State``
+    (``layers/0/kernel``, without the nnx ``Variable``'s ``.value``). These are the paths a MoX
+    names modules by (a node's ``scope``, after the collection for linen). Every array is gathered
+    to the host (`numpy.asarray`); PRNG key arrays are stored as their key data, with their
+    implementation in the file's metadata; bfloat16 and float8 arrays as they are. Load the file
+    with `load_weights`.
+
+    Args:
+      params: the pytree of arrays to save.
+      path: the file to write (replaced if it exists).
+
+    Raises:
+      YaxInputError: a leaf is not an array (a Python number or string, an abstract
+        `jax.ShapeDtypeStruct`), has a dtype safetensors cannot store, or two leaves have the
+        same key.
+      YaxDependencyError: ``safetensors`` is not installed.
+
+    Example:
+      >>> import os, tempfile, jax, jax.numpy as jnp, flax.linen as nn, yax
+      >>> from safetensors import safe_open
+      >>> m = nn.Sequential([nn.Dense(3)]); x = jnp.ones((2, 4)); v = m.init(jax.random.key(0), x)
+      >>> folder = tempfile.TemporaryDirectory(); path = os.path.join(folder.name, "w.safetensors")
+      >>> yax.save_weights(v, path)
+      >>> with safe_open(path, "np") as f:
+      ...     sorted(f.keys()), f.metadata()["format"]
+      (['params/layers_0/bias', 'params/layers_0/kernel'], 'yax.weights')
+      >>> folder.cleanup()
+    """
+    safetensors = _safetensors()
+    flat, _ = _flat(params, "params")
+    not_arrays = [f"`{k}` ({_kind(x)})" for k, x in flat if not isinstance(x, (jax.Array, np.ndarray, np.generic))]
+    if not_arrays:
+        raise YaxInputError(
+            f"`save_weights` stores arrays, but {_count(len(not_arrays), 'leaf', 'leaves')} of `params` "
+            f"{'is not an array' if len(not_arrays) == 1 else 'are not arrays'}: "
+            f"{', '.join(not_arrays)}. Try converting them with `jnp.asarray`, or saving a tree without them.")
+    unstorable = [f"`{k}` ({type_str(x)})" for k, x in flat if not _is_key(x) and np.dtype(x.dtype).name not in _CODES]
+    if unstorable:
+        raise YaxInputError(
+            f"safetensors cannot store the dtype of {_count(len(unstorable), 'leaf', 'leaves')} of `params`: "
+            f"{', '.join(unstorable)}. It stores {', '.join(_CODES)}. Try casting them (`x.astype(jnp.float32)`) before saving.")
+    tensors, impls = {}, {}
+    for k, x in flat:
+        if _is_key(x):
+            impls[k] = str(jax.random.key_impl(x))
+            x = jax.random.key_data(x)
+        a = np.asarray(x)  # gathers a jax array to the host
+        if a.dtype.byteorder == ">":
+            a = a.astype(a.dtype.newbyteorder("<"))
+        # safetensors writes an array's buffer as it lies in memory, whatever its strides
+        # (and `np.ascontiguousarray` would make a scalar an array of one)
+        tensors[k] = a if a.flags.c_contiguous else a.copy(order="C")
+    metadata = {"format": FORMAT, "version": VERSION}
+    if impls:
+        metadata[_KEY_ARRAYS] = json.dumps(impls, sort_keys=True)
+    safetensors.numpy.save_file(tensors, os.fspath(path), metadata=metadata)
+
+
+def _found(code: str, shape: tuple[int, ...], impl: str | None) -> Any:
+    """The type a file entry loads as (a `jax.ShapeDtypeStruct`), or a string saying why it cannot."""
+    if code not in _DTYPES:
+        return f"{code}[{','.join(map(str, shape))}] (a safetensors dtype yax does not read)"
+    data = jax.ShapeDtypeStruct(shape, _DTYPES[code])
+    if impl is None:
+        return data
+    try:
+        return jax.eval_shape(lambda d: jax.random.wrap_key_data(d, impl=impl), data)
+    except (TypeError, ValueError, KeyError):  # an unknown implementation, or data of another shape
+        return f"{type_str(data)} (marked as the data of `{impl}` keys, which it cannot be)"
+
+
+def load_weights(path: str | os.PathLike[str], *, like: Any) -> Any:
+    """The weights saved with `save_weights` in ``path``, as a pytree of the structure of ``like``.
+
+    Every key of ``like`` must be in the file with the same shape and dtype, and every key in the
+    file must be in ``like``. All of this is checked before any array is read, and every problem
+    is reported at once. The result has ``like``'s containers (dicts, a ``FrozenDict``, an
+    ``nnx.State``) holding jax arrays, placed with ``like``'s leaves' shardings where they have
+    one; PRNG key arrays come back as key arrays.
+
+    Args:
+      path: a safetensors file written by `save_weights` (or any safetensors file whose keys are
+        paths joined with ``/``).
+      like: a pytree of arrays or `jax.ShapeDtypeStruct` (``jax.eval_shape(model.init, ...)``)
+        saying which arrays to expect.
+
+    Returns:
+      A new pytree with ``like``'s structure and the file's arrays.
+
+    Raises:
+      WeightsDoNotFit: (a `YaxInputError`) keys missing from the file, keys the file has and
+        ``like`` lacks, or leaves of another shape or dtype; nothing is loaded.
+      YaxInputError: ``path`` is not a safetensors file, or a leaf of ``like`` is not an array.
+      YaxDependencyError: ``safetensors`` is not installed.
+
+    Example:
+      >>> import os, tempfile, jax, jax.numpy as jnp, flax.linen as nn, yax
+      >>> m = nn.Dense(3); x = jnp.ones((2, 4)); v = m.init(jax.random.key(0), x)
+      >>> folder = tempfile.TemporaryDirectory(); path = os.path.join(folder.name, "w.safetensors")
+      >>> yax.save_weights(v, path)
+      >>> like = jax.eval_shape(m.init, jax.random.key(0), x)  # shapes and dtypes only
+      >>> loaded = yax.load_weights(path, like=like)
+      >>> bool((m.apply(loaded, x) == m.apply(v, x)).all())
+      True
+      >>> folder.cleanup()
+    """
+    safetensors = _safetensors()
+    where = os.fspath(path)
+    flat, treedef = _flat(like, "like")
+    not_arrays = [f"`{k}` ({_kind(x)})" for k, x in flat
+                  if not isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))]
+    if not_arrays:
+        raise YaxInputError(
+            f"`like` should hold arrays or `jax.ShapeDtypeStruct`s, but {_count(len(not_arrays), 'leaf', 'leaves')} "
+            f"of it {'is' if len(not_arrays) == 1 else 'are'} neither: {', '.join(not_arrays)}. Try passing the "
+            "parameters of the model the weights were saved from, or `jax.eval_shape` of its `init`.")
+    try:
+        with safetensors.safe_open(where, framework="np") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") == FORMAT and meta.get("version") != VERSION:
+                raise YaxInputError(
+                    f"`{where}` holds yax weights of format version {meta.get('version')!r}, but this yax reads "
+                    f"version {VERSION!r}. Try loading it with the version of yax that saved it.")
+            impls: dict[str, str] = json.loads(meta.get(_KEY_ARRAYS, "{}"))
+            codes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
+            found = {k: _found(c, tuple(f.get_slice(k).get_shape()), impls.get(k)) for k, c in codes.items()}
+            wanted = dict(flat)
+            mismatched = []
+            for k, x in flat:
+                got = found.get(k)
+                if got is not None and (isinstance(got, str) or got.shape != x.shape or got.dtype != x.dtype):
+                    mismatched.append((k, type_str(x), got if isinstance(got, str) else type_str(got)))
+            missing = [k for k, _ in flat if k not in found]
+            extra = [k for k in found if k not in wanted]
+            if missing or extra or mismatched:
+                raise WeightsDoNotFit(where, missing, extra, mismatched)
+            arrays = {k: f.get_tensor(k) for k, c in codes.items() if c not in _RAW}
+    except safetensors.SafetensorError as e:
+        raise YaxInputError(
+            f"`{where}` could not be read as a safetensors file: {e}. Try a file written by `yax.save_weights` "
+            "(or another safetensors writer).") from e
+    if len(arrays) < len(codes):  # float8 arrays: from the raw bytes (see `_RAW`)
+        with open(where, "rb") as raw:
+            for k, entry in safetensors.deserialize(raw.read()):
+                if k not in arrays:
+                    arrays[k] = np.frombuffer(entry["data"], dtype=_DTYPES[entry["dtype"]]).reshape(entry["shape"])
+    leaves = []
+    for k, x in flat:
+        a = arrays[k]
+        if k in impls:
+            a = jax.random.wrap_key_data(a, impl=impls[k])
+        sharding = getattr(x, "sharding", None)
+        leaves.append(jax.device_put(a, sharding) if sharding is not None else jnp.asarray(a))
+    return jax.tree_util.tree_unflatten(treedef, leaves)
