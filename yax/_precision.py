@@ -165,7 +165,7 @@ def precisions(mox: Mox) -> dict[int, Policy]:
     return out
 
 
-def mixed(mox: Mox) -> bool:
+def is_mixed(mox: Mox) -> bool:
     """Whether the calls of ``mox`` use more than one floating dtype (tables then show each call's)."""
     return len({d for p in precisions(mox).values() for v in (p.params, p.compute, p.output) if v
                 for d in v.split("+")}) > 1

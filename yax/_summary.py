@@ -9,8 +9,7 @@ from typing import Any
 from . import _calls
 from ._ir import CALL_KINDS, Equation, Kind, Mox
 from ._map import Node
-from ._precision import mixed as is_mixed
-from ._precision import precisions
+from ._precision import is_mixed, precisions
 from ._vocab import type_str
 
 

@@ -9,7 +9,7 @@ Contents:
   node kinds       `Kind`, `CALL_KINDS`, `FN_KINDS`, `param_copies` (sets of a scanned call's parameters)
   formatting       `type_str`, `value_str`, `shown_params`, `key_attrs`,
                    `precisions` (the dtypes each call computes with, `yax.Policy` by ``id(node)``),
-                   `mixed_precision` (whether a MoX's calls use more than one floating dtype)
+                   `is_mixed` (whether a MoX's calls use more than one floating dtype)
   fit checks       `misfit`, `is_decider`, `is_module`
   measuring        `Measured`, `measure`, `compare_measured`, `paired_outputs`,
                    `compiled_programs`, `eager_is_cheaper`,
@@ -48,6 +48,7 @@ from ._ir import CALL_KINDS as CALL_KINDS
 from ._ir import FN_KINDS as FN_KINDS
 from ._ir import Kind as Kind
 from ._ir import ModuleInfo as ModuleInfo
+from ._precision import is_mixed as is_mixed
 from ._precision import precisions as precisions
 from ._print import key_attrs as key_attrs
 from ._print import shown_params as shown_params

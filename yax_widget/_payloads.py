@@ -19,9 +19,9 @@ import yax
 from yax.internal import (
     CALL_KINDS,
     call_keys,
+    is_mixed,
     key_attrs,
     keyed,
-    mixed_precision,
     node_ids,
     param_copies,
     precisions,
@@ -87,7 +87,7 @@ def tree(mox: yax.Mox, version: int) -> dict:
     """The ``_tree`` trait: the call rows of ``mox`` in document order."""
     ids = node_ids(mox)
     pols = precisions(mox)
-    mixed = mixed_precision(mox)
+    mixed = is_mixed(mox)
     rows: list[list] = []
     # (node, the row its calls hang from, its own row's parent if it is a call): no recursion, any depth
     stack: list[tuple[yax.Mox, int, int | None]] = [(mox, -1, None)]
