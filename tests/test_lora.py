@@ -1,13 +1,15 @@
 """yax.LoRA, lora_mask and merge_lora: the train-and-merge recipe checked against
 optax and the plain model, and saving the adapters."""
 
+import re
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import traverse_util
+from flax import nnx, traverse_util
 from helpers import DENSE_MLP, traced
 from models import KEY, Transformer
 
@@ -141,3 +143,204 @@ def test_lora_on_nnx_linear_is_lora_linear_and_starts_equal():
     out, _ = yax.eval_mox(new, ns, x)
     np.testing.assert_array_equal(out, model(x))
     np.testing.assert_array_equal(nnx.merge(new.graphdef, ns)(x), model(x))
+
+
+# -- nnx: the layers LoRA adapts with its own adapter, checked against the layer by hand ------
+
+class Holder(nnx.Module):
+    """One layer at ``layer``, called on the input."""
+
+    def __init__(self, layer):
+        self.layer = layer
+
+    def __call__(self, x):
+        return self.layer(x)
+
+
+def _first_axes(d, shape):  # the (n_in, n_out) update laid out over a kernel whose input axes lead
+    return d.reshape(shape)
+
+
+#: name -> (make the layer, input shape, lay the (n_in, n_out) update out like the kernel, by hand)
+NNX_LAYERS = {
+    "linear_general": (lambda: nnx.LinearGeneral(8, (2, 4), rngs=nnx.Rngs(0)), (3, 8), _first_axes),
+    "linear_general_2in": (lambda: nnx.LinearGeneral((2, 4), 5, axis=(-2, -1), rngs=nnx.Rngs(0)), (3, 2, 4),
+                           _first_axes),
+    "einsum": (lambda: nnx.Einsum("bi,io->bo", (8, 5), (5,), rngs=nnx.Rngs(0)), (3, 8), _first_axes),
+    "einsum_multi": (lambda: nnx.Einsum("btd,dnh->btnh", (8, 2, 4), (2, 4), rngs=nnx.Rngs(0)), (2, 3, 8),
+                     _first_axes),
+    "einsum_out_first": (lambda: nnx.Einsum("bd,nd->bn", (5, 8), rngs=nnx.Rngs(0)), (3, 8), lambda d, s: d.T),
+    "conv": (lambda: nnx.Conv(3, 4, (3, 3), strides=2, padding="SAME", use_bias=True, rngs=nnx.Rngs(0)),
+             (2, 8, 8, 3), _first_axes),
+}
+
+
+def _random_lora_b(state, key):
+    """``state`` with every ``lora_b`` set to random non-zero values."""
+    leaves, tree = jax.tree_util.tree_flatten_with_path(state)
+    keys = jax.random.split(key, len(leaves))
+    return tree.unflatten([0.3 * jax.random.normal(k, v.shape, v.dtype) if "lora_b" in jax.tree_util.keystr(p)
+                           else v for k, (p, v) in zip(keys, leaves)])
+
+
+def _marked(mask):
+    """The variable names ``yax.lora_mask`` marked, by layer path."""
+    return sorted(jax.tree_util.keystr(p[:-1]) for p, v in jax.tree_util.tree_flatten_with_path(mask)[0] if v)
+
+
+@pytest.mark.parametrize("name", list(NNX_LAYERS))
+def test_lora_on_nnx_layer_kinds_matches_the_layer_by_hand_and_merges(name):
+    make, shape, lay = NNX_LAYERS[name]
+    model, x = Holder(make()), jax.random.normal(KEY, shape)
+    state = nnx.state(model)
+    mox = yax.make_mox(model)(x)
+    kind = type(model.layer).__name__
+    new, ns = yax.sub(f'//module_call[@type="{kind}"]', yax.LoRA(rank=2, alpha=3.0), mox, params=state,
+                      key=jax.random.key(1))
+    assert [n.type for n in yax.query('//module_call[@name="layer"]', new)] == ["LoRA"]
+    assert set(ns["layer"]) == set(state["layer"]) | {"lora_a", "lora_b"}
+    kernel, bias = state["layer"]["kernel"][...], state["layer"]["bias"][...] if "bias" in state["layer"] else None
+    np.testing.assert_array_equal(ns["layer"]["kernel"][...], kernel)  # the layer's own variables keep their values
+    # (1) starts exactly equal
+    np.testing.assert_array_equal(yax.eval_mox(new, ns, x)[0], model(x))
+    np.testing.assert_array_equal(nnx.merge(new.graphdef, ns)(x), model(x))
+
+    # (2) a trained adapter is the layer itself with kernel + lay(a @ b) * alpha / rank
+    trained = _random_lora_b(ns, jax.random.key(2))
+    a = trained["layer"]["lora_a"][...]
+
+    def reference(b):
+        layer = make()
+        layer.kernel[...] = kernel + lay(a @ b, kernel.shape) * 3.0 / 2
+        if bias is not None:
+            layer.bias[...] = bias
+        return layer(x)
+
+    b = trained["layer"]["lora_b"][...]
+    out = yax.eval_mox(new, trained, x)[0]
+    np.testing.assert_allclose(out, reference(b), rtol=1e-6, atol=1e-6)
+    assert not np.allclose(out, model(x), atol=1e-3)
+
+    # (3) merge_lora folds it back into the original layer type, computing the same
+    merged, ms = yax.merge_lora(new, trained)
+    assert [n.type for n in yax.query('//module_call[@name="layer"]', merged)] == [kind]
+    assert jax.tree.structure(ms) == jax.tree.structure(state)
+    np.testing.assert_allclose(yax.eval_mox(merged, ms, x)[0], out, rtol=1e-5, atol=1e-6)
+    plain = nnx.clone(model)
+    nnx.update(plain, ms)
+    np.testing.assert_allclose(plain(x), out, rtol=1e-5, atol=1e-6)  # the unmodified model, merged
+
+    # (4) lora_mask marks exactly lora_a and lora_b
+    assert _marked(yax.lora_mask(trained)) == ["['layer']['lora_a']", "['layer']['lora_b']"]
+
+    # (5) the gradient w.r.t. lora_b is the hand-written layer's
+    g = jax.grad(lambda s: jnp.sum(jnp.sin(yax.eval_mox(new, s, x)[0])))(trained)["layer"]["lora_b"][...]
+    want = jax.grad(lambda b: jnp.sum(jnp.sin(reference(b))))(b)
+    assert np.abs(g).max() > 1e-3
+    np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
+
+
+def test_lora_on_nnx_multi_head_attention_projections():
+    """The q/k/v/out projections of `nnx.MultiHeadAttention` are `LinearGeneral`s (the out one
+    contracting two axes): each gets an adapter, checked against the attention by hand."""
+    attn = nnx.MultiHeadAttention(2, 8, qkv_features=8, decode=False, rngs=nnx.Rngs(0))
+    model, x = Holder(attn), jax.random.normal(KEY, (2, 5, 8))
+    state = nnx.state(model)
+    mox = yax.make_mox(model)(x)
+    pattern = '//module_call[@type="MultiHeadAttention"]/module_call[@type="LinearGeneral"]'
+    new, ns = yax.sub(pattern, yax.LoRA(rank=2), mox, params=state)
+    assert [n.path for n in yax.query('//module_call[@type="LoRA"]', new)] == [
+        f"Holder/layer/{p}" for p in ("query", "key", "value", "out")]
+    np.testing.assert_array_equal(yax.eval_mox(new, ns, x)[0], model(x))  # (1)
+
+    trained = _random_lora_b(ns, jax.random.key(3))
+    projections = ("query", "key", "value", "out")
+
+    def reference(bs):  # (2) the attention with each kernel + a @ b * alpha / rank (in axes lead)
+        ref = nnx.clone(attn)
+        for p, b in zip(projections, bs):
+            kernel = state["layer"][p]["kernel"][...]
+            getattr(ref, p).kernel[...] = kernel + (trained["layer"][p]["lora_a"][...] @ b).reshape(kernel.shape) * 2.0
+        return ref(x)
+
+    bs = [trained["layer"][p]["lora_b"][...] for p in projections]
+    out = yax.eval_mox(new, trained, x)[0]
+    np.testing.assert_allclose(out, reference(bs), rtol=1e-5, atol=1e-6)
+    merged, ms = yax.merge_lora(new, trained)  # (3)
+    assert yax.query('count(//module_call[@type="LoRA"])', merged) == 0.0
+    assert len(yax.query(pattern, merged)) == 4
+    np.testing.assert_allclose(yax.eval_mox(merged, ms, x)[0], out, rtol=1e-5, atol=1e-6)
+    assert _marked(yax.lora_mask(trained)) == sorted(  # (4)
+        f"['layer']['{p}']['{v}']" for p in projections for v in ("lora_a", "lora_b"))
+    g = jax.grad(lambda s: jnp.sum(jnp.sin(yax.eval_mox(new, s, x)[0])))(trained)  # (5)
+    want = jax.grad(lambda bs: jnp.sum(jnp.sin(reference(bs))))(bs)
+    for p, w in zip(projections, want):
+        assert np.abs(g["layer"][p]["lora_b"][...]).max() > 1e-4
+        np.testing.assert_allclose(g["layer"][p]["lora_b"][...], w, rtol=1e-4, atol=1e-6)
+
+
+class ScannedEinsums(nnx.Module):
+    """Three `Einsum` layers made by `nnx.vmap` and run by `nnx.scan`: one stacked layer."""
+
+    def __init__(self):
+        @nnx.split_rngs(splits=3)
+        @nnx.vmap(in_axes=(0,), out_axes=0)
+        def make(rngs):
+            return nnx.Einsum("btd,dnh->btnh", (8, 2, 4), (2, 4), rngs=rngs)
+
+        self.layers = make(nnx.Rngs(0))
+
+    def __call__(self, x):
+        @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+        def body(x, layer):
+            return jnp.tanh(layer(x).reshape(x.shape))
+
+        return body(x, self.layers)
+
+
+def test_lora_on_nnx_layers_stacked_by_scan_starts_equal_and_merges_per_layer():
+    model, x = ScannedEinsums(), jax.random.normal(KEY, (2, 3, 8))
+    state = nnx.state(model)
+    mox = yax.make_mox(model)(x)
+    new, ns = yax.sub('//module_call[@type="Einsum"]', yax.LoRA(rank=2), mox, params=state)
+    assert ns["layers"]["lora_a"][...].shape == (3, 8, 2) and ns["layers"]["lora_b"][...].shape == (3, 2, 8)
+    np.testing.assert_array_equal(yax.eval_mox(new, ns, x)[0], model(x))
+    trained = _random_lora_b(ns, jax.random.key(4))
+    out = yax.eval_mox(new, trained, x)[0]
+    np.testing.assert_allclose(out, nnx.merge(new.graphdef, trained)(x), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(out, model(x), atol=1e-3)
+    merged, ms = yax.merge_lora(new, trained)
+    assert jax.tree.structure(ms) == jax.tree.structure(state)
+    np.testing.assert_allclose(yax.eval_mox(merged, ms, x)[0], out, rtol=1e-5, atol=1e-6)
+    plain = nnx.clone(model)
+    nnx.update(plain, ms)
+    np.testing.assert_allclose(plain(x), out, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("layer, shape, why", [
+    (lambda: nnx.Conv(4, 4, (3, 3), feature_group_count=2, rngs=nnx.Rngs(0)), (1, 6, 6, 4),
+     r"`feature_group_count=2` \(a grouped convolution\)"),
+    (lambda: nnx.LinearGeneral(4, 3, axis=-1, batch_axis={0: 2}, rngs=nnx.Rngs(0)), (2, 4),
+     r"batch axes \(`batch_axis`\)"),
+    (lambda: nnx.Conv(4, 4, (3, 3), mask=jnp.ones((3, 3, 4, 4)), rngs=nnx.Rngs(0)), (1, 6, 6, 4),
+     r"attributes that come out different when rebuilt from its constructor \(`mask`\)"),
+])
+def test_lora_refuses_nnx_layers_whose_math_it_does_not_know(layer, shape, why):
+    model, x = Holder(layer()), jnp.ones(shape)
+    state = nnx.state(model)
+    mox = yax.make_mox(model)(x)
+    node = yax.query('//module_call[@name="layer"]', mox)[0]
+    before = str(mox)
+    with pytest.raises(yax.YaxRewriteError, match=r"adapts nnx's `\w+` layers whose math it knows, but the "
+                       r"module_call `layer` at `Holder/layer` has " + why):
+        yax.sub(node, yax.LoRA(rank=2), mox, params=state)
+    assert str(mox) == before
+    assert re.search(why, yax.internal.misfit(yax.LoRA(rank=2), node, mox))  # what the explorer's menu says agrees
+
+
+def test_lora_refuses_nnx_layer_kinds_it_has_no_adapter_for_listing_those_it_has():
+    model, x = Holder(nnx.ConvTranspose(3, 4, (3, 3), rngs=nnx.Rngs(0))), jnp.ones((1, 6, 6, 3))
+    mox = yax.make_mox(model)(x)
+    with pytest.raises(yax.YaxRewriteError, match=r"adapts nnx's `Linear`, `LinearGeneral`, `Einsum`, `Conv` "
+                       r"layers, .* is a `ConvTranspose`"):
+        yax.sub('//module_call[@name="layer"]', yax.LoRA(rank=2), mox, params=nnx.state(model))

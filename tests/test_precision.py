@@ -196,6 +196,10 @@ def test_nnx_module_of_rebuilds_from_the_constructor_and_refuses_what_it_cannot(
         yax.module_of(mox.calls[0])
     with pytest.raises(yax.YaxRewriteError, match=r"takes no `features`.*in_features, out_features"):
         yax.module_of(lin, features=3)
+    masked = nnx.Conv(2, 2, (3,), mask=jnp.ones((3, 2, 2)), rngs=nnx.Rngs(0))  # an array field: not recorded
+    node = yax.make_mox(masked)(jnp.ones((1, 5, 2))).calls[0]
+    with pytest.raises(yax.YaxRewriteError, match=r"come out different when rebuilt.*`mask`"):
+        yax.module_of(node, dtype=BF16)
 
 
 def test_gpt2_default_policy_names_the_tied_head_and_runs_without_it():

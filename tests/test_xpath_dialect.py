@@ -50,6 +50,17 @@ def test_the_dialect_is_still_translated_outside_literals(seq):
     assert relu_jits and yax.query('//pjit[@name="relu"]', seq) == relu_jits
 
 
+def test_the_prototypes_own_queries_chain_empty_node_tests_after_a_step(seq):
+    """The prototype's tests wrote `//[@name="ResBlock"]//[@features=10]` and `..//[@p]`: `//[`
+    after a step is the same empty node test (it is no XPath, so nothing else is meant)."""
+    assert normalise('//[@type="Sequential"]//[@features=3]') == '//*[@type="Sequential"]//*[@features=3]'
+    want = yax.query('//*[@type="Sequential"]//*[@type="Dense"]', seq)
+    assert want and yax.query('//[@type="Sequential"]//[@type="Dense"]', seq) == want
+    assert yax.query('//module_call/..//[@type="Dense"]', seq) == yax.query('//module_call/..//*[@type="Dense"]', seq)
+    with pytest.raises(yax.YaxQueryError, match="node test"):  # one slash after a step stays a mistake
+        yax.query('//module_call/[@type="Dense"]', seq)
+
+
 def test_an_unterminated_literal_is_reported_by_lxml(seq):
     with pytest.raises(yax.YaxQueryError, match="is invalid"):
         yax.query("//*[@name='pjit", seq)

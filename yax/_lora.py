@@ -5,8 +5,9 @@ the frontends.
 layer it replaces, the layer's frontend builds the adapter for that kind of
 layer (`Frontend.lora`: linen's ``Dense``/``DenseGeneral``/``Einsum`` as a
 `LoRA` linen module running the layer itself with ``kernel + (lora_a @
-lora_b) * alpha / rank``, nnx's ``Linear`` as ``nnx.LoRALinear``), and
-`merge_lora` asks the frontends to fold their adapters back
+lora_b) * alpha / rank``; nnx's ``Linear`` as ``nnx.LoRALinear``, its
+``LinearGeneral``/``Einsum``/``Conv`` as a `LoRA` nnx module doing the
+same), and `merge_lora` asks the frontends to fold their adapters back
 (`Frontend.merge_lora`).
 """
 
@@ -31,11 +32,13 @@ class LoRA:
     ``yax.sub(pattern, yax.LoRA(rank=4), mox, params=, key=)`` builds, for each
     layer it replaces, its module system's adapter for that kind of layer
     (linen ``Dense``, ``DenseGeneral``, ``Einsum``: yax's own ``LoRA`` module;
-    nnx ``Linear``: ``nnx.LoRALinear``), refusing layers whose math it does
-    not know (GPT-2's ``FlaxConv1D``); the layer's weights keep their values
-    and ``lora_b`` starts at zero, so the adapted model starts exactly equal to
-    the original. Train only ``lora_a``/``lora_b`` (`yax.lora_mask`), then fold
-    them back with `yax.merge_lora`.
+    nnx ``Linear``: ``nnx.LoRALinear``; nnx ``LinearGeneral``, ``Einsum``,
+    ``Conv``: yax's own nnx ``LoRA`` module), refusing layers whose math it
+    does not know (GPT-2's ``FlaxConv1D``, a grouped ``Conv``); the layer's
+    weights keep their values and ``lora_b`` starts at zero, so the adapted
+    model starts exactly equal to the original. Train only
+    ``lora_a``/``lora_b`` (`yax.lora_mask`), then fold them back with
+    `yax.merge_lora`.
 
     Example:
       >>> import jax, jax.numpy as jnp, flax.linen as nn, yax

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._ir import Equation, Mox, holds_mox
+from .errors import YaxRewriteError
 
 Node = Equation | Mox
 
@@ -56,8 +57,15 @@ def map_mox(fn: Callable[[Node], Node], mox: Mox, *, before: Callable[[Node], No
             continue
         stack.pop()
         out = fn(_rebuilt(node, kids, mapped))
+        if not isinstance(out, (Mox, Equation)) or (not stack and not isinstance(out, Mox)):
+            raise YaxRewriteError(
+                f"`map_mox` builds a new tree from what `fn` returns for each node, but for "
+                f"{getattr(node, 'path', '') or node.kind if isinstance(node, Mox) else node.name!r} "
+                f"({'the root' if not stack else 'a ' + type(node).__name__}) it returned "
+                f"{type(out).__name__ if out is not None else 'None'}. Return a node ("
+                f"{'a `Mox`' if not stack else 'a `Mox` or an `Equation`'}; the node itself to keep it). To visit "
+                "nodes without building a tree, iterate `mox.walk()`.")
         if not stack:
-            assert isinstance(out, Mox), "map_mox: `fn` must map the root to a Mox"
             return out
         stack[-1][3].append(out)
 

@@ -41,7 +41,7 @@ TIMEOUT = 10.0
 
 # -- queries ---------------------------------------------------------------------------
 
-_COMPAT_EMPTY_TEST = re.compile(r"(^|[|(\s])(//?)\[")
+_COMPAT_EMPTY_TEST = re.compile(r"(^|[|(\s]|(?=//))(//?)\[")  # `//[` anywhere (no XPath has it); `/[` where a path starts
 _PJIT = re.compile(r"(?<![\w@$-])pjit(?![\w-])")
 # XPath 1.0 string literals (no escapes inside: a literal cannot hold its own quote); an
 # unterminated one runs to the end, for lxml to report.

@@ -601,3 +601,63 @@ def test_flax_bridge_models_trace_evaluate_query_and_rewrite():
     lmox = yax.make_mox(m.apply)(v, x)
     np.testing.assert_allclose(yax.eval_mox(lmox, v, x), m.apply(v, x), rtol=1e-6)
     assert [n.type for n in yax.query('//module_call[@type="Linear"]', lmox)] == ["Linear"]
+
+
+def test_flax_bridge_models_open_in_the_explorer_and_bridge_modules_are_replacements():
+    """The explorer on a model holding `ToNNX`, a swap made in it; `ToNNX` replacing an nnx
+    layer and `ToLinen` replacing a linen one (each keeps the layer's weights: same names, shapes)."""
+    import flax.linen as nn
+    from flax.nnx import bridge
+
+    from yax.internal import view
+    from yax_widget import Explorer
+
+    x = jnp.linspace(-1, 1, 6).reshape(2, 3)
+
+    class Outer(nnx.Module):
+        def __init__(self, rngs):
+            self.dense = bridge.ToNNX(nn.Dense(4), rngs=rngs)
+            self.lin = nnx.Linear(4, 2, rngs=rngs)
+
+        def __call__(self, x):
+            return self.lin(nnx.relu(self.dense(x)))
+
+    model = Outer(nnx.Rngs(0))
+    bridge.lazy_init(model.dense, x)
+    ex = Explorer(model, x)
+    sent = []
+    ex.send = lambda content, buffers=None: sent.append(content)
+    assert [r[3:5] for r in ex._tree["rows"]] == [["Outer", "Outer"], ["dense", "ToNNX"], ["Dense", "Dense"],
+                                                  ["relu", "relu"], ["lin", "Linear"]]
+    relu = yax.query("//activation", ex.mox)[0]
+    ex._on_msg(ex, {"rid": 1, "type": "substitute", "target": view(ex.mox).ids[id(relu)], "name": "GELU"}, [])
+    assert sent[-1]["type"] == "ok"
+    assert ex._comparison["first_divergence"] == "Outer/relu (now gelu)"
+    want = model.lin(jax.nn.gelu(model.dense(x)))
+    np.testing.assert_allclose(yax.eval_mox(ex.mox, nnx.state(model), x)[0], want, rtol=1e-5, atol=1e-6)
+
+    mox, state = yax.make_mox(model)(x), nnx.state(model)
+    to_nnx = bridge.ToNNX(nn.Dense(2, use_bias=False), rngs=nnx.Rngs(3))
+    bridge.lazy_init(to_nnx, jnp.ones((2, 4)))
+    new, ns = yax.sub('//module_call[@type="Linear"]', to_nnx, mox, params=state)
+    assert [n.type for n in yax.query('//module_call[@name="lin"]', new)] == ["ToNNX"]
+    kernel = model.lin.kernel[...]
+    np.testing.assert_allclose(yax.eval_mox(new, ns, x)[0], jax.nn.relu(model.dense(x)) @ kernel, rtol=1e-5, atol=1e-6)
+
+    class Linen(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            h = nn.relu(nn.Dense(4, name="inner")(x))
+            return nn.Dense(2, name="head")(h)
+
+    m = Linen()
+    v = m.init(jax.random.key(0), x)
+    lmox = yax.make_mox(m.apply)(v, x)
+    new, nv = yax.sub('//module_call[@name="inner"]', bridge.ToLinen(nnx.Linear, args=(3, 4)), lmox, params=v,
+                      key=jax.random.key(2))
+    assert [n.type for n in yax.query('//module_call[@name="inner"]', new)] == ["ToLinen"]
+    np.testing.assert_allclose(yax.eval_mox(new, nv, x), m.apply(v, x), rtol=1e-6)  # the Dense's weights, kept
+    bumped = jax.tree_util.tree_map(lambda a: a + 1.0, nv)
+    k, b = bumped["params"]["inner"]["kernel"], bumped["params"]["inner"]["bias"]
+    hk, hb = bumped["params"]["head"]["kernel"], bumped["params"]["head"]["bias"]
+    np.testing.assert_allclose(yax.eval_mox(new, bumped, x), jax.nn.relu(x @ k + b) @ hk + hb, rtol=1e-5, atol=1e-5)

@@ -1,16 +1,34 @@
 """LoRA for nnx layers (`NnxFrontend.lora`, `NnxFrontend.merge_lora`).
 
-Each layer kind nnx has an adapter for is one entry of `ADAPTERS`: how to
-build the adapter from the layer's call node (its fields), the adapter's
-type, and how to fold a trained adapter's variables back into the layer's
-kernel and rebuild the layer. The adapter starts exactly equal to the layer
-(``lora_b`` is zero), and `sub` keeps the layer's own variables (same
-attribute path, type, shape and dtype).
+``nnx.Linear`` becomes nnx's own ``nnx.LoRALinear``. Every other layer kind
+that is linear in its ``kernel`` and whose kernel's input axes `KERNEL_AXES`
+knows (``LinearGeneral``, ``Einsum``, ``Conv``) becomes yax's `LoRA`
+adapter, which, like the linen frontend's, runs the layer itself with
+``kernel + (lora_a @ lora_b) * alpha / rank``, the low-rank update laid out
+over the kernel's input and output axes (`yax._lora.delta`): the layer's own
+math (dtype, precision, padding, strides, its einsum) is kept, and since
+``lora_b`` starts at zero the adapter starts exactly equal to the layer.
+
+How `LoRA` runs the layer without being it: it holds the layer's variables
+where the layer held them (``kernel``, ``bias`` as ``nnx.Param`` at the
+layer's attribute path, so `sub` keeps their values), ``lora_a``/``lora_b``
+(``nnx.LoRAParam``) beside them, and the layer's graphdef without values
+(``nnx.split`` of the layer rebuilt from the node's fields). Each call merges
+that graphdef with the adapted kernel, a layer object that lives for the
+call (nothing is mutated, so this works inside jax traces and nnx
+transforms), and runs the layer class's own ``__call__`` on it, not the one
+yax wraps while tracing, so the adapter is one node, as the layer was.
+
+Each adapter type `merge` folds back is one `Folding`: where it holds
+``lora_a``/``lora_b``, how they fold into the kernel, and the layer to
+rebuild.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -18,18 +36,116 @@ import jax
 import jax.numpy as jnp
 
 from ..._ir import Mox
+from ..._lora import delta
+from ...errors import YaxRewriteError, where
 from ._base import flax_nnx
+from ._rebuild import builder
 
 
-@dataclasses.dataclass(frozen=True)
-class Adapter:
-    """How LoRA adapts one nnx layer kind."""
+def _conv(a: dict[str, Any], ndim: int) -> tuple[int, ...] | str:
+    if a.get("feature_group_count", 1) != 1:
+        return f"`feature_group_count={a['feature_group_count']}` (a grouped convolution)"
+    return tuple(range(ndim - 1))  # (*kernel_size, in_features) -> out_features
 
-    adapted: Callable[[], type]                     #: the adapter's type (``nnx.LoRALinear``)
-    build: Callable[[dict[str, Any], int, float], Any]  #: ``(layer fields, rank, alpha) -> adapter``
-    #: ``(kernel, lora variables {name: array}) -> merged kernel`` (for one layer; stacked ones are mapped)
-    fold: Callable[[jax.Array, dict[str, jax.Array]], jax.Array]
-    layer: Callable[[dict[str, Any]], Any]          #: ``adapter fields -> the layer it adapts``
+
+def _linear_general(a: dict[str, Any], ndim: int) -> tuple[int, ...] | str:
+    n_in = len(a["in_features"])
+    if ndim != n_in + len(a["out_features"]):  # `batch_axis` leads the kernel (not a recorded field)
+        return "batch axes (`batch_axis`)"
+    return tuple(range(n_in))
+
+
+def _einsum(a: dict[str, Any], ndim: int) -> tuple[int, ...] | str:
+    spec = a.get("einsum_str")
+    if not isinstance(spec, str):
+        return "no `einsum_str`"
+    lhs, _ = spec.replace(" ", "").split("->")
+    x_spec, k_spec = lhs.split(",")
+    axes = tuple(i for i, c in enumerate(k_spec) if c in x_spec)
+    return axes if 0 < len(axes) < ndim else f"`einsum_str={spec!r}`, whose kernel axes are not all inputs or outputs"
+
+
+def _kernel_axes() -> dict[type, Callable[[dict[str, Any], int], tuple[int, ...] | str]]:
+    nnx = flax_nnx()
+    return {nnx.LinearGeneral: _linear_general, nnx.Einsum: _einsum, nnx.Conv: _conv}
+
+
+#: Layer type -> ``axes(layer fields, kernel ndim)``: the kernel axes contracted
+#: with the input (the rest are output axes), or why LoRA does not know the
+#: math of that configuration. Adding a kind of layer is one entry. Filled on
+#: first use (flax.nnx is imported lazily).
+KERNEL_AXES: dict[type, Callable[[dict[str, Any], int], tuple[int, ...] | str]] = {}
+
+#: The layer kinds LoRA adapts, as messages name them.
+KINDS = ("Linear", "LinearGeneral", "Einsum", "Conv")
+
+
+def _unwrapped(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A method's own function, not the one `._trace` wraps it with while yax traces."""
+    return getattr(fn, "__yax_method__", fn)
+
+
+@functools.cache
+def lora_type() -> type:
+    """The `LoRA` nnx module type (defined on first use: flax.nnx is imported lazily)."""
+    nnx = flax_nnx()
+    module: Any = nnx.Module
+
+    class LoRA(module):  # type: ignore[misc]  # nnx is imported lazily: its types are `Any` here
+        """A low-rank adapter around an nnx layer (`KERNEL_AXES`): the layer's own
+        computation with ``kernel + (lora_a @ lora_b) * alpha / rank``. What
+        ``yax.sub(pattern, yax.LoRA(rank=4), mox, params=state)`` puts in place
+        of each ``LinearGeneral``, ``Einsum`` and ``Conv`` it adapts."""
+
+        def __init__(self, base: Callable[..., Any], in_axes: tuple[int, ...], rank: int, alpha: float, *,
+                     rngs: Any):
+            self.base = base          # builds the adapted layer (``base(rngs=…)``), for `merge`
+            self.in_axes = in_axes    # the kernel axes that meet the input
+            self.rank, self.alpha = rank, alpha
+            self._layer, own = nnx.split(base(rngs=nnx.Rngs(0)))
+            self._own = tuple(own)    # the layer's variables, held here under their own names
+            for name, v in own.items():
+                setattr(self, name, type(v)(v.get_value()))
+            kernel = self.kernel.get_value()
+            n_in = math.prod(kernel.shape[i] for i in in_axes)
+            init = nnx.initializers.normal(1.0 / rank)
+            self.lora_a = nnx.LoRAParam(init(rngs.params(), (n_in, rank), kernel.dtype))
+            self.lora_b = nnx.LoRAParam(jnp.zeros((rank, kernel.size // n_in), kernel.dtype))
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            own = {name: getattr(self, name) for name in self._own}
+            kernel = own["kernel"][...]
+            kernel = kernel + delta(kernel, self.lora_a[...], self.lora_b[...], self.in_axes, self.alpha / self.rank)
+            state = {name: type(v)(kernel if name == "kernel" else v[...]) for name, v in own.items()}
+            layer = nnx.merge(self._layer, nnx.State(state))
+            return _unwrapped(type(layer).__call__)(layer, *args, **kwargs)
+
+    LoRA.__qualname__ = "LoRA"
+    return LoRA
+
+
+def _base(node: Mox) -> tuple[Callable[..., Any], Any] | str:
+    """``type(**fields)`` for the layer ``node`` called (``rngs`` left to give)
+    and the layer it builds, or why it cannot be rebuilt (`_rebuild.builder`)."""
+    build = builder(node)
+    if isinstance(build, str):
+        return build
+    return build, build(rngs=flax_nnx().Rngs(0))
+
+
+def _generic(node: Mox, rank: int, alpha: float) -> Any:
+    """The `LoRA` for the layer ``node`` of a kind in `KERNEL_AXES`; raises for a
+    configuration whose math LoRA does not know."""
+    shape = tuple(getattr((node.var_tree or {}).get("kernel"), "shape", ()))
+    axes = KERNEL_AXES[node.module_type](dict(node.attrs), len(shape)) if shape else "no `kernel`"
+    built = _base(node) if not isinstance(axes, str) else axes
+    if isinstance(built, str) or isinstance(axes, str):
+        why = built if isinstance(built, str) else axes
+        raise YaxRewriteError(
+            f"`yax.LoRA` adapts nnx's `{node.type}` layers whose math it knows, but {where(node)} has {why}. "
+            "Write an adapter for that layer (a module computing the layer plus a low-rank update) and pass it "
+            "to `yax.sub`.")
+    return lora_type()(built[0], axes, rank, alpha, rngs=flax_nnx().Rngs(0))
 
 
 def _linear_kwargs(a: dict[str, Any]) -> dict[str, Any]:
@@ -37,42 +153,51 @@ def _linear_kwargs(a: dict[str, Any]) -> dict[str, Any]:
                 param_dtype=a.get("param_dtype", jnp.float32), precision=a.get("precision"))
 
 
-def _lora_linear(a: dict[str, Any], rank: int, alpha: float) -> Any:
+def _lora_linear(node: Mox, rank: int, alpha: float) -> Any:
     nnx = flax_nnx()
+    a = node.attrs
     return nnx.LoRALinear(a["in_features"], a["out_features"], lora_rank=rank, rngs=nnx.Rngs(0),
                           **_linear_kwargs(a))
 
 
-def _linear(a: dict[str, Any]) -> Any:
+def adapter(node: Mox, rank: int, alpha: float) -> Any:
+    """The adapter for the nnx layer ``node``, or ``None`` for a kind without
+    one; raises for a kind LoRA adapts in a configuration whose math it does
+    not know (a grouped ``Conv``)."""
+    if not KERNEL_AXES:
+        KERNEL_AXES.update(_kernel_axes())
+    if node.module_type is flax_nnx().Linear:
+        return _lora_linear(node, rank, alpha)
+    return _generic(node, rank, alpha) if node.module_type in KERNEL_AXES else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Folding:
+    """How `merge` folds one adapter type back into the layer it adapts."""
+
+    lora: tuple[str, ...]  #: where the adapter holds ``lora_a``/``lora_b``, below its own scope
+    #: ``adapter node -> (kernel, lora_a, lora_b) -> merged kernel`` (one layer; stacked ones are mapped)
+    fold: Callable[[Mox], Callable[[jax.Array, jax.Array, jax.Array], jax.Array]]
+    layer: Callable[[Mox], Any]  #: ``adapter node -> the layer it adapts``
+
+
+def _linear(node: Mox) -> Any:
     nnx = flax_nnx()
+    a = node.attrs
     return nnx.Linear(a["in_features"], a["out_features"], rngs=nnx.Rngs(0), **_linear_kwargs(a))
 
 
-def _adapters() -> dict[type, Adapter]:
+def _fold_generic(node: Mox) -> Callable[[jax.Array, jax.Array, jax.Array], jax.Array]:
+    a = node.attrs
+    return lambda k, la, lb: k + delta(k, la, lb, a["in_axes"], a["alpha"] / a["rank"])
+
+
+def _foldings() -> dict[type, Folding]:
     nnx = flax_nnx()
     return {
-        nnx.Linear: Adapter(lambda: nnx.LoRALinear, _lora_linear,
-                            lambda kernel, lora: kernel + jnp.matmul(lora["lora_a"], lora["lora_b"]), _linear),
+        nnx.LoRALinear: Folding(("lora",), lambda n: lambda k, la, lb: k + jnp.matmul(la, lb), _linear),
+        lora_type(): Folding((), _fold_generic, lambda n: n.attrs["base"](rngs=nnx.Rngs(0))),
     }
-
-
-#: Layer type -> its `Adapter`, filled on first use (flax.nnx is imported lazily).
-ADAPTERS: dict[type, Adapter] = {}
-
-#: The layer kinds `ADAPTERS` holds, as messages name them.
-KINDS = ("Linear",)
-
-
-def adapters() -> dict[type, Adapter]:
-    if not ADAPTERS:
-        ADAPTERS.update(_adapters())
-    return ADAPTERS
-
-
-def adapter(node: Mox, rank: int, alpha: float) -> Any:
-    """The adapter for the nnx layer ``node``, or ``None`` for a kind without one."""
-    a = adapters().get(node.module_type)
-    return a.build(dict(node.attrs), rank, alpha) if a is not None else None
 
 
 def merge(mox: Mox, state: Any) -> tuple[Mox, Any] | None:
@@ -82,7 +207,7 @@ def merge(mox: Mox, state: Any) -> tuple[Mox, Any] | None:
     from ...rewrite import sub
     from ._state import flat_state
 
-    by_type = {a.adapted(): a for a in adapters().values()}
+    by_type = _foldings()
     nodes = [n for n in mox.modules() if n.module_type in by_type]
     if not nodes:
         return None
@@ -90,17 +215,17 @@ def merge(mox: Mox, state: Any) -> tuple[Mox, Any] | None:
     at = {p: x for p, _, x in flat}
     merged = dict(at)
     for n in {n.scope: n for n in nodes}.values():
-        a = by_type[n.module_type]
+        f = by_type[n.module_type]
         kernel = at[(*n.scope, "kernel")]
-        lora = {p[-1]: x for p, x in at.items() if p[: len(n.scope) + 1] == (*n.scope, "lora")}
-        fold = a.fold
-        for _ in range(lora["lora_a"].ndim - 2):  # layers stacked by `nnx.scan`/`nnx.vmap` lead each leaf
+        a, b = (at[(*n.scope, *f.lora, name)] for name in ("lora_a", "lora_b"))
+        fold = f.fold(n)
+        for _ in range(a.ndim - 2):  # layers stacked by `nnx.scan`/`nnx.vmap` lead each leaf
             fold = jax.vmap(fold)
-        merged[(*n.scope, "kernel")] = fold(kernel, lora).astype(kernel.dtype)
+        merged[(*n.scope, "kernel")] = fold(kernel, a, b).astype(kernel.dtype)
     new_state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(state), [merged[p] for p, _, _ in flat])
 
     def layer_of(path: str, node: Mox) -> Any:
-        return by_type[node.module_type].layer(dict(node.attrs))
+        return by_type[node.module_type].layer(node)
 
     out: tuple[Mox, Any] = sub(nodes, layer_of, mox, params=new_state)
     return out

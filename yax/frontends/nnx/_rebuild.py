@@ -14,9 +14,12 @@ cannot be rebuilt this way).
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+import jax
 
 from ..._ir import Mox
 from ...errors import YaxRewriteError
@@ -33,6 +36,49 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
+def builder(node: Mox) -> Callable[..., Any] | str:
+    """``type(**arguments)`` for the nnx module ``node`` called, every argument
+    read from the node's attribute of the same name (give it ``rngs=``), or why
+    it cannot be: an argument the node did not record, or a rebuilt module whose
+    attributes or variable shapes differ from the recorded ones (a constructor
+    storing its arguments under other names, a Conv's array ``mask``)."""
+    t = node.module_type
+    assert t is not None
+    try:
+        params = list(inspect.signature(t.__init__).parameters.values())[1:]
+    except (TypeError, ValueError):
+        params = []
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "rngs"]
+    missing = [p.name for p in named if p.name not in node.attrs and p.default is p.empty]
+    if missing:
+        return (f"no recorded attribute for its argument{'s' if len(missing) > 1 else ''} "
+                f"{', '.join(f'`{k}`' for k in missing)} (the module keeps {'them' if len(missing) > 1 else 'it'} "
+                "under another name, or not at all)")
+    build = functools.partial(t, **{p.name: node.attrs[p.name] for p in named if p.name in node.attrs})
+    nnx = flax_nnx()
+    try:
+        again = nnx.eval_shape(lambda: build(rngs=nnx.Rngs(0)))
+    except Exception as e:
+        return f"attributes its constructor does not take back ({type(e).__name__}: {e})"
+    mine, theirs = module_attrs(again), dict(node.attrs)
+    differ = sorted(k for k in {*mine, *theirs} if not _same(mine.get(k, _MISSING), theirs.get(k, _MISSING)))
+    if differ:
+        return (f"attributes that come out different when rebuilt from its constructor "
+                f"({', '.join(f'`{k}`' for k in differ)})")
+    shapes, recorded = _shapes(nnx.state(again)), _shapes(node.var_tree)
+    other = sorted(k for k, v in recorded.items() if shapes.get(k, v) != v or k not in shapes)
+    if other:
+        return (f"variables that come out otherwise when rebuilt from its constructor "
+                f"({', '.join(f'`{k}`' for k in other)})")
+    return build
+
+
+def _shapes(tree: Any) -> dict[str, Any]:
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {"/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in kp if getattr(k, "name", None) != "value"):
+            (tuple(x.shape), str(x.dtype)) for kp, x in flat if hasattr(x, "shape")}
+
+
 def rebuild(node: Mox, changes: Mapping[str, Any] | None = None) -> Any:
     """The nnx module ``node`` called, rebuilt from its attributes, with ``changes``
     (constructor arguments); ``None`` when ``node`` did not call an nnx module."""
@@ -41,40 +87,20 @@ def rebuild(node: Mox, changes: Mapping[str, Any] | None = None) -> Any:
         return None
     changes = dict(changes or {})
     try:
-        params = [p for p in inspect.signature(t.__init__).parameters.values()][1:]
+        takes = [n for n in list(inspect.signature(t.__init__).parameters)[1:] if n != "rngs"]
     except (TypeError, ValueError):
-        params = []
-    named = {p.name: p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    unknown = sorted(set(changes) - set(named) - {"rngs"})
+        takes = []
+    unknown = sorted(set(changes) - set(takes))
     if unknown:
         raise YaxRewriteError(
             f"`module_of` passes changes to the constructor of the `{t.__name__}` at {node.path!r}, which takes "
-            f"no {', '.join(f'`{k}`' for k in unknown)}. It takes: {', '.join(n for n in named if n != 'rngs')}.")
-    args: dict[str, Any] = {}
-    missing = []
-    for name, p in named.items():
-        if name == "rngs":
-            continue  # a fresh `nnx.Rngs(0)` for each build
-        if name in node.attrs:
-            args[name] = node.attrs[name]
-        elif p.default is p.empty:
-            missing.append(name)
-    if missing:
+            f"no {', '.join(f'`{k}`' for k in unknown)}. It takes: {', '.join(takes)}.")
+    build = builder(node)
+    if isinstance(build, str):
         raise YaxRewriteError(
-            f"`module_of` rebuilds the `{t.__name__}` at {node.path!r} from its constructor, but the call recorded "
-            f"no attribute for its argument{'s' if len(missing) > 1 else ''} {', '.join(f'`{k}`' for k in missing)} "
-            f"(the module keeps {'them' if len(missing) > 1 else 'it'} under another name, or not at all). "
+            f"`module_of` rebuilds the `{t.__name__}` at {node.path!r} from its constructor, but it has {build}. "
             f"Build the replacement yourself: `{t.__name__}(...)`.")
-    nnx = flax_nnx()
-    rngs = {"rngs": nnx.Rngs(0)} if "rngs" in named else {}
-    again = nnx.eval_shape(lambda: t(**args, **({"rngs": nnx.Rngs(0)} if rngs else {})))
-    differ = [k for k, v in node.attrs.items() if not _same(module_attrs(again).get(k, _MISSING), v)]
-    if differ:
-        raise YaxRewriteError(
-            f"`module_of` rebuilt the `{t.__name__}` at {node.path!r} from its constructor, but the result differs "
-            f"from the module called in {', '.join(f'`{k}`' for k in differ)} (its constructor does not store its "
-            f"arguments under their own names). Build the replacement yourself: `{t.__name__}(...)`.")
-    return t(**{**args, **rngs, **changes})
+    return build(rngs=flax_nnx().Rngs(0), **changes)
 
 
 _MISSING = object()
