@@ -66,6 +66,7 @@ def map_mox(fn: Callable[[Node], Node], mox: Mox, *, before: Callable[[Node], No
                 f"{'a `Mox`' if not stack else 'a `Mox` or an `Equation`'}; the node itself to keep it). To visit "
                 "nodes without building a tree, iterate `mox.walk()`.")
         if not stack:
+            assert isinstance(out, Mox)  # checked above
             return out
         stack[-1][3].append(out)
 
