@@ -33,7 +33,7 @@ import numpy as np
 
 from ._ir import CALL_KINDS, Equation, Kind, Mox
 from ._vocab import dtype_str
-from .errors import YaxRewriteError
+from .errors import NeedsParams, YaxRewriteError
 
 #: Names jmp accepts for dtypes (``half`` is float16 there too).
 _ALIASES = {"f32": "float32", "full": "float32", "float32": "float32", "f16": "float16", "half": "float16",
@@ -274,6 +274,8 @@ def mixed_precision(mox: Mox, policy: Mapping[str, Any] | None = None, params: A
                 else:  # variables of another dtype are new to `sub`: it makes them, then they take the cast values
                     new, made = sub(targets, rebuilt, new, params=cast, cast=True, key=jax.random.key(0), keep={})
                     new_params = _cast_params(targets, level, made, like=cast)
+        except NeedsParams as e:
+            raise NeedsParams(f"`mixed_precision` rebuilds the layers its policy matches. {_said(e)}") from None
         except YaxRewriteError as e:
             raise YaxRewriteError(f"{_said(e)} To leave a layer out of the policy, map a query for it to None: "
                           "`{**policy, '//module_call[@path=\"...\"]': None}`.") from None

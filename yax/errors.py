@@ -114,6 +114,10 @@ def where(node: object) -> str:
     return f"the {kind} `{getattr(node, 'name', '?')}` at `{getattr(node, 'path', '') or 'the root'}`"
 
 
+class NeedsParams(YaxRewriteError):
+    """A rewrite that must return new variables was given none (``params=``)."""
+
+
 class NotTraceable(YaxRewriteError):
     """A replacement failed while being traced on the node's input types (``inputs``); ``how``
     says how it was called."""

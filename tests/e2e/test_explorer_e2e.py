@@ -47,6 +47,9 @@ class Net(nnx.Module):
         return self.fc2(nnx.gelu(self.fc1(x)))
 net, xs = Net(nnx.Rngs(0)), jnp.ones((3, 8))
 %yax net xs --query \"//module_call[@type='Linear']\"""",
+    # 6: the same nnx model under PAX's mixed-precision policy: each row shows its dtypes
+    """half, half_state = yax.mixed_precision(yax.make_mox(net)(xs), params=nnx.state(net))
+Explorer(half, half_state, xs)""",
 ]
 
 
@@ -243,6 +246,16 @@ def _steps(nb: Notebook) -> None:
         "Net", "fc1", "gelu", "fc2"]
     assert third.locator(".yax-row.yax-match").count() == 2
     third.screenshot(path=str(ARTIFACTS / "13-nnx.png"))
+
+    # a mixed-precision model: every row shows the dtypes of its parameters/computation/outputs
+    nb.run(6)
+    page.wait_for_function("() => document.querySelectorAll('.yax-explorer[data-ready=\"1\"]').length === 4")
+    fourth = page.locator(".yax-explorer").nth(3)
+    rows = fourth.locator(".yax-row").evaluate_all(
+        "els => els.map(e => [e.querySelector('.yax-name').textContent, e.querySelector('.yax-policy')?.textContent])")
+    assert rows == [["Net", "f32/bf16/f32"], ["fc1", "f32/bf16/f32"], ["gelu", "-/f32/f32"], ["fc2", "f32/bf16/f32"]]
+    assert third.locator(".yax-policy").count() == 0  # the float32 model shows none
+    fourth.screenshot(path=str(ARTIFACTS / "13b-mixed-precision.png"))
 
     # the explorer follows JupyterLab's theme: switched to dark, its colours are the theme's
     page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")

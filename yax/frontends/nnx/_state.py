@@ -293,7 +293,7 @@ class StateVariables(Variables):
 
     def _check(self, sites: list[Any]) -> None:
         if self.params is None:
-            raise YaxRewriteError(
+            raise errors.NeedsParams(
                 "The replacement has variables; pass `params=state` (with `graphdef, state = nnx.split(model)`) "
                 "so yax can return the new state."
             )
