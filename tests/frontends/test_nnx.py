@@ -661,3 +661,52 @@ def test_flax_bridge_models_open_in_the_explorer_and_bridge_modules_are_replacem
     k, b = bumped["params"]["inner"]["kernel"], bumped["params"]["inner"]["bias"]
     hk, hb = bumped["params"]["head"]["kernel"], bumped["params"]["head"]["bias"]
     np.testing.assert_allclose(yax.eval_mox(new, bumped, x), jax.nn.relu(x @ k + b) @ hk + hb, rtol=1e-5, atol=1e-5)
+
+
+def test_a_bridge_inside_a_bridge_has_true_paths_and_counts_and_says_what_it_cannot_swap():
+    """nnx -> ToNNX(linen module holding a ToLinen(nnx.Linear)): the linen tree's calls nest under
+    the bridge that applies it (they were `Outer/ToLinen_0`), the variables ToNNX keeps in a dict
+    attribute are counted, and the nnx layer ToLinen builds on each call is refused by name."""
+    import flax.linen as nn
+    from flax.nnx import bridge
+
+    from yax_widget import Explorer
+
+    x = jnp.linspace(-1, 1, 6).reshape(2, 3)
+
+    class LinenWithNnx(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.relu(bridge.ToLinen(nnx.Linear, args=(3, 4))(x))
+
+    class Outer(nnx.Module):
+        def __init__(self, rngs):
+            self.inner = bridge.ToNNX(LinenWithNnx(), rngs=rngs)
+            self.head = nnx.Linear(4, 2, rngs=rngs)
+
+        def __call__(self, x):
+            return self.head(self.inner(x))
+
+    m = Outer(nnx.Rngs(0))
+    bridge.lazy_init(m.inner, x)
+    mox, state = yax.make_mox(m)(x), nnx.state(m)
+    np.testing.assert_allclose(yax.eval_mox(mox, state, x)[0], m(x), rtol=1e-6)
+    assert [n.path for n in yax.query("//module_call", mox)] == [
+        "Outer", "Outer/inner", "Outer/inner/LinenWithNnx", "Outer/inner/LinenWithNnx/ToLinen_0",
+        "Outer/inner/LinenWithNnx/ToLinen_0/Linear", "Outer/head"]  # and a helper method_call of ToLinen
+    inner = yax.query('//module_call[@type="ToNNX"]', mox)[0]
+    assert (inner.num_params, mox.calls[0].num_params) == (16, 26)  # 3*4+4 inside the bridge, +4*2+2
+    gelu, gs = yax.sub("//activation", jax.nn.gelu, mox, params=state)
+    k, b = state["inner"]["ToLinen_0"]["kernel"][...], state["inner"]["ToLinen_0"]["bias"][...]
+    np.testing.assert_allclose(yax.eval_mox(gelu, gs, x)[0], m.head(jax.nn.gelu(x @ k + b)), rtol=1e-5, atol=1e-6)
+    built = '//module_call[@path="Outer/inner/LinenWithNnx/ToLinen_0/Linear"]'
+    with pytest.raises(yax.YaxRewriteError, match=r"does not hold as an attribute: something builds it on each call"):
+        yax.sub(built, nnx.Linear(3, 4, rngs=nnx.Rngs(1)), mox, params=state)
+    node = yax.query(built, mox)[0]
+    assert "does not hold as an attribute" in yax.internal.misfit(nnx.Linear(3, 4, rngs=nnx.Rngs(1)), node, mox,
+                                                                  params=state)
+    half, hs = yax.mixed_precision(mox, {**yax.default_policy, built: None}, params=state)
+    assert yax.query('//module_call[@name="head"]/@compute', half) == ["bfloat16"]
+    ex = Explorer(m, x)
+    assert [r[3] for r in ex._tree["rows"]] == ["Outer", "inner", "LinenWithNnx", "ToLinen_0", "Linear",
+                                                "ToLinen_0._update_variables", "relu", "head"]

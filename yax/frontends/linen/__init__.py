@@ -58,6 +58,14 @@ def _path(module: nn.Module, rec: Recorder) -> str:
             if outer and rec.calls[outer[-1]].path:
                 return f"{rec.calls[outer[-1]].path}/{root_name}"
             return root_name
+    # below the root of its tree: under that root's own path (a tree applied inside another
+    # module's call, as a ToNNX bridge applies one, nests under its caller)
+    root = module
+    while isinstance(root.parent, nn.Module):
+        root = root.parent
+    for c, m in reversed(rec.stack):
+        if m is root and rec.calls[c].path:
+            return "/".join([rec.calls[c].path, *names])
     return "/".join([rec.root_name or "Model", *names])
 
 

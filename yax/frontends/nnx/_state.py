@@ -310,6 +310,17 @@ class StateVariables(Variables):
                 )
         # A module is one object: all its calls change together, so all must be matched.
         errors.PartlyMatchedModule.check(self.root, sites, "nnx", "one object")
+        if self.root.graphdef is not None:
+            model = flax_nnx().merge(self.root.graphdef, self.params)
+            for s in sites:
+                try:
+                    _get(model, s.node.scope)
+                except AttributeError:
+                    raise YaxRewriteError(
+                        f"The replaced call, {where(s.node)}, is an nnx module the model does not hold as an attribute: something "
+                        "builds it on each call (a `bridge.ToLinen` inside a linen module), so there is no "
+                        "module to swap. Replace the module that builds it, or its activations and "
+                        "equations with functions.") from None
 
     def _assign(self, s: Any, old_in: dict[tuple[str, ...], tuple[type, Any]],
                 values: dict[tuple[str, ...], Any]) -> dict[Var, Var]:

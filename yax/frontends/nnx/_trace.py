@@ -168,6 +168,17 @@ def module_attrs(module: Any) -> dict[str, Any]:
     return {k: v for k, v in sorted(vars(module).items()) if not k.startswith("_") and _printable(v)}
 
 
+def _entries(x: Any) -> list[tuple[str, Any]]:
+    """The attributes of an nnx object, or the entries of a plain dict, list or tuple
+    in it (nnx walks those too: a ``ToNNX`` bridge keeps a linen submodule's variables
+    in a dict attribute)."""
+    if type(x) is dict:
+        return sorted(((str(k), v) for k, v in x.items()), key=lambda kv: kv[0])
+    if type(x) in (list, tuple):
+        return [(str(i), v) for i, v in enumerate(x)]
+    return sorted(vars(x).items())
+
+
 def _collect(module: Any, memo: dict[int, tuple[set[int], int, dict[Any, Any]]],
              sizes: dict[int, int]) -> tuple[set[int], int, dict[Any, Any]]:
     """The ids of the variables below ``module``, its parameter count and its
@@ -181,7 +192,7 @@ def _collect(module: Any, memo: dict[int, tuple[set[int], int, dict[Any, Any]]],
     ids: set[int] = set()
     n = 0
     tree: dict[str, Any] = {}
-    for k, v in sorted(vars(module).items()):
+    for k, v in _entries(module):
         if is_variable_type(type(v)):  # type: ignore[arg-type]  # mypy#11470
             x = v.get_value()
             tree[k] = jax.ShapeDtypeStruct(np.shape(x), x.dtype) if hasattr(x, "dtype") else x
@@ -190,7 +201,7 @@ def _collect(module: Any, memo: dict[int, tuple[set[int], int, dict[Any, Any]]],
                 size = int(np.prod(np.shape(x))) if issubclass(type(v), flax_nnx().Param) else 0
                 sizes[id(v)] = size
                 n += size
-        elif is_graph_type(type(v)):  # type: ignore[arg-type]  # mypy#11470
+        elif is_graph_type(type(v)) or type(v) in (dict, list, tuple):  # type: ignore[arg-type]  # mypy#11470
             c_ids, c_n, c_tree = _collect(v, memo, sizes)
             if c_tree:
                 tree[k] = c_tree
