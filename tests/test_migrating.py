@@ -25,6 +25,7 @@ from lxml import etree
 
 import yax
 import yax.errors
+from yax.internal import view
 
 pytestmark = pytest.mark.core
 
@@ -320,6 +321,10 @@ def test_the_xml_schema_is_what_dump_xml_writes(moxes):
             assert not {"true", "false"} & set(el.attrib.values())
             if el.tag in kinds:
                 assert kinds[el.tag] <= set(el.attrib), (el.tag, kinds[el.tag] - set(el.attrib))
+                # and nothing else but the node's own fields (or an activation's keywords)
+                node = view(mox).nodes[int(el.get("id"))]
+                extra = set(el.attrib) - common - kinds[el.tag] - set(getattr(node, "attrs", {}))
+                assert not extra, f"`{el.tag}` has attributes the table does not list: {extra}"
             else:  # an equation: named after its primitive
                 assert el.get("primitive") == el.tag
         comments = [c.text for c in root.iter(etree.Comment)]

@@ -63,9 +63,10 @@ def _path(module: nn.Module, rec: Recorder) -> str:
     root = module
     while isinstance(root.parent, nn.Module):
         root = root.parent
-    for c, m in reversed(rec.stack):
-        if m is root and rec.calls[c].path:
-            return "/".join([rec.calls[c].path, *names])
+    if not root.path:  # (the top of a lifted transform's clones has its full scope path: no prefix)
+        for c, m in reversed(rec.stack):
+            if m is root and rec.calls[c].path:
+                return "/".join([rec.calls[c].path, *names])
     return "/".join([rec.root_name or "Model", *names])
 
 
