@@ -1,0 +1,157 @@
+"""The explorer on a ~1B-parameter model with real values (issue 26, item 1).
+
+Run: ``.venv/bin/python bench/bench_llama1b.py [--dtype float32|bfloat16] [--layers 16]``.
+Prints a table and writes ``bench/results/llama1b_<dtype>.json``.
+
+A Hugging Face ``FlaxLlamaForCausalLM`` from a config (16 layers, width 2048,
+MLP 8192, 32 heads with 4 key/value heads, vocabulary 32k: 1.03 B parameters),
+random weights in ``--dtype``, a batch of 1 × 128 tokens, in a real JupyterLab
+and Debian's chromium. Measured:
+
+* first paint: from the kernel having built the explorer to the tree's first
+  render in the page; target <= 2 s;
+* a query keystroke: ``input`` event to highlight, median; target <= 150 ms;
+* LoRA (rank 8) on every q and v projection, from the kernel's request to the
+  comparison's state (the original was compiled and measured in the background
+  when the explorer opened); target <= compile + first run of the modified
+  model (measured afresh afterwards, the plain-JAX baseline) + 0.5 s;
+* colouring the tree by norm; target <= its first compile + 1 s, against the
+  plain-JAX compile + run of the same model;
+* the values of one row, the NaN search, undo;
+* peak host memory of the kernel; target <= 2.5 × the parameter bytes.
+
+Baselines (same kernel, same run): ``jax.jit(model.module.apply)``'s compile
+and one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench._report import report  # noqa: E402
+from bench.bench_widget import KEYSTROKE  # noqa: E402
+from tests.e2e.lab import Notebook, browser, jupyterlab, write_notebook  # noqa: E402
+
+SETUP = """import time, resource, jax, jax.numpy as jnp, transformers, yax
+from yax_widget import Explorer
+DT = jnp.{dtype}
+cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hidden_layers={layers},
+                               num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=2048)
+model = transformers.FlaxLlamaForCausalLM(cfg, _do_init=False, dtype=DT)
+ids = (jnp.arange(128, dtype=jnp.int32) * 7 % 32000)[None]
+mask, pos = jnp.ones_like(ids), jnp.arange(128)[None]
+params = jax.jit(lambda k: jax.tree_util.tree_map(lambda x: x.astype(DT), model.module.init(k, ids, mask, pos)))(
+    jax.random.key(0))
+jax.block_until_ready(params)
+NBYTES = sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
+NPARAMS = sum(x.size for x in jax.tree_util.tree_leaves(params))
+f = jax.jit(model.module.apply)
+t0 = time.time(); c = f.lower(params, ids, mask, pos).compile(); t1 = time.time()
+jax.block_until_ready(c(params, ids, mask, pos)); t2 = time.time()
+print("NPARAMS", NPARAMS, "NBYTES", NBYTES, "BASECOMPILE", t1 - t0, "BASERUN", t2 - t1)"""
+
+OPEN = """mox = yax.make_mox(model.module.apply)(params, ids, mask, pos)
+t0 = time.time(); ex = Explorer(mox, params, ids, mask, pos); print("BUILT", time.time() - t0, "AT", time.time())
+ex"""
+
+WARM = 'ex.session._warmer.result(); print("WARM", time.time() - t0)'
+
+CHANGE = """ex.add_replacement("LoRA r=8", yax.LoRA(rank=8))
+QV = '//module_call[@name="q_proj" or @name="v_proj"]'
+t0 = time.time(); said = ex.substitute(QV, "LoRA r=8"); t1 = time.time()
+assert "message" not in ex._comparison, ex._comparison
+g = jax.jit(yax.to_function(ex.mox))  # the modified model compiled afresh, as a user would (the baseline)
+t2 = time.time(); cm = g.lower(ex.params, ids, mask, pos).compile(); t3 = time.time()
+jax.block_until_ready(cm(ex.params, ids, mask, pos)); t4 = time.time()
+print("DROP", t1 - t0, "MODCOMPILE", t3 - t2, "MODRUN", t4 - t3)"""
+
+INSPECT = """s = ex.session
+t0 = time.time(); s.inspector.paint("norm"); t1 = time.time()
+row = ex.query('//module_call[@name="q_proj"]')[-1]
+t2 = time.time(); s.inspector.show(row); t3 = time.time()
+t4 = time.time(); found = s.inspector.nonfinite(); t5 = time.time()
+t6 = time.time(); ex.undo(); t7 = time.time()
+print("PAINT", t1 - t0, "VALUES", t3 - t2, "NAN", t5 - t4, "UNDO", t7 - t6, "FOUND", int(found["found"]),
+      "PEAKMB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"""
+
+
+def numbers(text: str) -> dict[str, float]:
+    """``NAME value`` pairs a cell printed (other words, such as warnings, left out)."""
+    words, out = text.split(), {}
+    for w, v in zip(words, words[1:]):
+        if w.isupper() and w.isalpha():
+            try:
+                out[w] = float(v)
+            except ValueError:
+                pass
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=5)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = pathlib.Path(tmp)
+        write_notebook(root / "bench.ipynb", [SETUP.format(dtype=a.dtype, layers=a.layers), OPEN, WARM, CHANGE,
+                                              INSPECT])
+        with jupyterlab(root) as url, browser() as b:
+            page = b.new_page(viewport={"width": 1400, "height": 1000})
+            nb = Notebook(page, url, "bench.ipynb")
+            base = numbers(nb.run(0, timeout=1800))
+            print("set up:", base, flush=True)
+            cell = page.locator(".jp-Notebook .jp-CodeCell").nth(1)
+            cell.locator(".jp-InputArea-editor").click()
+            page.keyboard.press("Control+Enter")
+            page.wait_for_selector('.yax-explorer[data-ready="1"]', timeout=1_800_000)
+            painted = time.time()
+            out = cell.locator(".jp-OutputArea").inner_text()
+            built = float(out.split("AT")[1].split()[0])
+            warm = numbers(nb.run(2, timeout=1800))["WARM"]
+            keys = []
+            for i in range(a.rounds):
+                keys += page.evaluate(KEYSTROKE, ['//module_call[@name="q_proj"]',
+                                                  f'//module_call[@name="{i % a.layers}"]//module_call'])
+            texts = [nb.run(3, timeout=1800), nb.run(4, timeout=1800)]
+            change, inspect = map(numbers, texts)
+            if "PEAKMB" not in inspect or "DROP" not in change:
+                raise SystemExit("a cell failed:\n" + "\n".join(texts))
+            errors = nb.errors
+    gib = base["NBYTES"] / 2**30
+    rows = [
+        {"what": f"parameters: {base['NPARAMS'] / 1e9:.2f} B, {gib:.2f} GiB ({a.dtype})", "seconds": None, "target": None},
+        {"what": "baseline: jit compile of the model", "seconds": base["BASECOMPILE"], "target": None},
+        {"what": "baseline: one run", "seconds": base["BASERUN"], "target": None},
+        {"what": "Explorer(mox, params, ...) in the kernel", "seconds": float(out.split("BUILT")[1].split()[0]),
+         "target": None},
+        {"what": "first paint after the kernel built it", "seconds": painted - built, "target": 2.0},
+        {"what": "original compiled + measured in the background", "seconds": warm, "target": None},
+        {"what": "query keystroke -> highlight, median", "seconds": statistics.median(keys) / 1000, "target": 0.15},
+        {"what": f"LoRA on {2 * a.layers} q/v projections -> comparison", "seconds": change["DROP"],
+         "target": round(change["MODCOMPILE"] + change["MODRUN"] + 0.5, 3)},
+        {"what": "  baseline: compile + run of the modified model", "seconds": change["MODCOMPILE"] + change["MODRUN"],
+         "target": None},
+        {"what": "colour the tree by norm (first: compiles)", "seconds": inspect["PAINT"],
+         "target": round(base["BASECOMPILE"] + base["BASERUN"] + 1, 3)},
+        {"what": "values of one row (cached boundaries)", "seconds": inspect["VALUES"], "target": None},
+        {"what": "NaN search", "seconds": inspect["NAN"], "target": None},
+        {"what": "undo (tree, diff, comparison with the original)", "seconds": inspect["UNDO"], "target": None},
+        {"what": "peak host memory of the kernel (GiB)", "seconds": round(inspect["PEAKMB"] / 1024, 2),
+         "target": round(2.5 * gib, 2)},
+    ]
+    report(rows, ["what", "seconds", "target"], f"bench/results/llama1b_{a.dtype}.json", runs=1,
+           layers=a.layers, dtype=a.dtype, keystrokes_ms=keys, console_errors=errors)
+
+
+if __name__ == "__main__":
+    main()
