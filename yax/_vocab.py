@@ -11,7 +11,9 @@ with ``shape`` and ``dtype`` has a type.
 from __future__ import annotations
 
 import functools
+import inspect
 import re
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -56,14 +58,50 @@ def type_str(s: Shaped) -> str:
     return f"{dtype_str(s.dtype)}[{','.join(map(str, s.shape))}]"
 
 
+def _name(f: Any) -> str:
+    return getattr(f, "__yax_activation__", None) or getattr(f, "__name__", None) or type(f).__name__
+
+
+def _is_default(v: Any, d: Any) -> bool:
+    if v is d:
+        return True
+    try:  # of the same type too: `use_bias=1` where the default is `True` is shown
+        return d is not inspect.Parameter.empty and type(v) is type(d) and bool(v == d)
+    except Exception:  # an array compared element by element
+        return False
+
+
+def _partial_str(p: functools.partial[Any]) -> str:
+    """What a `functools.partial` builds, as a call: ``Dense(features=64)``.
+
+    Its keyword arguments equal to the callable's own defaults are left out, as
+    a row leaves out the fields at their defaults: yax's LoRA adapters hold the
+    layer they adapt as a partial of every one of its fields, and the row should
+    read ``base=Dense(features=64)``, not list thirteen defaults."""
+    try:
+        # a class's own `__init__`: nnx's module metaclass hides it behind `(*args, **kwargs)`
+        f: Any = getattr(p.func, "__init__", p.func) if isinstance(p.func, type) else p.func
+        params: Mapping[str, inspect.Parameter] = inspect.signature(f).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: every argument is shown
+        params = {}
+    args = [value_str(a) for a in p.args]
+    args += [f"{k}={value_str(v)}" for k, v in p.keywords.items()
+             if not (k in params and _is_default(v, params[k].default))]
+    return f"{_name(p.func)}({', '.join(args)})"
+
+
 def value_str(v: Any) -> str:
     """A short, deterministic repr of a parameter or attribute value."""
+    if isinstance(v, functools.partial):
+        return _partial_str(v)
     if callable(v) and not isinstance(v, type):
-        return getattr(v, "__yax_activation__", None) or getattr(v, "__name__", None) or type(v).__name__
+        return _name(v)
     if isinstance(v, np.dtype) or (isinstance(v, type) and issubclass(v, np.generic)):
         return np.dtype(v).name
     if isinstance(v, type) and isinstance(dt := getattr(v, "dtype", None), np.dtype):  # jnp.float32
         return dt.name
+    if isinstance(v, type):  # a class as a field's value (nnx's `lora_param_type=LoRAParam`): by name
+        return v.__name__
     if isinstance(v, np.ndarray) and v.size > 8:
         return f"array<{v.dtype.name}{list(v.shape)}>"
     if type(v) in (tuple, list):  # element by element: a layer list shows `(Dense, relu, Dense)`

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import io
+import re
 import shlex
-from typing import Any
+import tokenize
+from typing import Any, NamedTuple
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -12,86 +16,135 @@ USAGE = """Usage: %yax TARGET [ARG ...] [--query XPATH]
 
   TARGET  a MoX from yax.make_mox, a Flax module, a Hugging Face Flax model, or a JAX function
           (a name or expression)
-  ARG     the example inputs, Python expressions separated by spaces, e.g. `%yax model variables batch`,
-          `%yax fn x[:2]` or `%yax model.module {'params': model.params} ids`
+  ARG     the example inputs: Python expressions separated by spaces (or commas), keyword
+          arguments as in Explorer(...), e.g. `%yax model variables batch`, `%yax fn x[:2]`,
+          `%yax model.module {'params': model.params} ids` or `%yax model input_ids=ids`
   --query open with this XPath applied, e.g. --query '//module_call[@type="Dense"]'
 """
 
-_OPEN, _CLOSE = "([{", ")]}"
-# a space next to one of these joins its neighbours into one expression (`x + 1`, `f(a, b)`)
-_BINARY = set("+*/%@&|^<>=,.:!~")
+# Keywords that join the expressions either side (`a if c else b`, `x not in y`); `lambda` starts one.
+_JOINING = frozenset({"and", "or", "not", "in", "is", "if", "else", "for", "async", "from"})
+_UNARY = frozenset({"-", "+", "~", "*", "**"})  # `fn -x` or `fn *xs`: attached to what follows, they start an argument
+_OPTION = re.compile(r"(?:^|(?<=\s))--(?=[A-Za-z])")
 
 
-def split_line(line: str) -> list[str]:
-    """The words of a ``%yax`` line: Python expressions separated by spaces
-    outside brackets and strings (``{'params': p} ids`` is two words, ``x + 1``
-    one), and ``--options``. Quotes stay on expressions (they are Python
-    strings); `shlex` takes them off an option's value.
+class Argument(NamedTuple):
+    """One argument of a ``%yax`` line as typed: ``expr`` (a Python expression),
+    with its keyword (``input_ids`` of ``input_ids=ids``) or unpacking star."""
+
+    expr: str
+    key: str | None = None
+    star: str = ""  # "*" or "**"
+
+    @property
+    def text(self) -> str:
+        return f"{self.key}={self.expr}" if self.key else self.star + self.expr
+
+
+def _tokens(text: str) -> list[tokenize.TokenInfo]:
+    """The tokens of one line of Python, without layout ones; a comment ends it.
 
     Raises:
-      ValueError: a string or bracket is not closed.
+      ValueError: a string or bracket is not closed, or a character is no Python.
     """
-    words: list[str] = []
-    cur: list[str] = []
+    out: list[tokenize.TokenInfo] = []
     depth: list[str] = []
-    quote = ""
-    i, n = 0, len(line)
-    while i < n:
-        ch = line[i]
-        if quote:
-            cur.append(ch)
-            if ch == "\\" and i + 1 < n:
-                cur.append(line[i + 1])
-                i += 1
-            elif line.startswith(quote, i):
-                cur.extend(quote[1:])
-                i += len(quote) - 1
-                quote = ""
-        elif ch in "'\"":
-            quote = ch * 3 if line.startswith(ch * 3, i) else ch
-            cur.append(quote)
-            i += len(quote) - 1
-        elif ch in _OPEN:
-            depth.append(_CLOSE[_OPEN.index(ch)])
-            cur.append(ch)
-        elif ch in _CLOSE:
-            if not depth or depth.pop() != ch:
-                raise ValueError(f"`{ch}` closes no bracket")
-            cur.append(ch)
-        elif ch.isspace() and not depth:
-            j = i
-            while j < n and line[j].isspace():
-                j += 1
-            nxt = line[j] if j < n else ""
-            before = "".join(cur).rstrip()
-            joined = (before and not before.startswith("--") and nxt and not line.startswith("--", j) and
-                      (before[-1] in _BINARY or before[-1] == "-" or nxt in _BINARY or (nxt == "-" and line[j + 1:j + 2].isspace())))
-            if joined:
-                cur.append(" ")
-            elif cur:
-                words.append("".join(cur))
-                cur = []
-            i = j
-            continue
-        else:
-            cur.append(ch)
-        i += 1
-    if quote:
-        raise ValueError("no closing quotation")
-    if depth:
-        raise ValueError(f"a bracket is not closed (`{depth[-1]}` missing)")
-    if cur:
-        words.append("".join(cur))
-    return words
-
-
-def _unquoted(word: str) -> str:
-    """An option's value as a shell would pass it: quotes taken off."""
     try:
-        parts = shlex.split(word)
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.COMMENT:
+                break
+            if tok.type == tokenize.ERRORTOKEN:
+                if tok.string.isspace():
+                    continue
+                raise ValueError("no closing quotation" if tok.string in "'\"" else f"`{tok.string}` is no Python")
+            if tok.type in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER, tokenize.INDENT, tokenize.DEDENT):
+                continue
+            if tok.type == tokenize.OP and tok.string in "([{":
+                depth.append(")]}"["([{".index(tok.string)])
+            elif tok.type == tokenize.OP and tok.string in ")]}":
+                if not depth or depth.pop() != tok.string:
+                    raise ValueError(f"`{tok.string}` closes no bracket")
+            out.append(tok)
+    except tokenize.TokenError:
+        if depth:
+            raise ValueError(f"a bracket is not closed (`{depth[-1]}` missing)") from None
+        raise ValueError("no closing quotation") from None  # a triple-quoted string runs on
+    return out
+
+
+def _complete(text: str) -> bool:
+    try:
+        _tokens(text)
     except ValueError:
-        return word
-    return parts[0] if len(parts) == 1 else word
+        return False
+    return True
+
+
+def _ends(tok: tokenize.TokenInfo) -> bool:
+    """Whether ``tok`` can end an expression (a name, a literal, a closing bracket)."""
+    if tok.type in (tokenize.NAME, tokenize.NUMBER, tokenize.STRING):
+        return tok.string not in _JOINING and tok.string != "lambda"
+    return tok.string in (")", "]", "}", "...")
+
+
+def _starts(tok: tokenize.TokenInfo, nxt: tokenize.TokenInfo | None) -> bool:
+    """Whether ``tok`` (followed by ``nxt``) starts an expression after a space."""
+    if tok.string == "not":  # `fn not x`, but `x not in y`
+        return nxt is None or nxt.string != "in"
+    if tok.type in (tokenize.NAME, tokenize.NUMBER, tokenize.STRING):
+        return tok.string not in _JOINING
+    if tok.string in _UNARY:  # `x - 1` is one expression, `fn -x` two
+        return nxt is not None and nxt.start == tok.end
+    return tok.string in ("(", "[", "{", "...")
+
+
+def split_line(line: str) -> tuple[list[Argument], list[str]]:
+    """The arguments of a ``%yax`` line, parsed by Python as the argument list
+    of a call, and its ``--options`` (words as a shell splits them).
+
+    Python's tokenizer finds the spaces between top-level expressions (outside
+    brackets and strings, not next to an operator: ``x + 1`` is one expression,
+    ``{'params': p} ids`` two); they become commas, and `ast` reads the call
+    ``f(...)``, so keyword arguments (``input_ids=ids``), ``*xs`` and commas
+    work as in ``Explorer(...)``. Options start at the first ``--name`` outside
+    brackets and strings and run to the end of the line.
+
+    Example:
+      >>> [a.text for a in split_line("model x + 1 input_ids=ids --query //activation")[0]]
+      ['model', 'x + 1', 'input_ids=ids']
+
+    Raises:
+      ValueError: a string or bracket is not closed, or the arguments are no Python.
+    """
+    head, options = line, []
+    for m in _OPTION.finditer(line):
+        if _complete(line[:m.start()]):
+            head, options = line[:m.start()], shlex.split(line[m.start():])
+            break
+    toks = _tokens(head)
+    pieces: list[str] = []
+    first = 0
+    for i in range(1, len(toks) + 1):
+        if i == len(toks) or (toks[i - 1].end < toks[i].start and _ends(toks[i - 1]) and
+                              _starts(toks[i], toks[i + 1] if i + 1 < len(toks) else None)):
+            pieces.append(head[toks[first].start[1]:toks[i - 1].end[1]])
+            first = i
+    source = f"f({', '.join(pieces)})"
+    try:
+        call = ast.parse(source, mode="eval").body
+    except SyntaxError as e:
+        raise ValueError(f"`{head.strip()}` is no list of Python arguments ({e.msg})") from None
+    assert isinstance(call, ast.Call)
+    found: list[tuple[int, Argument]] = []
+    for a in call.args:
+        if isinstance(a, ast.Starred):
+            found.append((a.col_offset, Argument(ast.get_source_segment(source, a.value) or "", star="*")))
+        else:
+            found.append((a.col_offset, Argument(ast.get_source_segment(source, a) or "")))
+    for k in call.keywords:
+        expr = ast.get_source_segment(source, k.value) or ""
+        found.append((k.col_offset, Argument(expr, key=k.arg) if k.arg else Argument(expr, star="**")))
+    return [a for _, a in sorted(found, key=lambda p: p[0])], options
 
 
 @magics_class
@@ -106,37 +159,52 @@ class YaxMagics(Magics):
         from ._explorer import Explorer
 
         try:
-            words = split_line(line)
+            arguments, options = split_line(line)
         except ValueError as e:
             raise UsageError(f"%yax could not split its arguments ({e}); check the quotes and brackets."
                              f"\n\n{USAGE}") from None
         query = None
-        for i, w in enumerate(words):
-            if w.startswith("--query="):
-                query = _unquoted(w[len("--query="):])
-                del words[i]
-                break
-            if w == "--query":
-                if i + 1 >= len(words):
+        while options:
+            word = options.pop(0)
+            if word.startswith("--query="):
+                query = word[len("--query="):]
+            elif word == "--query":
+                if not options:
                     raise UsageError(f"--query needs an XPath after it.\n\n{USAGE}")
-                query = _unquoted(words[i + 1])
-                del words[i:i + 2]
-                break
-        unknown = [w for w in words if w.startswith("--")]
-        if unknown:
-            raise UsageError(f"%yax has no option {unknown[0]}.\n\n{USAGE}")
-        if not words:
-            raise UsageError(f"%yax needs a model or function to explore.\n\n{USAGE}")
-        values = []
-        for w in words:
+                query = options.pop(0)
+            elif word.startswith("--"):
+                raise UsageError(f"%yax has no option {word.split('=')[0]}.\n\n{USAGE}")
+            else:
+                raise UsageError(f"%yax takes the model and its inputs before its options, but found `{word}` "
+                                 f"after them. Try `%yax MODEL ARGS --query XPATH`.\n\n{USAGE}")
+        if not arguments or arguments[0].key or arguments[0].star:
+            raise UsageError(f"%yax needs a model or function to explore, first.\n\n{USAGE}")
+        args: list[Any] = []
+        kwargs: dict[str, Any] = {}
+        for a in arguments:
             try:
-                values.append(eval(w, self.shell.user_ns))  # noqa: S307 - the user's own notebook expression
+                value = eval(a.expr, self.shell.user_ns)  # noqa: S307 - the user's own notebook expression
             except Exception as e:
-                raise UsageError(f"%yax could not evaluate `{w}` in the notebook: {type(e).__name__}: {e}. "
+                raise UsageError(f"%yax could not evaluate `{a.expr}` in the notebook: {type(e).__name__}: {e}. "
                                  f"Define it first, or check its spelling.\n\n{USAGE}") from None
+            try:
+                if a.key:
+                    kwargs[a.key] = value
+                elif a.star == "**":
+                    kwargs.update(value)
+                elif a.star:
+                    args.extend(value)
+                else:
+                    args.append(value)
+            except (TypeError, ValueError) as e:
+                raise UsageError(f"%yax could not unpack `{a.text}`: {e}. Try a sequence after `*` and a dict "
+                                 f"after `**`.\n\n{USAGE}") from None
         try:
-            explorer = Explorer(*values)
-            explorer.session.names = words  # "copy as code" makes the model with the names typed here
+            explorer = Explorer(*args, **kwargs)
+            # "copy as code" makes the model with the arguments typed here (the inputs' keywords only,
+            # not the explorer's own `warm=`); an unpacked `*xs` leaves it the usual names
+            if not any(a.star for a in arguments):
+                explorer.session.names = [a.text for a in arguments if a.key is None or a.key in explorer.session.kwargs]
             if query is not None:
                 explorer.query(query)
         except yax.YaxError as e:

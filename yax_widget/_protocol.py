@@ -21,12 +21,14 @@ import yax
 from yax.internal import CALL_KINDS, view
 
 from ._payloads import equation_rows
+from ._session import PartialFit
 from ._values import STATS
 
 if TYPE_CHECKING:
     from ._session import Session
 
 MAX_QUERY = 4000  # characters of an XPath the front-end may send
+MAX_IDS = 100_000  # nodes a `substitute` request may name
 _log = logging.getLogger("yax_widget")
 
 
@@ -103,12 +105,15 @@ class Fits(Request):
 class Substitute(Request):
     """A drop of palette item ``name`` on row ``target``, or on the query box
     (``target="query"``; ``xpath``: the text the box shows, which must be the
-    query whose matches are highlighted)."""
+    query whose matches are highlighted). ``ids``, with ``target="query"``:
+    only those matches, the ones a refused drop's reply said it fits (its
+    ``fits``), in one change; each is checked again."""
 
     type = "substitute"
     target: Any
     name: Any
     xpath: Any = None
+    ids: Any = None
 
     def check(self) -> None:
         if not isinstance(self.name, str):
@@ -117,6 +122,11 @@ class Substitute(Request):
             raise RequestError(f"`target` must be a row id or \"query\", not {str(self.target)[:40]!r}.")
         if self.xpath is not None and not isinstance(self.xpath, str):
             raise RequestError("`xpath` must be the query box's text.")
+        if self.ids is not None and (self.target != "query" or not isinstance(self.ids, list) or not self.ids
+                                     or len(self.ids) > MAX_IDS or not all(map(_int, self.ids))
+                                     or len(set(self.ids)) != len(self.ids)):
+            raise RequestError(f"`ids` must go with `target` \"query\" and be a list of 1 to {MAX_IDS} distinct "
+                               f"ids of the query's matches, not {str(self.ids)[:40]!r}.")
 
     def run(self, s: Session) -> dict:
         if self.name not in s.items:
@@ -127,6 +137,13 @@ class Substitute(Request):
                 raise RequestError(f"The query box holds `{self.xpath[:200]}`, which did not run, so nothing is "
                                    f"highlighted for it. Correct the query, then drop again.")
             target: Any = "query"
+            if self.ids is not None:
+                matches = set(s.state["matches"])
+                stray = next((i for i in self.ids if i not in matches), None)
+                if stray is not None:
+                    raise RequestError(f"Node {stray} is not among the matches of `{s.state['query'][:200]}` in the "
+                                       "current model (it changed since the offer was made). Drop again.")
+                target = [s.node(i, field="ids") for i in self.ids]
         else:
             target = s.node(self.target, field="target")
         # a refusal changes nothing: the front-end shows the reply's message at the row it was dropped on
@@ -284,6 +301,10 @@ def answer(s: Session, content: Any) -> dict:
         if request.type not in _READ_ONLY:
             s.check_open()
         reply = request.run(s)
+    except PartialFit as e:  # the offer: the matches it fits, by id (a `substitute` with `ids` takes it)
+        ids = view(s.mox).ids
+        return {"type": "error", "rid": rid, "message": str(e), "fits": [ids[id(n)] for n in e.fitting],
+                "matches": len(e.fitting) + len(e.refused)}
     except yax.YaxError as e:
         return {"type": "error", "rid": rid, "message": str(e)}
     except Exception as e:  # a bug or a failure below yax (XLA): the front-end still gets its reply

@@ -88,6 +88,18 @@ class SessionClosed(yax.YaxInputError):
     readable; open a new explorer to change or compare the model again."""
 
 
+class PartialFit(yax.YaxRewriteError):
+    """A replacement dropped on the matches of a query fits some of them, not
+    all: nothing was changed. ``fitting`` are the matches it fits (each by
+    `misfit`, the drop's own check): ``explorer.substitute(e.fitting, name)``
+    replaces just those, as the button the explorer then offers does."""
+
+    def __init__(self, message: str, fitting: list[Any], refused: dict[int, str]):
+        super().__init__(message)
+        self.fitting = fitting
+        self.refused = refused  #: id(node) -> why (`misfit`'s sentence)
+
+
 @functools.cache
 def _script_names() -> frozenset[str]:
     """Names the script "copy as code" writes uses itself: its own, and the aliases of the frontends' modules."""
@@ -122,6 +134,11 @@ def default_palette() -> list[tuple[str, Any]]:
 
 
 #: What `Session.state` holds at first: the keys the front-end renders from (docs/widget.md, "Traits").
+#: What values, colouring, the NaN search and the comparison say for a model opened with abstract parameters.
+NO_VALUES = ("Values, colouring, the NaN search and the comparison need concrete parameters: this explorer was "
+             "opened with abstract ones (`jax.ShapeDtypeStruct`), which give the structure only; open it with "
+             "the real weights to see numbers.")
+
 INITIAL_STATE: dict[str, Any] = {
     "tree": {}, "original_tree": {}, "query": "", "query_error": "", "matches": [], "query_result": {},
     "match_owners": {}, "palette": [], "history": {}, "diff": {}, "comparison": {},
@@ -172,6 +189,9 @@ class Session:
             target, args = hf_call(target, args)  # a Hugging Face wrapper: its `params` become an argument
             mox, args = trace_target(target, *args, **kwargs)
         self.args, self.kwargs = args, kwargs  # the inputs of the batch in use, parameters first
+        # opened with `jax.ShapeDtypeStruct` leaves (a 70B model planned before any weight exists):
+        # the structure works (tree, queries, rewrites, history, code); values need arrays
+        self.abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves((args, kwargs)))
         self.target_kind = target_kind(given, target, mox)  # how "copy as code" makes `mox` again
         self.names: list[str] | None = None  # the expressions `%yax` was given: the script's names
         params = variables_argument(mox, args)  # the variables or state `yax.sub` reconciles, or None
@@ -202,7 +222,7 @@ class Session:
             self.add_replacement(name, repl)
         self._set(original_tree=_payloads.tree(mox, 0))
         self._refresh()
-        if warm and (args or kwargs):
+        if warm and (args or kwargs) and not self.abstract:
             # Measure the original (compile, run, fetch its outputs and module boundaries) while
             # the user looks at the tree: each substitution then runs only the modified model.
             # The worker is no daemon: a script that exits meanwhile waits for XLA rather than
@@ -289,6 +309,8 @@ class Session:
         if not self.args and not self.kwargs:
             raise yax.YaxInputError("The explorer was opened without example inputs, so the model has no values "
                                     "to show. Open it as `Explorer(model, variables, batch)`.")
+        if self.abstract:
+            raise yax.YaxInputError(NO_VALUES)
         args = (self.params, *self.args[1:]) if self.has_params else self.args
         return args, self.kwargs
 
@@ -374,10 +396,12 @@ class Session:
         return res, changes
 
     def substitute(self, target: Any, name: str) -> str:
-        """Replace ``target`` (a node of the current MoX, an XPath, or ``"query"``
-        for the current query's matches) with the replacement registered as
-        ``name``; compare with the original. Returns the change's description.
-        Raises `yax.YaxRewriteError` and changes nothing when it does not fit."""
+        """Replace ``target`` (a node of the current MoX, a list of them, an XPath,
+        or ``"query"`` for the current query's matches) with the replacement
+        registered as ``name``, in one change; compare with the original.
+        Returns the change's description. Raises `yax.YaxRewriteError` and
+        changes nothing when it does not fit (`PartialFit` when it fits only
+        some of an XPath's matches: its ``fitting`` are those)."""
         self.check_open()
         change = self.change(target, name)
         self._move([*self._states[:self._index + 1], change], self._index + 1)
@@ -401,25 +425,84 @@ class Session:
                     f"`{pattern}` gives the {type(found).__name__} {found!r}, not nodes, so there is nothing for "
                     f"{name} to replace. Select nodes, such as `//activation`.")
             what = f"{len(found)} node(s) selected by {pattern}"
+        elif isinstance(target, list):  # some nodes (the matches a drop fits): each checked again, one change
+            if not target:
+                raise yax.YaxInputError(f"There are no nodes to replace with {name}; give at least one.")
+            for node in target:
+                why = misfit(item.repl, node, self.mox, cache=self._fit_cache, params=self.params)
+                if why is not None:
+                    raise yax.YaxRewriteError(why)
+            # the XPath of each node, joined: "copy as code" replays exactly these nodes
+            pattern = " | ".join(xpath_for(node, self.mox) for node in target)
+            what = _listed([n.path or n.name for n in target])
         else:
             pattern = xpath_for(target, self.mox)
             what = f"{target.path or target.name}"
         step = len(self.history) + 1
-        if self.params is not None and item.kind in ("function", "equation"):  # creates no variables
-            new, new_params = yax.sub(pattern, item.repl, self.mox, params=self.params)
-            code = f"mox, params = yax.sub({pattern!r}, {item.expr}, mox, params=params)"
-        elif self.params is not None:
-            key = jax.random.fold_in(self._key, step)  # not made for the others: its first use compiles
-            new, new_params = yax.sub(pattern, item.repl, self.mox, params=self.params, key=key)
-            code = (f"mox, params = yax.sub({pattern!r}, {item.expr}, mox, params=params, "
-                    f"key=jax.random.fold_in(KEY, {step}))")
-        else:
-            new, new_params = yax.sub(pattern, item.repl, self.mox), None
-            code = f"mox = yax.sub({pattern!r}, {item.expr}, mox)"
+        try:
+            new, new_params, code = self._sub(pattern, item, step)
+        except yax.YaxRewriteError as e:
+            if isinstance(target, str):
+                self._partial_fit(item, found, pattern, step, e)  # raises when it fits some of the matches
+            raise
         desc = f"replaced {what} with {name}"
         if item.code is None:
             code = f"# `{item.expr}`: the replacement registered as {name!r}; define it first\n{code}"
         return Change(desc, code, new, new_params)
+
+    def _sub(self, pattern: str, item: Item, step: int) -> tuple[Mox, Any, str]:
+        """`yax.sub` of ``item`` on ``pattern`` as change number ``step``: the new
+        model, its parameters, and the line of "copy as code" doing it."""
+        if self.params is not None and item.kind in ("function", "equation"):  # creates no variables
+            new, new_params = yax.sub(pattern, item.repl, self.mox, params=self.params)
+            return new, new_params, f"mox, params = yax.sub({pattern!r}, {item.expr}, mox, params=params)"
+        if self.params is not None:
+            key = jax.random.fold_in(self._key, step)  # not made for the others: its first use compiles
+            new, new_params = yax.sub(pattern, item.repl, self.mox, params=self.params, key=key)
+            return new, new_params, (f"mox, params = yax.sub({pattern!r}, {item.expr}, mox, params=params, "
+                                     f"key=jax.random.fold_in(KEY, {step}))")
+        return yax.sub(pattern, item.repl, self.mox), None, f"mox = yax.sub({pattern!r}, {item.expr}, mox)"
+
+    def _partial_fit(self, item: Item, found: list[Any], pattern: str, step: int,
+                     error: yax.YaxRewriteError) -> None:
+        """Raise `PartialFit` when ``item`` fits some, not all, of the nodes
+        ``pattern`` found (each checked alone, as the fits menu does, and the
+        ones that fit replaced together, as the offer's drop does: never is
+        an offer refused); return otherwise (``error`` is the one to report)."""
+        refused: dict[int, str] = {}
+        fitting = []
+        for node in found:
+            why = misfit(item.repl, node, self.mox, cache=self._fit_cache, params=self.params)
+            if why is None:
+                fitting.append(node)
+            else:
+                refused[id(node)] = why
+        if not fitting or not refused:
+            return
+        try:
+            self._sub(" | ".join(xpath_for(node, self.mox) for node in fitting), item, step)
+        except yax.YaxError:
+            return
+        groups: dict[str, list[Any]] = {}  # the refused matches by type, in document order
+        for node in found:
+            if id(node) in refused:
+                groups.setdefault(getattr(node, "type", None) or node.name, []).append(node)
+        done = "Nothing was changed."
+        parts = []
+        for kind, nodes in list(groups.items())[:2]:  # each reason is a sentence or two: the first two types
+            paths = list(dict.fromkeys(f"`{n.path or n.name}`" for n in nodes))  # a module called twice: once
+            why = refused[id(nodes[0])].removesuffix(done).rstrip()
+            parts.append(f"The `{kind}` at {paths[0]} is refused: {why}" if len(nodes) == 1 else
+                         f"The {len(nodes)} `{kind}` matches ({_listed(paths)}) are refused; at {paths[0]}: {why}")
+        rest = [f"{len(nodes)} `{kind}`" for kind, nodes in list(groups.items())[2:]]
+        if rest:
+            parts.append(f"Refused too: {_listed(rest, 6)} (drop it on one of their rows to see why).")
+        k, n = len(fitting), len(found)
+        raise PartialFit(
+            f"{item.name} fits {k} of the {n} matches of `{pattern}`. {' '.join(parts)} Replace just the "
+            f"{k} that fit{'s' if k == 1 else ''} (the explorer offers it with a button; in Python, "
+            f"`explorer.substitute(error.fitting, {item.name!r})`), or narrow the query. {done}",
+            fitting, refused) from error
 
     def undo(self) -> None:
         """Go back one change (nothing happens at the original)."""
@@ -472,15 +555,23 @@ class Session:
         """Save the current model to run without yax (`Explorer.export`). Refuses to
         replace existing files unless ``overwrite``."""
         self.check_open()
+        self._check_concrete_for_export()
         from ._export import export
 
         return export(self, stem, overwrite=overwrite)["files"]
+
+    def _check_concrete_for_export(self) -> None:
+        if self.abstract:
+            raise yax.YaxInputError(
+                "Export writes the model's parameters beside its program, but this explorer was opened with "
+                "abstract ones (`jax.ShapeDtypeStruct`); open it with the real weights to export.")
 
     def export_next(self) -> dict:
         """The Export button: write ``yax_model_step{K}`` (K: the current step) in the
         working directory, with ``_2``, ``_3``… added when files of that name exist
         (none is replaced). Returns the files and their sizes."""
         self.check_open()
+        self._check_concrete_for_export()
         from ._export import export, taken
 
         stem, k = f"yax_model_step{self._index}", 2
@@ -624,7 +715,7 @@ class Session:
     def _start_compare(self) -> tuple[Future, float, str] | None:
         """Start comparing the current model with the original (or the previous
         state, `compare_with`) on the worker."""
-        if self._index == 0 or not (self.args or self.kwargs):
+        if self._index == 0 or not (self.args or self.kwargs) or self.abstract:
             return None
         previous = self.state["compare_base"] == "previous" and self._index >= 2  # before the first: the original
         base = self._states[self._index - 1] if previous else None
@@ -674,7 +765,8 @@ class Session:
         if compared is None:
             self.comparison = None
             changes: dict[str, Any] = {
-                "comparison": {} if self.args or self.kwargs else {"message": "no example inputs to compare on"}}
+                "comparison": {"message": NO_VALUES} if self.abstract and self._index else
+                {} if self.args or self.kwargs else {"message": "no example inputs to compare on"}}
             if self.state["status"].get("message"):  # "compared in …" was about a change no longer applied
                 changes["status"] = {"busy": False, "message": ""}
             self._set(**changes)
@@ -690,6 +782,13 @@ class Session:
         seconds = time.perf_counter() - t
         self._set(comparison={**_payloads.comparison_state(c, self.mox, seconds), "base": base},
                   status={"busy": False, "message": f"compared in {seconds:.2f} s"})
+
+
+def _listed(names: list[str], most: int = 3) -> str:
+    """``a, b, c and 2 more``: the first ``most`` of ``names``."""
+    if len(names) <= most:
+        return ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + names[-1]
+    return f"{', '.join(names[:most])} and {len(names) - most} more"
 
 
 def _stop(pool: ThreadPoolExecutor) -> None:

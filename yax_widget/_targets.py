@@ -4,6 +4,12 @@ of "copy as code" that trace it again. Both are the frontends' to say
 
 from __future__ import annotations
 
+import ast
+import builtins
+import keyword
+import math
+import re
+import symtable
 from typing import Any
 
 from yax.internal import frontend_named, unwrap_target
@@ -34,32 +40,105 @@ def target_kind(target: Any, traced: Any, mox: Any) -> str:
     return getattr(mox, "frontend", None) or "jax"
 
 
-def _literal(v: Any) -> str:
-    return repr(v) if v is None or isinstance(v, (bool, int, float, str)) else "..."
+def _static(v: Any) -> str | None:
+    """``v`` as Python source when it is a plain Python value that reads back
+    as itself (``train=False``, ``mode="eval"``, ``(2, 3)``), else ``None``."""
+    if v is None or isinstance(v, (bool, int, str)) or isinstance(v, float) and math.isfinite(v):
+        return repr(v)
+    if type(v) in (tuple, list):
+        parts = [_static(x) for x in v]
+        if all(p is not None for p in parts):
+            return repr(type(v)(ast.literal_eval(p) for p in parts))  # type: ignore[arg-type]
+    return None
+
+
+def _keyword(text: str) -> str | None:
+    """The keyword of an argument typed as ``key=expr``, else ``None``."""
+    m = re.match(r"\s*([A-Za-z_]\w*)\s*=(?!=)", text)
+    return m.group(1) if m else None
+
+
+def _free_names(exprs: list[str]) -> list[str]:
+    """The names the expressions read from the notebook, in order (``model`` of
+    ``{'params': model.params}``): not builtins, lambda parameters, or the
+    modules the script imports itself."""
+    names: list[str] = []
+
+    def walk(table: symtable.SymbolTable) -> None:
+        for sym in table.get_symbols():
+            n = sym.get_name()
+            if sym.is_referenced() and sym.is_global() and n not in names and not hasattr(builtins, n):
+                names.append(n)
+        for child in table.get_children():
+            walk(child)
+
+    for e in exprs:
+        try:
+            walk(symtable.symtable(e, "<yax>", "eval"))
+        except SyntaxError:  # not an expression (a `*xs`): its names are not listed
+            continue
+    return [n for n in names if n not in ("jax", "yax")]
+
+
+def _guessed_keywords(kwargs: dict, taken: set[str]) -> tuple[str, list[str]]:
+    """``(", k=v" text, the names it uses)`` for keyword inputs whose expressions
+    are unknown: a plain Python value as itself, anything else (an array) by a
+    name, its keyword where no other name of the script has it."""
+    text, named = "", []
+    for k, v in kwargs.items():
+        code = _static(v)
+        if code is None:
+            code = k
+            while code in taken or keyword.iskeyword(code):
+                code += "_"
+            taken.add(code)
+            named.append(code)
+        text += f", {k}={code}"
+    return text, named
 
 
 def opening_lines(kind: str, names: list[str] | None, n_args: int, kwargs: dict, has_params: bool) -> list[str]:
     """The lines of "copy as code" that make ``mox`` and ``params`` as the explorer
-    was opened, so the script runs as pasted. ``names``: the expressions the
-    model and its inputs were given as (``%yax`` knows them); without them the
-    frontend's usual names are written, with a comment saying to rename them.
+    was opened, so the script runs as pasted. ``names``: the arguments as typed
+    in ``%yax`` (the model, then the inputs' expressions, ``key=expr`` for a
+    keyword); a comment lists the notebook names they read. Without them the
+    frontend's usual names are written (one per keyword input that is no plain
+    Python value, named by its keyword), with a comment listing them to rename.
 
     Example:
-      >>> opening_lines("linen", ["net", "v", "x"], 2, {}, True)
-      ['mox = yax.make_mox(net)(v, x)', 'params = v']
+      >>> print(*opening_lines("linen", ["net", "v", "x[:2]"], 2, {}, True), sep="\\n")
+      # `net`, `v`, `x`: the notebook's names given to %yax
+      mox = yax.make_mox(net)(v, x[:2])
+      params = v
+      >>> import jax.numpy as jnp
+      >>> print(*opening_lines("jax", None, 0, {"x": jnp.ones(3), "train": False}, False), sep="\\n")
+      # `fn`, `x`: what was given to Explorer(...); use your names
+      mox = yax.make_mox(fn)(x=x, train=False)
     """
-    kw = "".join(f", {k}={_literal(v)}" for k, v in kwargs.items())
-    guessed = names is None
-    if kind == "mox":
-        if names is None:
-            names = ["mox0", *["batch", *(f"input{i}" for i in range(2, n_args + 1))][:n_args]]
-        target, inputs = names[0], list(names[1:])
-        lines = [f"mox = {target}"] + ([f"params = {inputs[0]}"] if has_params and inputs else [])
+    fe = None if kind == "mox" else frontend_named(kind)
+    if names is not None:  # the user's own expressions
+        model, typed = names[0], list(names[1:])
+        inputs = [t for t in typed if _keyword(t) is None]
+        kw = "".join(f", {t}" for t in typed if _keyword(t) is not None)
+        used = [*inputs, *(t.split("=", 1)[1] for t in typed if _keyword(t) is not None)]
+        if fe is None:  # a MoX: `mox = mox0` and its parameters, the inputs are not needed
+            used = inputs[:1] if has_params else []
+        listed = _free_names([model, *used])
+        comment = f"# {', '.join(f'`{n}`' for n in listed)}: the notebook's names given to %yax" if listed else None
     else:
-        fe = frontend_named(kind)
-        if names is None:  # arguments the frontend put first (an nnx state, a wrapper's parameters) are not named
-            names = fe.script_names(n_args - fe.prepended, has_params)
-        lines = fe.script(names[0], list(names[1:]), kw, has_params)
-    if guessed:
-        lines.insert(0, f"# {', '.join(f'`{n}`' for n in names)}: what was given to Explorer(...); use your names")
-    return lines
+        if fe is None:  # a MoX: only its parameters are needed to make `mox` and `params`
+            model, inputs = "mox0", ["variables"] if has_params and n_args else []
+        else:  # arguments the frontend put first (an nnx state, a wrapper's parameters) are not named
+            model, *inputs = fe.script_names(n_args - fe.prepended, has_params)
+        kw, named = _guessed_keywords({} if fe is None else kwargs, {model, *inputs, *_SCRIPT_NAMES})
+        listed = [model, *inputs, *named]
+        comment = f"# {', '.join(f'`{n}`' for n in listed)}: what was given to Explorer(...); use your names"
+    if fe is None:
+        lines = [f"mox = {model}"] + ([f"params = {inputs[0]}"] if has_params and inputs else [])
+    else:
+        lines = fe.script(model, inputs, kw, has_params)
+    return ([comment] if comment else []) + lines
+
+
+# names the opening lines bind or import themselves: a guessed input name never takes one
+_SCRIPT_NAMES = frozenset({"jax", "yax", "mox", "params", "KEY", "nnx"})

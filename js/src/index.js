@@ -10,7 +10,7 @@ import { renderHistory } from "./panes/history.js";
 import { paletteItems } from "./panes/palette.js";
 import { createTabs } from "./panes/tabs.js";
 import { createValues } from "./panes/values.js";
-import { createQueryBox } from "./querybox.js";
+import { createQueryBox, partialOffer } from "./querybox.js";
 import { createRequests, DEFAULT_TIMEOUT_MS } from "./requests.js";
 import { treeRows } from "./rows.js";
 import { createStatus } from "./status.js";
@@ -115,7 +115,7 @@ function connectButtons({ buttons, request, failed, change, tabs, panes, view, c
 
 /** What each trait's change updates: {trait: handler}. */
 function traitHandlers({ model, view, query, status, panes, buttons, palette, root, controls, refreshCode, graph, tabs,
-  request, failed, change }) {
+  values, request, failed, change }) {
   const matches = () => {
     controls.at.textContent = "";
     return view.showMatches(model.get("_matches") || [], model.get("_match_owners") || {});
@@ -137,14 +137,18 @@ function traitHandlers({ model, view, query, status, panes, buttons, palette, ro
   };
   return {
     _tree: () => {
-      view.setRows(treeRows(model.get("_tree")), controls.search.value);
+      view.setRows(treeRows(model.get("_tree")), controls.search.value); // keeps the selection where its row is
       matches();
       diff();
-      if (tabs.current() === "Graph") graph.show(null); // the ids are the new model's
+      if (tabs.current() === "Graph") graph.show(selectedCall(view)); // by the new model's ids
+      values.rowsChanged();
     },
     _matches: matches,
     _match_owners: matches,
-    _query: query.syncText,
+    _query: () => {
+      query.syncText();
+      view.dropOffer(); // an offer for the matches of the query before
+    },
     _query_error: query.syncError,
     _query_result: query.syncResult,
     _palette: () => palette.replaceChildren(...paletteItems(model.get("_palette") || [])),
@@ -237,24 +241,30 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS }) {
     color: () => getComputedStyle(root).getPropertyValue("--yax-accent") || "#1976d2" });
   view.el.before(values.bar);
 
-  async function substitute(target, name) {
+  /** A drop (or a pick in the fits menu) of `name` on row `target` or on the query box ("query");
+   * `ids`: on the query box, only those matches (the offer of a drop that fits some of them). */
+  async function substitute(target, name, ids = null) {
     view.closeOverlays();
     const before = tabs.current();
     try {
       // a drop on the query box names the text it shows: Python refuses it unless that query ran
-      const payload = target === "query" ? { target, name, xpath: query.input.value } : { target, name };
+      const payload = target === "query" ? { target, name, xpath: query.input.value, ...(ids ? { ids } : {}) }
+        : { target, name };
       await request("substitute", payload, change);
       if (tabs.current() === before) tabs.show("Compare"); // unless the user moved to another tab meanwhile
     } catch (err) {
-      if (err.timedOut) failed(err);
-      else view.showNotice(typeof target === "number" ? target : null, err.message); // a refusal: at its row
+      if (err.timedOut) return failed(err);
+      // a refusal: at its row; on the query box, fitting some of the matches, it offers to replace just those
+      const offer = target === "query" && !ids ? partialOffer(err.reply) : null;
+      view.showNotice(typeof target === "number" ? target : null, err.message,
+        offer && { label: offer.label, run: () => substitute("query", name, offer.ids) });
     }
   }
 
   connectControls({ controls, view });
   connectButtons({ buttons, request, failed, change, tabs, panes, view, code, graph });
   const sync = traitHandlers({ model, view, query, status, tabs, panes, buttons, palette, root, controls, refreshCode, graph,
-    request, failed, change });
+    values, request, failed, change });
   for (const [trait, f] of Object.entries(sync)) on(`change:${trait}`, f);
 
   view.setRows(treeRows(model.get("_tree")), "");

@@ -27,6 +27,16 @@ export function resultText(r) {
     explain: r.count === 0 && r.explain ? `No node matches. Where the query stops matching (yax.explain):\n${r.explain}` : "" };
 }
 
+/** What a refused drop on the box offers when the replacement fits some of the matches (the error
+ * reply's `fits`: their ids; `matches`: how many there are): `{ids, label}` of the button replacing
+ * just those, or null when it offers nothing. */
+export function partialOffer(reply) {
+  const ids = reply && Array.isArray(reply.fits) ? reply.fits : [];
+  if (!ids.length) return null;
+  const k = ids.length;
+  return { ids, label: `Replace just the ${plural(k, "match", "matches")} of ${reply.matches} that ${k === 1 ? "fits" : "fit"}` };
+}
+
 /**
  * `request(type, payload)` sends a request (requests.js); `onFailure(err)` shows a failure
  * in the status area; `onDrop(name)` substitutes palette item `name` for the matches.

@@ -59,6 +59,35 @@ export function rowElement(node, i, look) {
     ? h("button", { class: "yax-replace", title: "What fits here (Enter, or double-click the row)" }, "replace…") : null);
 }
 
+/** Call row `id` of tree `prev` in tree `next` (ids change with every rewrite), or null: the row
+ * of the same kind and path (a helper method's name holds its method), the k-th of those where
+ * a module is called k times, as `xpath_for` (yax_widget/_code.py) names a node. */
+export function sameRow(prev, id, next) {
+  const node = prev.byId.get(id);
+  if (!node) return null;
+  const same = (n) => n.kind === node.kind && n.path === node.path;
+  let k = 0;
+  for (const n of prev.byId.values()) {
+    if (n === node) break;
+    if (same(n)) k += 1;
+  }
+  for (const n of next.byId.values()) if (same(n) && k-- === 0) return n.id;
+  return null;
+}
+
+/** Where equation `id` is among the loaded equations `eqs` (call id -> equation nodes):
+ * `{owner, primitive, k}`, the k-th equation of its primitive in its call; null when not loaded. */
+export function equationPlace(eqs, id) {
+  for (const [owner, nodes] of eqs) {
+    const at = nodes.findIndex((e) => e.id === id);
+    if (at >= 0) {
+      const primitive = nodes[at].name;
+      return { owner, primitive, k: nodes.slice(0, at).filter((e) => e.name === primitive).length };
+    }
+  }
+  return null;
+}
+
 /** The legend of the rows' divergence colours. */
 export function divergenceLegend() {
   return h("div", { class: "yax-legend" },
@@ -87,7 +116,7 @@ export class TreeView {
     this.owners = {};          // `_match_owners`
     this.selected = null;      // selected row id
     this.fits = null;          // {id, fits, refused}: the menu at a row
-    this.notice = null;        // {id, message}: a refusal's reason at a row
+    this.notice = null;        // {id, message, action}: a refusal's reason at a row (and what it offers)
     this.visible = [];
     this.matchSet = new Set();
     this.matchVersion = 0;
@@ -151,9 +180,13 @@ export class TreeView {
   }
 
   noticeElement() {
+    const { message, action } = this.notice;
+    const close = () => { this.notice = null; this.schedule(); };
     return h("div", { class: "yax-notice", role: "alert" },
-      h("button", { class: "yax-close", onclick: () => { this.notice = null; this.schedule(); } }, "×"),
-      this.notice.message);
+      h("button", { class: "yax-close", onclick: close }, "×"),
+      message,
+      action ? h("div", { class: "yax-offer" }, h("button", { class: "yax-offer-apply",
+        onclick: () => { close(); action.run(); } }, action.label)) : null);
   }
 
   /** Paint at the next frame (once, however often asked). */
@@ -183,16 +216,45 @@ export class TreeView {
 
   // -- state from Python -------------------------------------------------------------------
 
-  /** New rows (`_tree`): what was expanded stays expanded where the rows still exist. */
+  /** New rows (`_tree`): what was expanded stays expanded, and the selected row selected, where the
+   * rows still exist (an undo, a redo, a change elsewhere: `sameRow`). */
   setRows(rows, filterText) {
     const prev = this.tree;
+    const prevEqs = this.eqs;
+    const was = this.selected;
     this.tree = buildTree(rows);
     this.expanded = prev.byId.size ? expandedByPath(prev, this.expanded, this.tree) : initialExpanded(this.tree);
     this.eqs = new Map();
     this.selected = null;
     this.fits = null;
+    this.dropOffer();
     this.filterText = filterText;
     this.updateKeep();
+    if (prev.byId.size) this.follow(prev, prevEqs, was);
+  }
+
+  /** After new rows: select again the row `was` of `prev` where it still exists (the caller updates the
+   * panes), and load again the equations of the calls still open (`prevEqs`: those loaded in `prev`). An
+   * equation is selected again once its call's equations are back, unless the user selected a row meanwhile. */
+  follow(prev, prevEqs, was) {
+    const eq = was !== null && !prev.byId.has(was) ? equationPlace(prevEqs, was) : null;
+    if (!eq && was !== null) this.selected = sameRow(prev, was, this.tree);
+    for (const owner of prevEqs.keys()) {
+      const id = sameRow(prev, owner, this.tree);
+      const node = this.tree.byId.get(id);
+      if (!node || !this.expanded.has(id)) continue;
+      const loaded = this.loadEquations(node).then(() => this.relayout());
+      if (eq && eq.owner === owner) {
+        loaded.then(() => {
+          if (this.tree.byId.get(id) !== node || this.selected !== null) return;
+          const again = (this.eqs.get(id) || []).filter((e) => e.name === eq.primitive)[eq.k];
+          if (!again) return;
+          this.selected = again.id;
+          this.schedule();
+          this.onSelect(again.id);
+        });
+      }
+    }
   }
 
   /** The rows both filters keep (the name/path filter, "only matches"). */
@@ -271,8 +333,17 @@ export class TreeView {
     this.scrollTo(this.indexOf(id));
   }
 
-  showNotice(id, message) {
-    this.notice = { id, message };
+  /** A refusal's reason at row `id` (null: the top); `action` `{label, run()}`: a button offering what
+   * the refusal allows instead (a drop on the query box that fits some of the matches: just those). */
+  showNotice(id, message, action = null) {
+    this.notice = { id, message, action };
+    this.schedule();
+  }
+
+  /** Close a notice that offers an action: it was made for rows that are gone or a query that changed. */
+  dropOffer() {
+    if (!this.notice || !this.notice.action) return;
+    this.notice = null;
     this.schedule();
   }
 

@@ -366,6 +366,88 @@ scenario("a new `_tree` keeps what was open by path; the filter keeps matches an
   assert.deepEqual(names(), ["Transformer", "Block_0", "gelu", "Block_1", "gelu"]);
 });
 
+scenario("undo and redo keep the selected row where it still exists, and its panes follow it", async (mount) => {
+  const { model, $, row } = await mount({ handlers: {
+    values: (msg, m) => { m.set("_values", { id: msg.id, key: `row ${msg.id}`, batch: "example", seconds: 0.1, more: 0,
+      outputs: [] }); return { type: "ok", id: msg.id, seconds: 0.1 }; } } });
+  click(row(8).querySelector(".yax-name")); // Block_1/Dense_0
+  click($('.yax-tab[data-tab="Values"]'));
+  await until(() => $(".yax-values-head code")?.textContent === "row 8", "the row's values");
+  // undo: every id changes (a change elsewhere renumbers the rows); the same call is still there
+  model.set("_tree", { version: 0, rows: transformerRows(2, 100) });
+  await frame();
+  assert.equal($(".yax-row.yax-selected").dataset.id, "108");
+  assert.ok(row(108).querySelector(".yax-replace"));
+  await until(() => $(".yax-values-head code")?.textContent === "row 108", "its values in the new model");
+  assert.deepEqual(model.requests("values").map((r) => r.id), [8, 108]);
+  // the Graph tab draws it too
+  click($('.yax-tab[data-tab="Graph"]'));
+  model.set("_tree", { version: 1, rows: transformerRows(2, 200) });
+  await until(() => model.requests("graph").length === 2, "the graph of the kept row");
+  assert.deepEqual(model.requests("graph").map((r) => r.id), [108, 208]);
+  // a model without that call: nothing is selected, and the Values tab says so
+  model.set("_tree", { version: 2, rows: transformerRows(1, 300) });
+  await frame();
+  assert.equal($(".yax-row.yax-selected"), null);
+  click($('.yax-tab[data-tab="Values"]'));
+  assert.match($(".yax-values").textContent, /Select a row/);
+});
+
+scenario("a selected equation stays selected: its open call's equations load again", async (mount) => {
+  const { model, $, row } = await mount();
+  click(row(3).querySelector(".yax-toggle")); // Block_0/Dense_0's equations
+  await until(() => row(20003), "the equations");
+  click(row(20003).querySelector(".yax-name")); // its `add`
+  model.set("_tree", { version: 1, rows: transformerRows(2, 100) });
+  await until(() => row(20103)?.classList.contains("yax-selected"), "the equation selected again");
+  assert.deepEqual(model.requests("expand"), [{ type: "expand", id: 3 }, { type: "expand", id: 103 }]);
+  assert.equal($$sel($), 1);
+});
+
+function $$sel($) { return $(".yax-tree").querySelectorAll(".yax-selected").length; }
+
+scenario("a drop on the query box that fits some matches offers to replace just those", async (mount) => {
+  const refusal = "LoRA r=4 fits 2 of the 4 matches of `//Dense`. The 2 `Dense` matches … are refused. "
+    + "Nothing was changed.";
+  const { model, root, $, $$ } = await mount({ handlers: { substitute: (msg, m) => {
+    if (!msg.ids) return { type: "error", message: refusal, fits: [3, 8], matches: 4 };
+    m.set("_history", { items: ["replaced Transformer/Block_0/Dense_0, Transformer/Block_1/Dense_0 with LoRA r=4"],
+      index: 1 });
+    return { type: "ok", description: "replaced" };
+  } } });
+  const input = $(".yax-query input");
+  input.value = "//Dense";
+  input.dispatchEvent(new window.Event("input"));
+  await until(() => root.dataset.matchIds === "3,5,8,10", "the highlight");
+  drop($(".yax-query"), "LoRA r=4");
+  await until(() => $(".yax-notice .yax-offer-apply"), "the offer");
+  assert.equal($(".yax-notice").textContent, `×${refusal}Replace just the 2 matches of 4 that fit`); // close, why, offer
+  click($(".yax-offer-apply"));
+  await until(() => model.requests("substitute").length === 2, "the substitution of those that fit");
+  assert.deepEqual(model.requests("substitute"), [
+    { type: "substitute", target: "query", name: "LoRA r=4", xpath: "//Dense" },
+    { type: "substitute", target: "query", name: "LoRA r=4", xpath: "//Dense", ids: [3, 8] }]);
+  await frame();
+  assert.equal($(".yax-notice"), null);
+  await until(() => $(".yax-tab.yax-active").dataset.tab === "Compare", "the compare tab");
+  // an offer goes with the query it was made for, and with the rows
+  drop($(".yax-query"), "LoRA r=4");
+  await until(() => $(".yax-offer-apply"), "the offer again");
+  model.set("_query", "//gelu");
+  await frame();
+  assert.equal($(".yax-notice"), null);
+  assert.deepEqual($$(".yax-offer-apply"), []);
+});
+
+scenario("a refused drop on the query box that fits none of the matches offers nothing", async (mount) => {
+  const { $ } = await mount({ handlers: { substitute: () => ({ type: "error",
+    message: "`yax.LoRA` adapts linen's `Dense` layers, but … Nothing was changed." }) } });
+  drop($(".yax-query"), "LoRA r=4");
+  await until(() => $(".yax-notice"), "the notice");
+  assert.match($(".yax-notice").textContent, /adapts linen's/);
+  assert.equal($(".yax-offer-apply"), null);
+});
+
 scenario("a comparison fills the compare pane and colours the rows; the diff marks them", async (mount) => {
   const { model, $, $$, row } = await mount();
   model.set("_diff", { original: { 4: "changed" }, current: { 4: "changed" } });

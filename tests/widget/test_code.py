@@ -49,3 +49,26 @@ def test_plain_function_explorer():
     exec(ex.code(), ns)
     np.testing.assert_array_equal(yax.eval_mox(ns["mox"], x), yax.eval_mox(ex.mox, x))
     assert not ex.comparison.allclose
+
+
+def test_the_opening_lines_name_every_input_they_read():
+    """Keyword inputs: a plain Python value written as itself, an array by a name the comment lists
+    (its keyword, unless the script has that name already); `%yax`'s expressions as typed."""
+    from yax_widget._targets import opening_lines
+
+    ids = jnp.ones((1, 4), jnp.int32)
+    assert opening_lines("huggingface", None, 1, {"input_ids": ids, "output_hidden_states": False}, True) == [
+        "# `model`, `input_ids`: what was given to Explorer(...); use your names",
+        "mox = yax.make_mox(lambda params, *inputs, **kwargs: model(*inputs, params=params, **kwargs))"
+        "(model.params, input_ids=input_ids, output_hidden_states=False)",
+        "params = model.params"]
+    assert opening_lines("jax", None, 1, {"x": ids, "params": ids, "shape": (2, 3)}, False) == [
+        "# `fn`, `x`, `x_`, `params_`: what was given to Explorer(...); use your names",
+        "mox = yax.make_mox(fn)(x, x=x_, params=params_, shape=(2, 3))"]
+    assert opening_lines("nnx", ["net", "xs[:2]", "mask=jnp.ones(2)"], 2, {"mask": ids}, True) == [
+        "# `net`, `xs`, `jnp`: the notebook's names given to %yax", "from flax import nnx",
+        "mox = yax.make_mox(net)(xs[:2], mask=jnp.ones(2))", "params = nnx.state(net)"]
+    assert opening_lines("mox", None, 2, {"train": False}, True) == [  # a MoX needs only its parameters
+        "# `mox0`, `variables`: what was given to Explorer(...); use your names", "mox = mox0", "params = variables"]
+    assert opening_lines("mox", ["m", "{'params': p}", "x"], 2, {}, True) == [
+        "# `m`, `p`: the notebook's names given to %yax", "mox = m", "params = {'params': p}"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from yax_widget import Explorer
@@ -26,17 +27,78 @@ def test_magic(shell, model):
             shell.run_line_magic("yax", line)
 
 
-def test_magic_arguments_are_python_expressions(shell, model):
-    """Spaces split arguments only outside brackets and strings: a dict literal is one argument."""
+def _words(line: str) -> tuple[list[str], list[str]]:
     from yax_widget._magic import split_line
 
-    assert split_line("model.module {'params': model.params} ids") == [
-        "model.module", "{'params': model.params}", "ids"]
-    assert split_line("fn x + 1 y[:, 0] f(a, b)") == ["fn", "x + 1", "y[:, 0]", "f(a, b)"]
-    assert split_line("m v --query '//a[@b=\"c d\"]'") == ["m", "v", "--query", "'//a[@b=\"c d\"]'"]
+    arguments, options = split_line(line)
+    return [a.text for a in arguments], options
+
+
+def test_magic_arguments_are_python_expressions(shell, model):
+    """Spaces split arguments only outside brackets and strings and away from operators: a dict
+    literal is one argument, `x + 1` too; Python reads them as the arguments of a call."""
+    assert _words("model.module {'params': model.params} ids") == (
+        ["model.module", "{'params': model.params}", "ids"], [])
+    assert _words("fn x + 1 y[:, 0] f(a, b) -z") == (["fn", "x + 1", "y[:, 0]", "f(a, b)", "-z"], [])
+    assert _words("fn x if c else y not z a not in b lambda v: v * 2") == (
+        ["fn", "x if c else y", "not z", "a not in b", "lambda v: v * 2"], [])
+    assert _words("model, variables, batch") == (["model", "variables", "batch"], [])  # commas as in a call
+    assert _words("m v --query '//a[@b=\"c d\"]'") == (["m", "v"], ["--query", '//a[@b="c d"]'])
+    assert _words("m '--query' --query=//x") == (["m", "'--query'"], ["--query=//x"])  # in a string: no option
+    assert _words("model input_ids=ids decoder_input_ids = dec[:, :4] *more **kw") == (
+        ["model", "input_ids=ids", "decoder_input_ids=dec[:, :4]", "*more", "**kw"], [])
     m, v = model
     shell.run_line_magic("load_ext", "yax_widget")
     shell.user_ns.update(model=m, params=v["params"], batch=IDS)
     ex = shell.run_line_magic("yax", "model {'params': params} batch --query=//activation")
     assert isinstance(ex, Explorer) and ex.params == {"params": v["params"]}
     assert ex._query_result["count"] == 4 and len(ex._matches) == 4  # the magic's query is counted too
+    ex = shell.run_line_magic("yax", "model *[{'params': params}, batch]")  # unpacked: the script's usual names
+    assert ex.session.names is None and "mox = yax.make_mox(model)(variables, batch)" in _changed(ex).code()
+
+
+def _changed(ex: Explorer) -> Explorer:
+    ex.substitute("//activation", "ReLU")
+    return ex
+
+
+def test_magic_refuses_lines_that_are_no_call_saying_why(shell, model):
+    from IPython.core.error import UsageError
+
+    m, v = model
+    shell.run_line_magic("load_ext", "yax_widget")
+    shell.user_ns.update(model=m, variables=v, batch=IDS)
+    for line, msg in [("model variables=variables batch", "positional argument follows keyword argument"),
+                      ("model variables batch)", "`\\)` closes no bracket"),
+                      ("model (variables batch", "bracket is not closed"), ("model $ batch", "`\\$` is no Python"),
+                      ("--query //x model", "before its options, but found `model`"),
+                      ("input_ids=batch", "needs a model"), ("model variables **batch", "could not unpack `\\*\\*batch`")]:
+        with pytest.raises(UsageError, match=msg):
+            shell.run_line_magic("yax", line)
+
+
+def test_magic_keyword_arguments_open_a_hugging_face_model_as_explorer_does(shell):
+    """`%yax bart input_ids=ids decoder_input_ids=dec` opens what `Explorer(bart, input_ids=ids,
+    decoder_input_ids=dec)` opens; its script passes the keywords as typed. (That the script makes
+    the same numbers in a fresh kernel: test_script_runs.py.)"""
+    import transformers
+
+    bart = transformers.FlaxBartForConditionalGeneration(transformers.BartConfig(
+        vocab_size=50, d_model=16, max_position_embeddings=8, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32), seed=0)
+    ids = IDS % 50
+    shell.run_line_magic("load_ext", "yax_widget")
+    shell.user_ns.update(bart=bart, ids=ids, dec=ids[:, ::-1])
+    ex = shell.run_line_magic("yax", "bart input_ids=ids decoder_input_ids=dec[:, :6]")
+    same = Explorer(bart, input_ids=ids, decoder_input_ids=ids[:, ::-1][:, :6])
+    assert ex.session.args == (bart.params,) and str(ex.mox) == str(same.mox)
+    np.testing.assert_array_equal(ex.session.kwargs["decoder_input_ids"], same.session.kwargs["decoder_input_ids"])
+    ex.substitute("//activation", "ReLU")
+    code = ex.code()
+    assert "(bart.params, input_ids=ids, decoder_input_ids=dec[:, :6])" in code
+    assert "# `bart`, `ids`, `dec`: the notebook's names given to %yax" in code
+    ns = {"bart": bart, "ids": ids, "dec": ids[:, ::-1]}
+    exec(code, ns)  # noqa: S102 - the script the user would paste
+    assert str(ns["mox"]) == str(ex.mox)
+    ex.close()
+    same.close()

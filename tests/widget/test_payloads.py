@@ -3,11 +3,14 @@ heatmap buffers, diff marks."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from ipywidgets.widgets.widget import _remove_buffers
 
 import yax
-from yax.internal import view
+from yax.internal import value_str, view
+from yax_widget._payloads import tree
 
 from .helpers import IDS, ask, explorer
 
@@ -81,3 +84,57 @@ def test_rows_show_each_calls_dtypes_once_the_model_mixes_them(model):
     assert dense and all(shown[p] == "f32/bf16/f32" for p in dense)
     norms = [n.path for n in half.modules() if n.type == "LayerNorm"]
     assert norms and all(shown[p] == "f32/f32/f32" for p in norms)
+
+
+def test_value_str_reads_a_partial_as_the_call_it_builds():
+    import flax.linen as nn
+    import jax
+    from flax import nnx
+
+    # the arguments that differ from the callable's defaults, by name, deterministic: no address, no `partial`
+    assert value_str(functools.partial(nn.Dense, features=64, use_bias=True)) == "Dense(features=64)"
+    assert value_str(functools.partial(nn.Dense, 8, use_bias=False, kernel_init=nn.initializers.zeros)) == (
+        "Dense(8, use_bias=False, kernel_init=zeros)")
+    assert value_str(functools.partial(nn.Dense, features=64, use_bias=1)) == "Dense(features=64, use_bias=1)"
+    assert value_str(functools.partial(jax.nn.gelu, approximate=False)) == "gelu(approximate=False)"
+    assert value_str(functools.partial(jax.nn.gelu, approximate=True)) == "gelu()"
+    # an nnx layer: its constructor's defaults, hidden behind nnx's `(*args, **kwargs)` signature
+    assert value_str(functools.partial(nnx.Conv, in_features=3, out_features=8, kernel_size=(3, 3), strides=1,
+                                       padding="SAME")) == "Conv(in_features=3, out_features=8, kernel_size=(3, 3))"
+    assert value_str(functools.partial(max, 3, key=abs)) == "max(3, key=abs)"  # no signature: all of them
+    assert value_str(nnx.LoRAParam) == "LoRAParam"  # a class as a value: by name
+
+
+def test_a_lora_row_shows_the_layer_it_adapts_not_its_internals():
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    class Linen(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3)(nn.Dense(64)(x))
+
+    m, x = Linen(), jnp.ones((2, 4))
+    v = m.init(jax.random.key(0), x)
+    mox, _ = yax.sub('//module_call[@type="Dense"]', yax.LoRA(rank=2), yax.make_mox(m.apply)(v, x), params=v,
+                     key=jax.random.key(1))
+    rows = [r for r in tree(mox, 1)["rows"] if r[4] == "LoRA"]
+    assert [(r[5], r[10]) for r in rows] == [  # attrs (the row), fields (its tooltip)
+        ("rank=2 base=Dense(features=64)", "rank=2 alpha=4.0 base=Dense(features=64)"),
+        ("rank=2 base=Dense(features=3)", "rank=2 alpha=4.0 base=Dense(features=3)")]
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.conv = nnx.Conv(3, 8, kernel_size=(3, 3), rngs=rngs)
+
+        def __call__(self, x):
+            return self.conv(x)
+
+    net = Net(nnx.Rngs(0))
+    mox = yax.make_mox(net)(jnp.ones((1, 8, 8, 3)))
+    mox, _ = yax.sub("//module_call[@type='Conv']", yax.LoRA(rank=2), mox, params=nnx.state(net))
+    (row,) = [r for r in tree(mox, 1)["rows"] if r[4] == "LoRA"]
+    assert row[5] == "alpha=4.0 base=Conv(in_features=3, out_features=8, kernel_size=(3, 3)) rank=2"  # no in_axes
+    assert "partial" not in row[10] and "0x" not in row[10]

@@ -4,6 +4,7 @@ refused requests change nothing, exports never replace a file unasked)."""
 
 from __future__ import annotations
 
+import ast
 import copy
 import os
 import subprocess
@@ -18,9 +19,10 @@ import numpy as np
 import pytest
 
 import yax
+from yax.internal import misfit, node_ids
 from yax_widget import Session
 from yax_widget._protocol import REQUESTS, answer
-from yax_widget._session import INITIAL_STATE
+from yax_widget._session import INITIAL_STATE, PartialFit
 
 X = jnp.linspace(-1, 1, 12).reshape(3, 4)
 
@@ -118,6 +120,12 @@ BAD = [
     {"type": "overlay", "stat": "max"}, {"type": "batch", "name": "nope"}, {"type": "values", "id": -1},
     {"type": "fits", "id": None}, {"type": "graph", "depth": 9}, {"type": "expand", "id": 0},
     {"type": "export", "stem": "/tmp/elsewhere"}, {"type": "nope"}, {"type": "undo", "index": 0},
+    # the offer of a drop that fits some matches: ids of the query's matches only, with the query box
+    {"type": "substitute", "target": 1, "name": "ReLU", "ids": [1]},
+    {"type": "substitute", "target": "query", "name": "ReLU", "xpath": '//module_call[@type="Dense"]', "ids": []},
+    {"type": "substitute", "target": "query", "name": "ReLU", "xpath": '//module_call[@type="Dense"]', "ids": [0]},
+    {"type": "substitute", "target": "query", "name": "ReLU", "xpath": '//module_call[@type="Dense"]', "ids": "1"},
+    {"type": "substitute", "target": "query", "name": "ReLU", "xpath": '//module_call[@type="Dense"]', "ids": [1, 1]},
 ]
 
 
@@ -154,6 +162,65 @@ def test_a_drop_on_a_query_box_showing_another_query_is_refused():
     assert reply["type"] == "error" and "did not run" in reply["message"] and not s.history
     reply = ask(s, type="substitute", target="query", name="ReLU", xpath="//activation")
     assert reply["type"] == "ok" and len(s.history) == 1
+
+
+def test_a_drop_on_the_query_box_fitting_some_matches_offers_to_replace_just_those():
+    from models import case_cnn_eval  # a Conv, which linen LoRA refuses, and a Dense, which it adapts
+
+    f, args, kw = case_cnn_eval()
+    s = Session(f, *args, **kw)
+    q = '//module_call[@type="Dense" or @type="Conv"]'
+    s.query(q)
+    conv, dense = yax.query(q, s.mox)
+    ids = node_ids(s.mox)
+    before = frozen(s)
+    reply = ask(s, type="substitute", target="query", name="LoRA r=4", xpath=q)
+    assert reply["type"] == "error" and (reply["fits"], reply["matches"]) == ([ids[id(dense)]], 2)
+    assert reply["message"].startswith(
+        f"LoRA r=4 fits 1 of the 2 matches of `{q}`. The `Conv` at `CNN/Conv_0` is refused: `yax.LoRA` adapts "
+        "linen's `Dense`, `DenseGeneral`, `Einsum` layers, whose math it knows, but the module_call `Conv_0` at "
+        "`CNN/Conv_0` is a `Conv`."), reply["message"]
+    assert reply["message"].endswith("Replace just the 1 that fits (the explorer offers it with a button; in Python, "
+                                     "`explorer.substitute(error.fitting, 'LoRA r=4')`), or narrow the query. "
+                                     "Nothing was changed.")
+    assert reply["message"].count("Nothing was changed.") == 1
+    after = frozen(s)
+    assert after[0] == before[0] and after[1:] == before[1:]
+    with pytest.raises(PartialFit) as e:  # the same from Python
+        s.substitute(q, "LoRA r=4")
+    assert e.value.fitting == [dense] and str(e.value) == reply["message"]
+    # an offer naming a match that does not fit is checked again and refused with the menu's reason
+    forged = ask(s, type="substitute", target="query", name="LoRA r=4", xpath=q, ids=[ids[id(conv)]])
+    assert forged["type"] == "error" and forged["message"] == misfit(yax.LoRA(rank=4), conv, s.mox, params=s.params)
+    assert frozen(s)[1:] == before[1:]
+    # the offer taken: one change, exactly `yax.sub` of the nodes that fit
+    ok = ask(s, type="substitute", target="query", name="LoRA r=4", xpath=q, ids=reply["fits"])
+    assert ok["type"] == "ok" and ok["description"] == "replaced CNN/Dense_0 with LoRA r=4" and len(s.history) == 1
+    want, want_params = yax.sub([dense], yax.LoRA(rank=4), s.original, params=args[0],
+                                key=jax.random.fold_in(jax.random.key(0), 1))
+    assert str(s.mox) == str(want)
+    assert jax.tree.structure(s.params) == jax.tree.structure(want_params)
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, s.params, want_params)))
+    # the same computation, with an update that does something (`lora_b` starts at zero)
+    bumped = jax.tree_util.tree_map_with_path(lambda p, x: x + 0.5 if "lora_b" in jax.tree_util.keystr(p) else x,
+                                              want_params)
+    got, ref = yax.eval_mox(s.mox, bumped, args[1], **kw), yax.eval_mox(want, bumped, args[1], **kw)
+    np.testing.assert_array_equal(got, ref)
+    assert not np.allclose(ref, f(*args, **kw))
+    assert """yax.sub('//module_call[@path="CNN/Dense_0"]', yax.LoRA(), mox""" in s.code()  # replays that node
+    s.close()
+
+
+def test_a_list_of_nodes_is_replaced_in_one_change_that_names_exactly_them():
+    s = session()
+    d0, d1 = yax.query('//module_call[@type="Dense"]', s.mox)
+    assert s.substitute([d0, d1], "LoRA r=4") == "replaced Sequential/layers_0 and Sequential/layers_2 with LoRA r=4"
+    code = s.history[0].code
+    pattern = ast.literal_eval(ast.parse(code).body[0].value.args[0])  # what "copy as code" replays
+    assert " | " in pattern and yax.query(pattern, s.original) == [d0, d1]
+    with pytest.raises(yax.YaxInputError, match="There are no nodes to replace with ReLU"):
+        s.substitute([], "ReLU")
+    s.close()
 
 
 def test_exports_never_replace_a_file_unasked(tmp_path, monkeypatch):

@@ -623,7 +623,8 @@ class EquinoxFrontend(Frontend):
         return ["model", "x", *(f"input{i}" for i in range(2, n_inputs + 1))][: n_inputs + 1]
 
     def script(self, model: str, inputs: Sequence[str], kwargs: str, has_params: bool) -> list[str]:
-        return [f"mox = yax.make_mox({model})({', '.join(inputs)}{kwargs})", f"params = {model}"]
+        call = (", ".join(inputs) + kwargs).removeprefix(", ")  # keyword inputs only: no comma first
+        return [f"mox = yax.make_mox({model})({call})", f"params = {model}"]
 
     prepended = 1  # the model itself
 

@@ -66,8 +66,9 @@ class HuggingFace(Frontend):
         return ["model", "batch", *(f"input{i}" for i in range(2, n_inputs + 1))][: n_inputs + 1]
 
     def script(self, model: str, inputs: Sequence[str], kwargs: str, has_params: bool) -> list[str]:
-        return [f"mox = yax.make_mox(lambda params, *inputs: {model}(*inputs, params=params))"
-                f"({model}.params, {', '.join(inputs)}{kwargs})", f"params = {model}.params"]
+        # the wrapper's parameters first, as `unwrap` traces it; its keyword inputs (`input_ids=`) passed on
+        return [f"mox = yax.make_mox(lambda params, *inputs, **kwargs: {model}(*inputs, params=params, **kwargs))"
+                f"({', '.join([f'{model}.params', *inputs])}{kwargs})", f"params = {model}.params"]
 
 
 frontend = HuggingFace()

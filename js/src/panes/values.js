@@ -139,7 +139,7 @@ export function overlayLegend(o) {
  * `view`: the TreeView (its `overlay` map paints the rows); `tabs`, `pane`: the side panel's tabs
  * and the Values tab; `on(event, fn)`: model events removed with the widget; `change`: the
  * request options of a change (a batch switch re-runs the comparison).
- * Returns `{bar, select(id), shown(), dispose()}`.
+ * Returns `{bar, select(id), shown(), rowsChanged(), dispose()}`.
  */
 export function createValues({ model, request, view, tabs, pane, failed, on, change, color = () => "#1976d2" }) {
   const batch = h("select", { class: "yax-batch", "aria-label": "input batch", title: "The input batch the values, colours and comparison use" });
@@ -264,13 +264,6 @@ export function createValues({ model, request, view, tabs, pane, failed, on, cha
   on("change:_batches", () => { syncBatches(); if (view.selected === null) idle(); });
   on("change:_values", show);
   on("change:_overlay", paint);
-  on("change:_tree", () => { // a new model: its own rows and values
-    message.textContent = "";
-    view.overlay = null;
-    idle();
-    if (colour.value !== "off") recolour();
-    else paint();
-  });
   syncBatches();
   idle();
 
@@ -280,6 +273,17 @@ export function createValues({ model, request, view, tabs, pane, failed, on, cha
     select: (id) => { if (tabs.current() === "Values") fetch(id); },
     /** The Values tab was shown. */
     shown: () => fetch(view.selected),
+    /** A new model (`_tree`), its rows set: its own colours, and the values of the row still selected
+     * (the view keeps the selection where its row still exists), shown stale until they come. */
+    rowsChanged: () => {
+      message.textContent = "";
+      view.overlay = null;
+      if (colour.value !== "off") recolour();
+      else paint();
+      if (view.selected === null) idle();
+      else if (tabs.current() === "Values") fetch(view.selected);
+      else pane.replaceChildren(); // filled when the tab is shown
+    },
     dispose: () => {},
   };
 }

@@ -116,7 +116,8 @@ class NnxFrontend(Frontend):
         return ["net", "batch", *(f"input{i}" for i in range(2, n_inputs + 1))][: n_inputs + 1]
 
     def script(self, model: str, inputs: Sequence[str], kwargs: str, has_params: bool) -> list[str]:
-        return ["from flax import nnx", f"mox = yax.make_mox({model})({', '.join(inputs)}{kwargs})",
+        call = (", ".join(inputs) + kwargs).removeprefix(", ")  # keyword inputs only: no comma first
+        return ["from flax import nnx", f"mox = yax.make_mox({model})({call})",
                 f"params = nnx.state({model})"]
 
 

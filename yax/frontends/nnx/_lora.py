@@ -100,7 +100,7 @@ def lora_type() -> type:
         def __init__(self, base: Callable[..., Any], in_axes: tuple[int, ...], rank: int, alpha: float, *,
                      rngs: Any):
             self.base = base          # builds the adapted layer (``base(rngs=…)``), for `merge`
-            self.in_axes = in_axes    # the kernel axes that meet the input
+            self._in_axes = in_axes   # the kernel axes that meet the input (private: rows show what a user set)
             self.rank, self.alpha = rank, alpha
             self._layer, own = nnx.split(base(rngs=nnx.Rngs(0)))
             self._own = tuple(own)    # the layer's variables, held here under their own names
@@ -115,7 +115,7 @@ def lora_type() -> type:
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             own = {name: getattr(self, name) for name in self._own}
             kernel = own["kernel"][...]
-            kernel = kernel + delta(kernel, self.lora_a[...], self.lora_b[...], self.in_axes, self.alpha / self.rank)
+            kernel = kernel + delta(kernel, self.lora_a[...], self.lora_b[...], self._in_axes, self.alpha / self.rank)
             state = {name: type(v)(kernel if name == "kernel" else v[...]) for name, v in own.items()}
             layer = nnx.merge(self._layer, nnx.State(state))
             return _unwrapped(type(layer).__call__)(layer, *args, **kwargs)
@@ -189,7 +189,17 @@ def _linear(node: Mox) -> Any:
 
 def _fold_generic(node: Mox) -> Callable[[jax.Array, jax.Array, jax.Array], jax.Array]:
     a = node.attrs
-    return lambda k, la, lb: k + delta(k, la, lb, a["in_axes"], a["alpha"] / a["rank"])
+    base = a["base"]  # `type(**fields)` of the adapted layer: its kernel's input axes, as `adapter` found them
+
+    if not KERNEL_AXES:
+        KERNEL_AXES.update(_kernel_axes())
+
+    def fold(k: jax.Array, la: jax.Array, lb: jax.Array) -> jax.Array:
+        axes = KERNEL_AXES[base.func](dict(base.keywords), k.ndim)
+        assert not isinstance(axes, str)  # `adapter` made this LoRA only for a layout it knows
+        return k + delta(k, la, lb, axes, a["alpha"] / a["rank"])
+
+    return fold
 
 
 def _foldings() -> dict[type, Folding]:
