@@ -15,7 +15,7 @@ function side(title, tree, marks) {
       return h("div", {
         class: `yax-diff-row ${mark ? `yax-${mark}` : ""}`, dataset: { id: String(n.id) },
         style: { paddingLeft: `${4 + n.depth * 12}px` },
-      }, `${SIGN[mark] || "  "}${n.name}`, n.type && n.type !== n.name ? h("span", { class: "yax-type" }, n.type) : null);
+      }, h("span", { class: "yax-diff-name" }, `${SIGN[mark] || "  "}${n.name}`), n.type && n.type !== n.name ? h("span", { class: "yax-type" }, n.type) : null);
     }) : h("div", { class: "yax-hint" }, "no differences"));
 }
 
