@@ -118,8 +118,9 @@ def open_fits(root, row_id: str):
     row = root.locator(f'.yax-row[data-id="{row_id}"]')
     row.scroll_into_view_if_needed()
     row.locator(".yax-name").click()
-    root.page.wait_for_function("(id) => document.querySelector('.yax-row.yax-selected')?.dataset.id === id",
-                                arg=row_id)
+    # in this explorer: another one on the page keeps its own selection (undo and redo keep it)
+    root.page.wait_for_function("([el, id]) => el.querySelector('.yax-row.yax-selected')?.dataset.id === id",
+                                arg=[root.element_handle(), row_id])
     root.locator(".yax-tree").press("Enter")
     menu = root.locator(".yax-fits")
     menu.wait_for(state="visible")
