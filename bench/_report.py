@@ -5,8 +5,22 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import resource
+import time
 
 import jax
+
+
+def peak_mb() -> float:
+    """This process's peak resident memory so far, in MB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def timed(f):
+    """``(seconds, f())``."""
+    t = time.perf_counter()
+    out = f()
+    return time.perf_counter() - t, out
 
 
 def report(rows: list[dict], cols: list[str], out: str, runs: int, **meta: object) -> None:

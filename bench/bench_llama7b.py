@@ -15,9 +15,7 @@ each step. Prints a table and writes bench/results/llama7b.json.
 import argparse
 import os
 import pathlib
-import resource
 import sys
-import time
 import warnings
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -25,21 +23,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from _report import report  # noqa: E402
+from _report import peak_mb, report, timed  # noqa: E402
 
 import yax  # noqa: E402
 
 QV = '//module_call[@type="Dense"][@name="q_proj" or @name="v_proj"]'
-
-
-def peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def timed(f):
-    t = time.perf_counter()
-    out = f()
-    return time.perf_counter() - t, out
 
 
 def main():

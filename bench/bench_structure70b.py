@@ -21,27 +21,15 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import resource
 import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from bench._report import report  # noqa: E402
-
-
-def peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def timed(f):
-    t = time.perf_counter()
-    out = f()
-    return time.perf_counter() - t, out
+from bench._report import peak_mb, report, timed  # noqa: E402
 
 
 def main() -> None:

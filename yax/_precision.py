@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._ir import CALL_KINDS, Equation, Kind, Mox
-from ._vocab import dtype_str
+from ._vocab import dtype_str, key_name
 from .errors import NeedsParams, YaxRewriteError
 
 #: Names jmp accepts for dtypes (``half`` is float16 there too).
@@ -137,15 +137,9 @@ def precisions(mox: Mox) -> dict[int, Policy]:
     got = _cache.get(mox)
     if got is not None:
         return got
-    order: list[Any] = []
-    stack: list[Any] = [mox]
-    while stack:
-        n = stack.pop()
-        order.append(n)
-        stack.extend(n.children if isinstance(n, Mox) else [s for _, s in n.subs])
     seen: dict[int, _Seen] = {}
     out: dict[int, Policy] = {}
-    for n in reversed(order):  # children before parents
+    for n in reversed([mox, *mox.walk()]):  # children before parents
         s = seen[id(n)] = _Seen()
         if isinstance(n, Equation):
             if n.name in _HEAVY:
@@ -169,11 +163,6 @@ def is_mixed(mox: Mox) -> bool:
     """Whether the calls of ``mox`` use more than one floating dtype (tables then show each call's)."""
     return len({d for p in precisions(mox).values() for v in (p.params, p.compute, p.output) if v
                 for d in v.split("+")}) > 1
-
-
-def precision(mox: Mox, node: Mox) -> Policy:
-    """The `Policy` the call ``node`` of ``mox`` computes with."""
-    return precisions(mox)[id(node)]
 
 
 # -- setting it ---------------------------------------------------------------------------
@@ -286,10 +275,6 @@ def _said(e: BaseException) -> str:
     return str(e).removesuffix(" Nothing was changed.")
 
 
-def _key(k: Any) -> str:
-    return str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
-
-
 def _cast_params(targets: list[Mox], level: dict[str, dict[str, Any]], params: Any, like: Any = None) -> Any:
     """``params`` with the floating parameters of each target whose policy sets
     ``param_dtype`` cast to it, in the layout given: at the target's scope in
@@ -308,11 +293,11 @@ def _cast_params(targets: list[Mox], level: dict[str, dict[str, Any]], params: A
 
         return not variable(x) or (nnx_loaded() and isinstance(x, flax_nnx().Param))
 
-    source = {} if like is None else {tuple(map(_key, kp)): x for kp, x in
+    source = {} if like is None else {tuple(map(key_name, kp)): x for kp, x in
                                         jax.tree_util.tree_flatten_with_path(like, is_leaf=variable)[0]}
 
     def cast(kp: Any, x: Any) -> Any:
-        keys = tuple(map(_key, kp))
+        keys = tuple(map(key_name, kp))
         for scope, dt in casts.items():
             at = 1 if keys[:1] == ("params",) else 0
             if scope and keys[at: at + len(scope)] == scope and param(x):

@@ -144,12 +144,7 @@ def calls_below(mox: Mox) -> set[int]:
     """``id`` of every node of ``mox`` (itself included) with a call node
     somewhere below it, found in one pass without recursion."""
     out: set[int] = set()
-    order, stack = [], [mox]
-    while stack:
-        n = stack.pop()
-        order.append(n)
-        stack.extend(_below(n))
-    for n in reversed(order):  # children before parents
+    for n in reversed([mox, *mox.walk()]):  # children before parents
         if any(id(c) in out or (isinstance(c, Mox) and c.kind in CALL_KINDS) for c in _below(n)):
             out.add(id(n))
     return out

@@ -54,6 +54,12 @@ def _dtype_name(dtype: Any) -> str:
     return _SHORT.get(name, name)
 
 
+def key_name(k: Any) -> str:
+    """One entry of a JAX key path as yax names it in paths and scopes: a dict key, an
+    attribute's name or a sequence index, as text (``kernel``, ``0``)."""
+    return str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
+
+
 def type_str(s: Shaped) -> str:
     return f"{dtype_str(s.dtype)}[{','.join(map(str, s.shape))}]"
 

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from ._vocab import type_str
+from ._vocab import key_name, type_str
 from .errors import WeightsDoNotFit, YaxDependencyError, YaxInputError, _count
 
 FORMAT, VERSION = "yax.weights", "1"
@@ -69,15 +69,7 @@ def key_of(keypath: tuple[Any, ...]) -> str:
     keys = list(keypath)
     if keys and isinstance(keys[-1], jax.tree_util.GetAttrKey) and keys[-1].name == "value":
         keys.pop()
-    names = []
-    for k in keys:
-        if isinstance(k, jax.tree_util.GetAttrKey):
-            names.append(k.name)
-        elif isinstance(k, jax.tree_util.SequenceKey):
-            names.append(str(k.idx))
-        else:  # DictKey, FlattenedIndexKey
-            names.append(str(getattr(k, "key", k)))
-    return "/".join(names)
+    return "/".join(map(key_name, keys))
 
 
 def _flat(tree: Any, arg: str) -> tuple[list[tuple[str, Any]], Any]:

@@ -555,10 +555,8 @@ def test_a_key_holding_a_slash_is_the_name_and_scope():
     np.testing.assert_allclose(yax.eval_mox(new, state, x)[0], m(x), rtol=1e-6)
 
 
-def test_flax_bridge_models_trace_evaluate_query_and_rewrite():
-    """Flax's own bridge: a linen module inside nnx (`ToNNX`, nested and at the root) and an nnx
-    module inside linen (`ToLinen`). The path stamp never reaches what the bridge reads as
-    variables (it failed with "Cannot infer collection name from value: (1, 'Outer/dense', ...)")."""
+def _bridged():
+    """An nnx model holding a linen `Dense` through Flax's `ToNNX` bridge, initialised, and its input."""
     import flax.linen as nn
     from flax.nnx import bridge
 
@@ -574,6 +572,17 @@ def test_flax_bridge_models_trace_evaluate_query_and_rewrite():
 
     model = Outer(nnx.Rngs(0))
     bridge.lazy_init(model.dense, x)
+    return model, x
+
+
+def test_flax_bridge_models_trace_evaluate_query_and_rewrite():
+    """Flax's own bridge: a linen module inside nnx (`ToNNX`, nested and at the root) and an nnx
+    module inside linen (`ToLinen`). The path stamp never reaches what the bridge reads as
+    variables (it failed with "Cannot infer collection name from value: (1, 'Outer/dense', ...)")."""
+    import flax.linen as nn
+    from flax.nnx import bridge
+
+    model, x = _bridged()
     mox = yax.make_mox(model)(x)
     _, state = nnx.split(model)
     out, _ = yax.eval_mox(mox, state, x)
@@ -612,18 +621,7 @@ def test_flax_bridge_models_open_in_the_explorer_and_bridge_modules_are_replacem
     from yax.internal import view
     from yax_widget import Explorer
 
-    x = jnp.linspace(-1, 1, 6).reshape(2, 3)
-
-    class Outer(nnx.Module):
-        def __init__(self, rngs):
-            self.dense = bridge.ToNNX(nn.Dense(4), rngs=rngs)
-            self.lin = nnx.Linear(4, 2, rngs=rngs)
-
-        def __call__(self, x):
-            return self.lin(nnx.relu(self.dense(x)))
-
-    model = Outer(nnx.Rngs(0))
-    bridge.lazy_init(model.dense, x)
+    model, x = _bridged()
     ex = Explorer(model, x)
     sent = []
     ex.send = lambda content, buffers=None: sent.append(content)

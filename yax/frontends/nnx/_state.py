@@ -25,14 +25,10 @@ import numpy as np
 
 from ... import errors
 from ..._ir import Kind, Mox, Packing, Var
-from ..._vocab import type_str
+from ..._vocab import key_name, type_str
 from ...errors import YaxRewriteError, where
 from .._protocol import Variables
 from ._base import NAME, flax_nnx, is_module, is_module_type
-
-
-def _key(k: Any) -> str:
-    return str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
 
 
 def flat_state(state: Any) -> list[tuple[tuple[str, ...], type, Any]]:
@@ -43,7 +39,7 @@ def flat_state(state: Any) -> list[tuple[tuple[str, ...], type, Any]]:
     holders = jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda x: isinstance(x, nnx.Variable))[0]
     if len(holders) != len(leaves):
         raise YaxRewriteError("An nnx state whose variables hold several arrays each is not supported.")
-    return [(tuple(_key(k) for k in kp), type(v), x) for (kp, v), x in zip(holders, leaves)]
+    return [(tuple(key_name(k) for k in kp), type(v), x) for (kp, v), x in zip(holders, leaves)]
 
 
 def _get(module: Any, scope: Sequence[str]) -> Any:

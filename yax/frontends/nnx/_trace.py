@@ -40,6 +40,7 @@ import numpy as np
 from ... import _activations
 from ..._ir import Kind, ModuleInfo
 from ..._record import CallInfo, Recorder, marked_call, recorder
+from ..._vocab import key_name
 from ._base import NAME, flax_nnx, is_graph_leaf, is_graph_type, is_variable_type, nnx_loaded
 
 # A prefix nnx keeps for its own bookkeeping: the bridge (`ToNNX`) reads every other attribute as a
@@ -63,10 +64,6 @@ def _state(rec: Recorder | None) -> _Trace | None:
 
 
 # -- paths --------------------------------------------------------------------------
-
-def _key(k: Any) -> str:
-    return str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))
-
 
 def stamp(root: Any, path: str, tr: _Trace, keys: tuple[str, ...] = ()) -> None:
     """Give every module of ``root``'s graph not stamped in this trace its path
@@ -141,7 +138,7 @@ def _path(module: Any, rec: Recorder, tr: _Trace) -> tuple[str, tuple[str, ...]]
         if parent is not None:
             for keys, node in flax_nnx().graph.iter_graph(parent):
                 if node is module and keys:
-                    path, scope = "/".join([ppath, *map(_key, keys)]), (*pscope, *map(_key, keys))
+                    path, scope = "/".join([ppath, *map(key_name, keys)]), (*pscope, *map(key_name, keys))
                     break
     elif rec.root_name is None:
         rec.root_name = name
