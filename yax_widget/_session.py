@@ -133,12 +133,12 @@ def default_palette() -> list[tuple[str, Any]]:
     ]
 
 
-#: What `Session.state` holds at first: the keys the front-end renders from (docs/widget.md, "Traits").
 #: What values, colouring, the NaN search and the comparison say for a model opened with abstract parameters.
 NO_VALUES = ("Values, colouring, the NaN search and the comparison need concrete parameters: this explorer was "
              "opened with abstract ones (`jax.ShapeDtypeStruct`), which give the structure only; open it with "
              "the real weights to see numbers.")
 
+#: What `Session.state` holds at first: the keys the front-end renders from (docs/widget.md, "Traits").
 INITIAL_STATE: dict[str, Any] = {
     "tree": {}, "original_tree": {}, "query": "", "query_error": "", "matches": [], "query_result": {},
     "match_owners": {}, "palette": [], "history": {}, "diff": {}, "comparison": {},
@@ -425,13 +425,9 @@ class Session:
                     f"`{pattern}` gives the {type(found).__name__} {found!r}, not nodes, so there is nothing for "
                     f"{name} to replace. Select nodes, such as `//activation`.")
             what = f"{len(found)} node(s) selected by {pattern}"
-        elif isinstance(target, list):  # some nodes (the matches a drop fits): each checked again, one change
+        elif isinstance(target, list):  # some nodes (the matches a drop fits): one change, `sub` checks each
             if not target:
                 raise yax.YaxInputError(f"There are no nodes to replace with {name}; give at least one.")
-            for node in target:
-                why = misfit(item.repl, node, self.mox, cache=self._fit_cache, params=self.params)
-                if why is not None:
-                    raise yax.YaxRewriteError(why)
             # the XPath of each node, joined: "copy as code" replays exactly these nodes
             pattern = " | ".join(xpath_for(node, self.mox) for node in target)
             what = _listed([n.path or n.name for n in target])
