@@ -184,3 +184,37 @@ def drag(page: Any, source: Any, target: Any) -> None:
         if target.evaluate("(el, [x, y]) => el.contains(document.elementFromPoint(x, y))", [x, y]):
             break
     page.mouse.up()
+
+
+class Lab:
+    """One JupyterLab and one chromium shared by the browser tests of a test process (starting
+    them takes longer than most tests). Each test module opens its notebook in a context of its
+    own with `notebook`, which shuts the notebook's kernel down when the module is done."""
+
+    def __init__(self, root: pathlib.Path, url: str, chromium: Any):
+        self.root, self.url, self.browser = root, url, chromium
+
+    @contextlib.contextmanager
+    def notebook(self, name: str, cells: list[str], width: int = 1400, height: int = 1000,
+                 permissions: tuple[str, ...] = ()) -> Iterator[Notebook]:
+        write_notebook(self.root / name, cells)
+        context = self.browser.new_context(viewport={"width": width, "height": height})
+        if permissions:
+            context.grant_permissions(list(permissions), origin=self.url)
+        try:
+            # a workspace of its own: the shared one would reopen the notebooks of earlier modules
+            stem = pathlib.Path(name).stem
+            yield Notebook(context.new_page(), self.url, f"{name}?reset", path=f"lab/workspaces/{stem}/tree")
+        finally:
+            context.close()
+            self.shutdown(name)
+
+    def shutdown(self, name: str) -> None:
+        """Shut down the kernels of notebook ``name`` (a closed page leaves them running)."""
+        with urllib.request.urlopen(f"{self.url}/api/sessions", timeout=10) as r:
+            sessions = json.load(r)
+        for s in sessions:
+            if s.get("path", "").endswith(name):
+                req = urllib.request.Request(f"{self.url}/api/sessions/{s['id']}", method="DELETE")
+                with contextlib.suppress(OSError):
+                    urllib.request.urlopen(req, timeout=30).close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from .lab import ROOT, Notebook, browser, drag, jupyterlab, write_notebook
+from .lab import ROOT, drag
 
 pytestmark = pytest.mark.e2e
 
@@ -33,13 +33,10 @@ print("FIRST=" + str(c and c.first_divergence), "STEP=" + str(c and c.first_dive
 
 
 @pytest.fixture(scope="module")
-def notebook(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lab")
-    write_notebook(root / "scan.ipynb", CELLS)
+def notebook(lab):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with jupyterlab(root) as url, browser() as b:
-        context = b.new_context(viewport={"width": 1400, "height": 1000})
-        yield Notebook(context.new_page(), url, "scan.ipynb")
+    with lab.notebook("scan.ipynb", CELLS) as nb:
+        yield nb
 
 
 def test_scanned_stack_compared_in_the_browser(notebook):

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from .lab import ROOT, Notebook, browser, drag, jupyterlab, write_notebook
+from .lab import ROOT, Notebook, drag
 
 pytestmark = pytest.mark.e2e
 
@@ -54,13 +54,10 @@ Explorer(half, half_state, xs)""",
 
 
 @pytest.fixture(scope="module")
-def notebook(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lab")
-    write_notebook(root / "explore.ipynb", CELLS)
+def notebook(lab):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with jupyterlab(root) as url, browser() as b:
-        page = b.new_page(viewport={"width": 1400, "height": 1000})
-        yield Notebook(page, url, "explore.ipynb")
+    with lab.notebook("explore.ipynb", CELLS) as nb:
+        yield nb
 
 
 def shot(nb: Notebook, name: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from .lab import ROOT, Notebook, browser, jupyterlab, write_notebook
+from .lab import ROOT, Notebook
 
 pytestmark = pytest.mark.e2e
 
@@ -141,13 +141,10 @@ MEASURE = """async (root) => {
 
 
 @pytest.fixture(scope="module")
-def notebook(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lab")
-    write_notebook(root / "layout.ipynb", CELLS)
+def notebook(lab):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with jupyterlab(root) as url, browser() as b:
-        page = b.new_page(viewport={"width": 1600, "height": HEIGHT})
-        yield Notebook(page, url, "layout.ipynb")
+    with lab.notebook("layout.ipynb", CELLS, width=1600, height=HEIGHT) as nb:
+        yield nb
 
 
 def open_t5(nb: Notebook):

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from .lab import ROOT, Notebook, browser, jupyterlab, write_notebook
+from .lab import ROOT, Notebook, jupyterlab, write_notebook
 
 pytestmark = pytest.mark.e2e
 
@@ -23,10 +23,11 @@ ex""",
 ]
 
 
-def test_the_explorer_in_notebook_7(tmp_path):
+def test_the_explorer_in_notebook_7(tmp_path, lab):
     write_notebook(tmp_path / "nb7.ipynb", CELLS)
-    with jupyterlab(tmp_path, app="notebook") as url, browser() as b:
-        page = b.new_page(viewport={"width": 1400, "height": 1000})
+    with jupyterlab(tmp_path, app="notebook") as url:  # its own server; the shared chromium
+        context = lab.browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
         nb = Notebook(page, url, "nb7.ipynb", path="notebooks")
         try:
             out = nb.run(0)
@@ -42,6 +43,8 @@ def test_the_explorer_in_notebook_7(tmp_path):
         except BaseException:
             page.screenshot(path=str(ROOT / "artifacts" / "e2e" / "failure-notebook7.png"), full_page=True)
             raise
+        finally:
+            context.close()
         assert [e for e in nb.errors if not notebooks_own(e)] == [], nb.errors
 
 

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from .lab import ROOT, Notebook, browser, drag, jupyterlab, write_notebook
+from .lab import ROOT, Notebook, drag
 
 pytestmark = pytest.mark.e2e
 
@@ -75,14 +75,10 @@ print("EXPORTED", bool(np.allclose(out[0], yax.eval_mox(ex.mox, ex.params, IDS).
 
 
 @pytest.fixture(scope="module")
-def notebook(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lab")
-    write_notebook(root / "real.ipynb", CELLS)
+def notebook(lab):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with jupyterlab(root) as url, browser() as b:
-        context = b.new_context(viewport={"width": 1400, "height": 1000})
-        context.grant_permissions(["clipboard-read", "clipboard-write"], origin=url)
-        yield Notebook(context.new_page(), url, "real.ipynb")
+    with lab.notebook("real.ipynb", CELLS, permissions=("clipboard-read", "clipboard-write")) as nb:
+        yield nb
 
 
 def field(text: str, tag: str) -> str:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from .lab import ROOT, Notebook, browser, jupyterlab, write_notebook
+from .lab import ROOT, Notebook
 
 pytestmark = pytest.mark.e2e
 
@@ -44,13 +44,10 @@ print("NAN=" + json.dumps(None if f is None else [ids.get(id(f.call)), ids.get(i
 
 
 @pytest.fixture(scope="module")
-def notebook(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lab")
-    write_notebook(root / "values.ipynb", CELLS)
+def notebook(lab):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with jupyterlab(root) as url, browser() as b:
-        page = b.new_page(viewport={"width": 1400, "height": 1000})
-        yield Notebook(page, url, "values.ipynb")
+    with lab.notebook("values.ipynb", CELLS) as nb:
+        yield nb
 
 
 def shot(nb: Notebook, name: str) -> None:
