@@ -128,7 +128,7 @@ def capture_rows(layers: int, runs: int) -> list[dict]:
     prog = _values._programs[mox]
     leaves, tree = jax.tree_util.tree_flatten((ex.session.call_args()[0], {}))
     static = _values._Static(leaves, tree, mox)
-    summary = timed(lambda: prog.jitted([leaves[i] for i in mox.dyn_in], static), runs)
+    summary = timed(lambda: prog.reduce(prog.capture([leaves[i] for i in mox.dyn_in], static)), runs)
     ids_ = node_ids(mox)
     assert len(prog.where) == len(calls) and all(ids_[id(c)] in prog.where for c in calls)
     return [

@@ -40,54 +40,101 @@ EXAMPLE = "example"  # the name of the batch the explorer was opened with, unles
 
 # -- on the device ---------------------------------------------------------------------
 
-def _reduced(x: Any) -> tuple[Any, Any, Any, Any, Any]:
-    """Counts ``[finite, NaN, +Inf, -Inf, zeros]`` (int32), ``[min, max, mean,
-    std, norm]`` of the finite values (float32), the histogram of the finite
-    values over ``[min, max]``, the heatmap (`heat_slice` of a 2-D slice) and
-    which slice: the first holding a NaN or an Inf, else the first (a flat index
-    over the leading axes)."""
+def _heat(x: Any) -> tuple[Any, Any]:
+    """The heatmap (`heat_slice` of a 2-D slice) and which slice: the first holding a NaN or
+    an Inf, else the first (a flat index over the leading axes)."""
     f = jnp.abs(x) if jnp.iscomplexobj(x) else x
     f = f.astype(jnp.float32)
-    fin = jnp.isfinite(f)
-    n = fin.sum(dtype=jnp.int32)
-    nan = jnp.isnan(f).sum(dtype=jnp.int32)
-    posinf = (f == jnp.inf).sum(dtype=jnp.int32)
-    zeros = (f == 0).sum(dtype=jnp.int32)
-    lo = jnp.min(jnp.where(fin, f, jnp.inf), initial=jnp.inf)
-    hi = jnp.max(jnp.where(fin, f, -jnp.inf), initial=-jnp.inf)
-    # sums of values scaled by the largest |value|: the mean, std and norm of large values do not overflow
-    big = jnp.maximum(-lo, hi)
-    big = jnp.where((n > 0) & (big > 0), big, 1.0)
-    s = jnp.where(fin, f, 0.0) / big
-    mean = s.sum() / jnp.maximum(n, 1)
-    std = big * jnp.sqrt(jnp.where(fin, (s - mean) ** 2, 0.0).sum() / jnp.maximum(n, 1))
-    norm = big * jnp.sqrt((s * s).sum())
-    counts = jnp.stack([n, nan, posinf, f.size - n - nan - posinf, zeros])
-    width = hi / big - lo / big  # scaled too: at most 2
-    at = jnp.floor((s - lo / big) / jnp.where(width > 0, width, 1.0) * HIST_BINS)
-    at = jnp.where(fin, jnp.clip(at, 0, HIST_BINS - 1), 0).astype(jnp.int32)
-    hist = jnp.bincount(at.ravel(), weights=fin.ravel().astype(jnp.int32), length=HIST_BINS)
     k = jnp.zeros((), jnp.int32)
     if f.ndim > 2 and f.size:
         slices = f.reshape(-1, *f.shape[-2:])
-        k = jnp.argmax(~fin.reshape(slices.shape[0], -1).all(axis=1)).astype(jnp.int32)
+        k = jnp.argmax(~jnp.isfinite(slices).reshape(slices.shape[0], -1).all(axis=1)).astype(jnp.int32)
         f = slices[k]
     heat = heat_slice(f, "")[0] if f.ndim and f.size else jnp.zeros((0, 0), jnp.float32)
-    return counts, jnp.stack([lo, hi, big * mean, std, norm]), hist, heat, k
+    return heat, k
+
+
+def _summaries(rows: Any, valid: Any, seg: Any, n_out: int) -> tuple[Any, Any, Any]:
+    """Statistics of many arrays at once, laid out as the chunks ``rows`` (``[K, CHUNK]``
+    float32; chunk ``j`` holds ``valid[j]`` values of array ``seg[j]``, the rest is padding):
+    per array the counts ``[finite, NaN, +Inf, -Inf, zeros]`` (int32), ``[min, max, mean,
+    std, norm]`` of the finite values (float32) and their histogram over ``[min, max]``.
+
+    One program of one shape for every output of a model: compiling a reduction per shape
+    of output took XLA:CPU over a second each."""
+    seg_sum = lambda v: jax.ops.segment_sum(v, seg, n_out, indices_are_sorted=True)  # noqa: E731
+    real = jnp.arange(rows.shape[1])[None, :] < valid[:, None]
+    fin = jnp.isfinite(rows) & real
+    n = seg_sum(fin.sum(axis=1, dtype=jnp.int32))
+    nan = seg_sum((jnp.isnan(rows) & real).sum(axis=1, dtype=jnp.int32))
+    posinf = seg_sum((rows == jnp.inf).sum(axis=1, dtype=jnp.int32))
+    zeros = seg_sum(((rows == 0) & real).sum(axis=1, dtype=jnp.int32))
+    size = seg_sum(valid)
+    lo = jax.ops.segment_min(jnp.min(jnp.where(fin, rows, jnp.inf), axis=1), seg, n_out, indices_are_sorted=True)
+    hi = jax.ops.segment_max(jnp.max(jnp.where(fin, rows, -jnp.inf), axis=1), seg, n_out, indices_are_sorted=True)
+    # sums of values scaled by the largest |value|: the mean, std and norm of large values do not overflow
+    big = jnp.maximum(-lo, hi)
+    big = jnp.where((n > 0) & (big > 0), big, 1.0)
+    s = jnp.where(fin, rows, 0.0) / big[seg][:, None]
+    mean = seg_sum(s.sum(axis=1)) / jnp.maximum(n, 1)
+    std = big * jnp.sqrt(seg_sum(jnp.where(fin, (s - mean[seg][:, None]) ** 2, 0.0).sum(axis=1)) / jnp.maximum(n, 1))
+    norm = big * jnp.sqrt(seg_sum((s * s).sum(axis=1)))
+    counts = jnp.stack([n, nan, posinf, size - n - nan - posinf, zeros], axis=1)
+    width = hi / big - lo / big  # scaled too: at most 2
+    at = jnp.floor((s - (lo / big)[seg][:, None]) / jnp.where(width > 0, width, 1.0)[seg][:, None] * HIST_BINS)
+    at = jnp.where(fin, jnp.clip(at, 0, HIST_BINS - 1), 0).astype(jnp.int32) + (seg * HIST_BINS)[:, None]
+    hist = jnp.zeros(n_out * HIST_BINS, jnp.int32).at[at.ravel()].add(fin.ravel().astype(jnp.int32))
+    return counts, jnp.stack([lo, hi, big * mean, std, norm], axis=1), hist.reshape(n_out, HIST_BINS)
+
+
+def _reduced(x: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """One array's summary: `_summaries` of it and its `_heat`."""
+    f = jnp.abs(x) if jnp.iscomplexobj(x) else x
+    rows, valid, seg = _chunked([f.astype(jnp.float32)])
+    counts, stats, hist = _summaries(rows, valid, seg, 1)
+    return (counts[0], stats[0], hist[0], *_heat(x))
+
+
+CHUNK = 4096  # values per chunk of `_chunked`
+
+
+def _chunked(arrays: list[Any]) -> tuple[Any, Any, Any]:
+    """``arrays`` (float32) flattened and padded into chunks of `CHUNK`, stacked: the
+    ``rows``, ``valid`` and ``seg`` of `_summaries` (the last two are constants)."""
+    rows, valid, seg = [], [], []
+    for i, a in enumerate(arrays):
+        size = a.size
+        k = max(1, -(-size // CHUNK))
+        rows.append(jnp.pad(a.ravel(), (0, k * CHUNK - size)).reshape(k, CHUNK))
+        valid += [CHUNK] * (k - 1) + [size - (k - 1) * CHUNK]
+        seg += [i] * k
+    return jnp.concatenate(rows), np.asarray(valid, np.int32), np.asarray(seg, np.int32)
+
+
+def _reduce(groups: list[Any]) -> tuple[Any, Any, Any, list[tuple[Any, Any]]]:
+    """The summaries of every output in ``groups`` (stacks of outputs of one shape and dtype),
+    in order, and each group's heatmaps (vmapped `_heat`)."""
+    flat = [jnp.abs(x) if jnp.iscomplexobj(x) else x for g in groups for x in g]
+    if not flat:
+        return jnp.zeros((0, 5), jnp.int32), jnp.zeros((0, 5)), jnp.zeros((0, HIST_BINS), jnp.int32), []
+    counts, stats, hist = _summaries(*_chunked([x.astype(jnp.float32) for x in flat]), len(flat))
+    return counts, stats, hist, [jax.vmap(_heat)(g) for g in groups]
 
 
 _summarize = jax.jit(_reduced)  # for an equation's outputs, compiled once per shape and dtype
-_pick = jax.jit(lambda group, i: tuple(a[i] for a in group))  # one row's summary of a group, on the device
+_pick = jax.jit(lambda group, i: tuple(a[i] for a in group))  # one row's heatmap of a group, on the device
 
 
 class _Program:
-    """One jitted program per model: capture every capturable call's outputs and
-    reduce each (`_reduced`, vmapped over the outputs of one shape and dtype), so
-    one compile serves every call row and the values stay on the device.
+    """Two jitted programs per model, so the values stay on the device: ``capture``
+    brings out every capturable call's outputs, stacked in groups of one shape and
+    dtype, and ``reduce`` summarises all of them (`_reduce`). One compile of each
+    serves every call row.
 
     ``where`` (set while tracing) maps a row id to its outputs: ``(name, group,
-    index in the group, type, shape, scan steps)``; the program returns, per
-    group, the stacked ``(counts, stats, hist, heat)``."""
+    index in the group, type, shape, scan steps)``; ``reduce`` returns every
+    output's counts, statistics and histogram (in group order) and, per group,
+    the stacked heatmaps and slices."""
 
     def __init__(self, mox: yax.Mox):
         self.where: dict[int, list[tuple]] = {}
@@ -119,9 +166,10 @@ class _Program:
                                     len(g), type_str(x), tuple(x.shape), tuple(x.shape[:x.ndim - nd])))
                     g.append(x)
                 self.where[rid] = entries
-            return [jax.vmap(_reduced)(jnp.stack(g)) for g in groups.values()]
+            return [jnp.stack(g) for g in groups.values()]
 
-        self.jitted = jax.jit(program, static_argnums=1)
+        self.capture = jax.jit(program, static_argnums=1)
+        self.reduce = jax.jit(_reduce)  # the captured outputs are let go once summarised
 
 
 class _Static:
@@ -154,31 +202,45 @@ class _Boundaries:
         if prog is None:
             prog = _programs[mox] = _Program(mox)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-        self.groups = prog.jitted([leaves[i] for i in mox.dyn_in], _Static(leaves, tree, mox))
-        for g in self.groups:  # compile each group's pick now: every later selection only runs one
-            _pick(g, 0)
+        counts, stats, hist, self.heats = prog.reduce(
+            prog.capture([leaves[i] for i in mox.dyn_in], _Static(leaves, tree, mox)))
+        self.summaries = (counts, stats, hist)  # per output, in group order: small, fetched once
+        sizes = [k.shape[0] for _, k in self.heats]
+        self.offsets = [sum(sizes[:g]) for g in range(len(sizes))]  # the first output of each group
+        for h in self.heats:  # compile each group's pick now: every later selection only runs one
+            _pick(h, 0)
         self.program = prog
         self.overlay: Any = None  # per row: [norm, fraction of zeros, fraction non-finite], fetched once
+        self._host: Any = None
+
+    def _small(self) -> tuple[Any, Any, Any]:
+        """The counts, statistics and histograms of every output, on the host."""
+        if self._host is None:
+            self._host = jax.device_get(self.summaries)
+        return self._host
 
     def entries(self, rid: int) -> tuple[list[dict], int] | None:
         """The values pane's entries of call row ``rid`` (only its summary crosses to the host)."""
         at = self.program.where.get(rid)
         if at is None:
             return None
+        counts, stats, hist = self._small()
         out = []
         for name, g, i, type_, shape, steps in at:
-            out.append(_entry(name, type_, shape, steps, *jax.device_get(_pick(self.groups[g], i))))
+            j = self.offsets[g] + i
+            heat, k = jax.device_get(_pick(self.heats[g], i))
+            out.append(_entry(name, type_, shape, steps, counts[j], stats[j], hist[j], heat, k))
         return out, self.program.more[rid]
 
     def stats(self) -> dict[int, list[float]]:
         """Row id -> ``[norm, fraction of zeros, fraction non-finite]`` of all its outputs."""
         if self.overlay is None:
-            small = jax.device_get([(c, s) for c, s, *_ in self.groups])  # counts and stats only: scalars
+            all_counts, all_stats, _ = self._small()
             self.overlay = {}
             for rid, at in self.program.where.items():
                 sq = zeros = bad = size = finite = 0.0
                 for _, g, i, _, shape, _ in at:
-                    counts, stats = small[g][0][i], small[g][1][i]
+                    counts, stats = all_counts[self.offsets[g] + i], all_stats[self.offsets[g] + i]
                     sq += float(stats[4]) ** 2 if counts[0] else 0.0
                     finite += counts[0]
                     zeros, bad, size = zeros + counts[4], bad + counts[1] + counts[2] + counts[3], size + np.prod(shape)

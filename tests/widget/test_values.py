@@ -78,10 +78,10 @@ def test_selecting_again_is_served_from_the_cache_and_one_program_serves_every_c
     calls = list(ex.mox.modules())
     ask(ex, rid=1, type="values", id=ids[id(calls[3])])
     prog = values_module._programs[ex.mox]
-    traces = prog.jitted._cache_size()
+    traces = prog.capture._cache_size()
     for c in calls:
         ask(ex, rid=2, type="values", id=ids[id(c)])
-    assert prog.jitted._cache_size() == traces == 1  # one compile for every call row
+    assert prog.capture._cache_size() == traces == 1  # one compile for every call row
     # again: nothing runs on the device, the entry is the one kept
     kept = ex._values
     monkeypatch.setattr(values_module, "_pick", lambda *a: pytest.fail("ran again"))
@@ -131,7 +131,7 @@ def test_colouring_paints_every_call_from_one_program(model):
                     "nonfinite": (~np.isfinite(flat)).mean()}[stat]
             assert o["values"][str(ids[id(c)])] == pytest.approx(real, rel=1e-5, abs=1e-7)
         assert o["lo"] == min(o["values"].values()) and o["hi"] == max(o["values"].values())
-    assert values_module._programs[ex.mox].jitted._cache_size() == 1  # the program the values pane uses too
+    assert values_module._programs[ex.mox].capture._cache_size() == 1  # the program the values pane uses too
     ask(ex, rid=2, type="overlay", stat="off")
     assert ex._overlay == {}
     assert ask(ex, rid=3, type="overlay", stat="mean")["type"] == "error" and ex._overlay == {}
