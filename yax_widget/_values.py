@@ -43,8 +43,7 @@ EXAMPLE = "example"  # the name of the batch the explorer was opened with, unles
 def _heat(x: Any) -> tuple[Any, Any]:
     """The heatmap (`heat_slice` of a 2-D slice) and which slice: the first holding a NaN or
     an Inf, else the first (a flat index over the leading axes)."""
-    f = jnp.abs(x) if jnp.iscomplexobj(x) else x
-    f = f.astype(jnp.float32)
+    f = _floats(x)
     k = jnp.zeros((), jnp.int32)
     if f.ndim > 2 and f.size:
         slices = f.reshape(-1, *f.shape[-2:])
@@ -89,35 +88,42 @@ def _summaries(rows: Any, valid: Any, seg: Any, n_out: int) -> tuple[Any, Any, A
 
 def _reduced(x: Any) -> tuple[Any, Any, Any, Any, Any]:
     """One array's summary: `_summaries` of it and its `_heat`."""
-    f = jnp.abs(x) if jnp.iscomplexobj(x) else x
-    rows, valid, seg = _chunked([f.astype(jnp.float32)])
-    counts, stats, hist = _summaries(rows, valid, seg, 1)
+    counts, stats, hist = _summaries(*_chunked([_floats(x)[None]]), 1)
     return (counts[0], stats[0], hist[0], *_heat(x))
 
 
 CHUNK = 4096  # values per chunk of `_chunked`
 
 
-def _chunked(arrays: list[Any]) -> tuple[Any, Any, Any]:
-    """``arrays`` (float32) flattened and padded into chunks of `CHUNK`, stacked: the
-    ``rows``, ``valid`` and ``seg`` of `_summaries` (the last two are constants)."""
+def _chunked(groups: list[Any]) -> tuple[Any, Any, Any]:
+    """``groups`` (stacks of float32 arrays of one shape) flattened and padded into chunks of
+    `CHUNK`, stacked: the ``rows``, ``valid`` and ``seg`` of `_summaries` (the last two are
+    constants; arrays are numbered in order, group after group). A few operations per group,
+    not per array: the program's size does not grow with the model's depth."""
     rows, valid, seg = [], [], []
-    for i, a in enumerate(arrays):
-        size = a.size
+    n = 0
+    for g in groups:
+        count, size = g.shape[0], math.prod(g.shape[1:])
         k = max(1, -(-size // CHUNK))
-        rows.append(jnp.pad(a.ravel(), (0, k * CHUNK - size)).reshape(k, CHUNK))
-        valid += [CHUNK] * (k - 1) + [size - (k - 1) * CHUNK]
-        seg += [i] * k
+        flat = g.reshape(count, size)
+        rows.append(jnp.pad(flat, ((0, 0), (0, k * CHUNK - size))).reshape(count * k, CHUNK))
+        valid += ([CHUNK] * (k - 1) + [size - (k - 1) * CHUNK]) * count
+        seg += [n + i for i in range(count) for _ in range(k)]
+        n += count
     return jnp.concatenate(rows), np.asarray(valid, np.int32), np.asarray(seg, np.int32)
+
+
+def _floats(x: Any) -> Any:
+    return (jnp.abs(x) if jnp.iscomplexobj(x) else x).astype(jnp.float32)
 
 
 def _reduce(groups: list[Any]) -> tuple[Any, Any, Any, list[tuple[Any, Any]]]:
     """The summaries of every output in ``groups`` (stacks of outputs of one shape and dtype),
     in order, and each group's heatmaps (vmapped `_heat`)."""
-    flat = [jnp.abs(x) if jnp.iscomplexobj(x) else x for g in groups for x in g]
-    if not flat:
+    n = sum(g.shape[0] for g in groups)
+    if not n:
         return jnp.zeros((0, 5), jnp.int32), jnp.zeros((0, 5)), jnp.zeros((0, HIST_BINS), jnp.int32), []
-    counts, stats, hist = _summaries(*_chunked([x.astype(jnp.float32) for x in flat]), len(flat))
+    counts, stats, hist = _summaries(*_chunked([_floats(g) for g in groups]), n)
     return counts, stats, hist, [jax.vmap(_heat)(g) for g in groups]
 
 
@@ -208,7 +214,8 @@ class _Boundaries:
         sizes = [k.shape[0] for _, k in self.heats]
         self.offsets = [sum(sizes[:g]) for g in range(len(sizes))]  # the first output of each group
         for h in self.heats:  # compile each group's pick now: every later selection only runs one
-            _pick(h, 0)
+            # (one at a time: XLA's CPU client deadlocks with dozens of sharded programs in flight)
+            jax.block_until_ready(_pick(h, 0))
         self.program = prog
         self.overlay: Any = None  # per row: [norm, fraction of zeros, fraction non-finite], fetched once
         self._host: Any = None
