@@ -3,6 +3,14 @@ import sys
 
 import pytest
 
+# Eight CPU devices, so that sharded models run here as on a pod (tests/test_sharding.py): set
+# before anything imports jax, and in the environment, so the JupyterLab kernels the browser tests
+# start inherit it. Appended to what XLA_FLAGS holds already; the default device stays the first,
+# so every other test runs as it did on one.
+_DEVICES = "--xla_force_host_platform_device_count=8"
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICES}".strip()
+
 # The test models live beside the tests; bench/ imports them too.
 sys.path.insert(0, os.path.dirname(__file__))
 

@@ -16,6 +16,7 @@ import numpy as np
 from . import _calls, _capture, frontends
 from ._eval import eval_mox, flatten_inputs, run
 from ._ir import FN_KINDS, Equation, Kind, Mox
+from ._sharding import any_spread
 from ._vocab import type_str
 from .errors import YaxInputError
 
@@ -78,7 +79,8 @@ class Comparison:
     boundaries: dict[str, Stats]
     rtol: float
     atol: float
-    #: output name -> (original, modified) values as float32 NumPy arrays, for plots
+    #: output name -> (original, modified) values as float32 NumPy arrays, for plots (a sharded
+    #: model's: float32 device arrays, left on the devices that hold them)
     arrays: dict[str, tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict, repr=False,
                                                                          compare=False)
     steps: dict[str, list[Stats]] = dataclasses.field(default_factory=dict, repr=False)
@@ -169,11 +171,8 @@ def _stats(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> Stats:
         same = (bad_x == bad_y) | (np.isnan(bad_x) & np.isnan(bad_y))
         changed = int(same.size - np.count_nonzero(same))
         x, y = x[fin], y[fin]
-    undefined: list[tuple[str, str]] = []
     if not x.size:
-        why = (f"no entry is finite in both models ({nonfinite} non-finite)" if nonfinite else "the value is empty")
-        undefined = [(k, why) for k in ("max_abs", "mean_abs", "rel", "cosine")]
-        return Stats(np.nan, np.nan, np.nan, np.nan, changed == 0, nonfinite, changed, tuple(undefined))
+        return _finish(0, nonfinite, changed, 0, np.nan, np.nan, 0.0, 0.0, 0.0, 0.0)
     with np.errstate(over="ignore", invalid="ignore"):
         d = np.abs(y - x)
         nx, ny, nd = (float(np.sqrt(np.dot(v, v), dtype=np.float64)) for v in (x, y, d))  # BLAS
@@ -181,6 +180,21 @@ def _stats(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> Stats:
         x, y = x.astype(np.float64), y.astype(np.float64)
         d = np.abs(y - x)
         nx, ny, nd = (float(np.sqrt(np.dot(v, v))) for v in (x, y, d))
+    far = int(d.size - np.count_nonzero(d <= atol + rtol * np.abs(x)))
+    return _finish(x.size, nonfinite, changed, far, float(d.max()), float(d.sum(dtype=np.float64)), nx, ny, nd,
+                   float(np.dot(x, y)))
+
+
+def _finish(n: int, nonfinite: int, changed: int, far: int, max_abs: float, sum_abs: float, nx: float, ny: float,
+            nd: float, dot: float) -> Stats:
+    """The `Stats` of ``n`` entries finite in both models from their sums: ``far`` entries
+    not within the tolerances, the largest and summed ``|Δ|``, the norms of the original,
+    the modified and the difference, and the dot product of the two."""
+    undefined: list[tuple[str, str]] = []
+    if not n:
+        why = (f"no entry is finite in both models ({nonfinite} non-finite)" if nonfinite else "the value is empty")
+        undefined = [(k, why) for k in ("max_abs", "mean_abs", "rel", "cosine")]
+        return Stats(np.nan, np.nan, np.nan, np.nan, changed == 0, nonfinite, changed, tuple(undefined))
     if nx > 0:
         rel = nd / nx
     elif nd == 0:
@@ -189,21 +203,101 @@ def _stats(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> Stats:
         rel = np.nan
         undefined.append(("rel", "the original is 0 at every finite entry, so no relative error exists"))
     if nx > 0 and ny > 0:
-        cosine = float(np.dot(x, y)) / (nx * ny)
+        cosine = dot / (nx * ny)
     else:
         cosine = np.nan
         zero = "both are" if nx == ny == 0 else ("the original is" if nx == 0 else "the modified is")
         undefined.append(("cosine", f"{zero} 0 at every finite entry, so no angle exists"))
     return Stats(
-        max_abs=float(d.max()),
-        mean_abs=float(d.sum(dtype=np.float64) / d.size),
+        max_abs=max_abs,
+        mean_abs=sum_abs / n,
         rel=rel,
         cosine=cosine,
-        allclose=bool(np.all(d <= atol + rtol * np.abs(x))) and changed == 0,
+        allclose=far == 0 and changed == 0,
         nonfinite=nonfinite,
         changed=changed,
         undefined=tuple(undefined),
     )
+
+
+# -- statistics of sharded values, reduced where they are --------------------------------------
+
+def _row_sums(xs: list[jax.Array], ys: list[jax.Array], lead: int, tol: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Per row (each step of the ``lead`` scan axes; one row outside scans), the sums
+    `_finish` needs of the values ``xs`` and ``ys`` (float32, paired in order, as laid
+    out): ``[finite, non-finite, changed, far]`` (int32) and ``[max |Δ|, Σ|Δ|, scale,
+    Σ(x/scale)², Σ(y/scale)², Σ(Δ/scale)², Σ(x/scale)(y/scale)]`` (float32; the scale
+    is the row's largest finite value, so that the squares do not overflow).
+    ``tol`` is ``[rtol, atol]``."""
+    rows = xs[0].shape[:lead]
+
+    def each(f: Any, vals: Any, dtype: Any = jnp.float32) -> list[jax.Array]:
+        """``f`` of each value reduced over its axes after the scan axes: one array of ``rows`` each."""
+        return [f(v, axis=tuple(range(lead, v.ndim))).astype(dtype) for v in vals]
+
+    def total(vals: Any, dtype: Any = jnp.float32) -> jax.Array:
+        return sum(each(jnp.sum, vals, dtype), jnp.zeros(rows, dtype))
+
+    def widest(vals: Any, start: float) -> jax.Array:
+        out = jnp.full(rows, start, jnp.float32)
+        for v in vals:
+            out = jnp.maximum(out, jnp.max(v, axis=tuple(range(lead, v.ndim)), initial=start))
+        return out
+
+    fin = [jnp.isfinite(x) & jnp.isfinite(y) for x, y in zip(xs, ys)]
+    xf = [jnp.where(f, x, 0.0) for f, x in zip(fin, xs)]
+    yf = [jnp.where(f, y, 0.0) for f, y in zip(fin, ys)]
+    d = [jnp.abs(b - a) for a, b in zip(xf, yf)]
+    scale = widest([jnp.maximum(jnp.abs(a), jnp.abs(b)) for a, b in zip(xf, yf)], 0.0)
+    scale = jnp.where(jnp.isfinite(scale) & (scale > 0), scale, 1.0)
+
+    def scaled(v: jax.Array) -> jax.Array:
+        return v / scale.reshape(*rows, *([1] * (v.ndim - lead)))
+
+    same = [(x == y) | (jnp.isnan(x) & jnp.isnan(y)) for x, y in zip(xs, ys)]
+    far = [f & ~(e <= tol[1] + tol[0] * jnp.abs(a)) for f, e, a in zip(fin, d, xf)]
+    ints = jnp.stack([total(fin, jnp.int32), total([~f for f in fin], jnp.int32),
+                      total([~f & ~s for f, s in zip(fin, same)], jnp.int32), total(far, jnp.int32)], axis=-1)
+    sx, sy, sd = [scaled(a) for a in xf], [scaled(b) for b in yf], [scaled(e) for e in d]
+    floats = jnp.stack([widest(d, -jnp.inf), total(d), scale, total([a * a for a in sx]), total([b * b for b in sy]),
+                        total([e * e for e in sd]), total([a * b for a, b in zip(sx, sy)])], axis=-1)
+    return ints.reshape(-1, 4), floats.reshape(-1, 7)
+
+
+_row_sums_jit = jax.jit(_row_sums, static_argnums=2)  # compiled once per shapes and shardings of a pair
+
+
+def _spread_stats(pairs: list[tuple[list[Any], list[Any]]], leads: tuple[int, ...], rtol: float,
+                  atol: float) -> list[tuple[Stats, list[Stats]]]:
+    """For each pair of values laid out over several devices: its `Stats` over all of it and per
+    row (per scan step, row-major, with ``leads[i]`` scan axes), reduced on their devices
+    (`_row_sums`: eleven numbers per row cross to the host). Each pair's reduction compiles once
+    per shapes and shardings (a model's boundaries share a few: one program reducing every
+    boundary at once compiled 2.5 times slower, sharing nothing), and each is waited for before
+    the next is dispatched: XLA's CPU client deadlocks in a collective's rendezvous with some 40
+    multi-device programs in flight (8 host devices, jax 0.9 and 0.10), as hundreds of
+    boundaries dispatched at once would be."""
+    tol = jnp.asarray([rtol, atol], jnp.float32)
+    sums = [jax.device_get(_row_sums_jit(xs, ys, lead, tol)) for (xs, ys), lead in zip(pairs, leads)]
+    return [_from_rows(ints.astype(np.int64), floats.astype(np.float64)) for ints, floats in sums]
+
+
+def _from_rows(ints: np.ndarray, floats: np.ndarray) -> tuple[Stats, list[Stats]]:
+    """The `Stats` over all rows and of each row, from `_row_sums` (combined in float64)."""
+    scale = floats[:, 2]
+    nx, ny, nd = (scale * np.sqrt(floats[:, k]) for k in (3, 4, 5))
+    dot = scale * scale * floats[:, 6]
+
+    def one(i: Any, mx: float, nx_: float, ny_: float, nd_: float, dot_: float, sum_: float) -> Stats:
+        n, nonfinite, changed, far = (int(v) for v in i)
+        return _finish(n, nonfinite, changed, far, mx if n else np.nan, sum_ if n else np.nan, nx_, ny_, nd_, dot_)
+
+    rows = [one(ints[r], float(floats[r, 0]), float(nx[r]), float(ny[r]), float(nd[r]), float(dot[r]),
+                float(floats[r, 1])) for r in range(len(ints))]
+    whole = one(ints.sum(axis=0), float(floats[:, 0].max()), float(np.sqrt((nx ** 2).sum())),
+                float(np.sqrt((ny ** 2).sum())), float(np.sqrt((nd ** 2).sum())), float(dot.sum()),
+                float(floats[:, 1].sum()))
+    return whole, rows
 
 
 def _numeric(vals: Any) -> bool:
@@ -268,13 +362,14 @@ def eager_is_cheaper(mox: Mox) -> bool:
     return fused * 3e-3 > len(signatures) * 30e-3 + n_eqns * 4e-5
 
 
-def _program(mox: Mox, out_idx: tuple[int, ...], taps: bool, eager: bool) -> Any:
+def _program(mox: Mox, out_idx: tuple[int, ...], taps: bool, eager: bool, shaped: bool = False) -> Any:
     """The program computing ``mox``'s outputs and the values at all its numeric call
-    boundaries (inside scans: stacked per step), flattened to float32. Jitted (or, with
-    ``eager``, op by op): one per MoX, kept while the MoX lives, so comparing many rewrites
-    against one original compiles the original once."""
+    boundaries (inside scans: stacked per step), flattened to float32 (with ``shaped``,
+    for values laid out over several devices: each float32 as it is shaped and laid out).
+    Jitted (or, with ``eager``, op by op): one per MoX, kept while the MoX lives, so
+    comparing many rewrites against one original compiles the original once."""
     cache = _programs.setdefault(mox, {})
-    key = (out_idx, taps, eager)
+    key = (out_idx, taps, eager, shaped)
     f = cache.get(key)
     if f is None:
         plan = _capture.plan_of(_tapped(mox), mox, "compare") if taps else None
@@ -283,10 +378,11 @@ def _program(mox: Mox, out_idx: tuple[int, ...], taps: bool, eager: bool) -> Any
         def program(flat: list[Any]) -> Any:
             root = ref()
             assert root is not None  # the program is cached with its MoX and dies with it
+            out = (lambda o: o.astype(jnp.float32)) if shaped else (lambda o: _flat([o]))
             if plan is None:
-                return [_flat([o]) for o in (lambda outs: [outs[i] for i in out_idx])(run(root, flat))], {}
-            outs, got = _capture.watched(root, plan, "measure", flat)
-            return [_flat([outs[i]]) for i in out_idx], {k: g["out"][0] for k, g in got.items()}
+                return [out(o) for o in (lambda outs: [outs[i] for i in out_idx])(run(root, flat))], {}
+            outs, got = _capture.watched(root, plan, "measure_shaped" if shaped else "measure", flat)
+            return [out(outs[i]) for i in out_idx], {k: g["out"] if shaped else g["out"][0] for k, g in got.items()}
 
         f = cache[key] = program if eager else jax.jit(program)
     return f
@@ -298,12 +394,16 @@ class Measured:
     the outputs `compare` looks at and, when measured with boundaries, the
     values at every numeric call boundary (by key; inside scans stacked per
     step: ``(*scan lengths, n)``). ``eager``: measured op by op (`eager_is_cheaper`);
-    two measurements compared are taken the same way."""
+    two measurements compared are taken the same way. ``shaped``: the model ran on
+    values laid out over several devices (a sharded model), and they stay there:
+    each output a float32 device array as it is shaped and laid out, each boundary
+    a list of them (one per output of the call), reduced where they are when compared."""
 
     out_idx: tuple[int, ...]
-    outs: list[np.ndarray]
-    taps: dict[str, np.ndarray] | None
+    outs: list[Any]
+    taps: dict[str, Any] | None
     eager: bool = False
+    shaped: bool = False
 
 
 def paired_outputs(original: Mox, modified: Mox) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -345,7 +445,8 @@ def _dispatch(mox: Mox, flat: list[Any], out_idx: tuple[int, ...], boundaries: b
     """`measure` of flattened inputs, without waiting: the values are device arrays still being computed."""
     if eager is None:
         eager = boundaries and eager_is_cheaper(mox)
-    program = _program(mox, out_idx, boundaries, eager)
+    shaped = any_spread(flat)
+    program = _program(mox, out_idx, boundaries, eager, shaped)
     if lowered is not None and not eager:
         low = program.lower(flat)
         lowered.set()
@@ -353,12 +454,51 @@ def _dispatch(mox: Mox, flat: list[Any], out_idx: tuple[int, ...], boundaries: b
     outs, taps = program(flat)
     if lowered is not None:
         lowered.set()
-    return Measured(out_idx, outs, taps if boundaries else None, eager)
+    return Measured(out_idx, outs, taps if boundaries else None, eager, shaped)
 
 
 def _to_host(m: Measured) -> Measured:
+    """``m`` with its values on the host; a sharded model's stay where they are (only
+    their statistics cross, when compared)."""
+    if m.shaped:
+        return m
     outs, taps = jax.device_get((m.outs, m.taps))
     return Measured(m.out_idx, outs, taps, m.eager)
+
+
+def _on_devices(v: Any, stack: tuple[int, ...]) -> Any:
+    """A host measurement's flat value as a device array of rows (``(*stack, n)``),
+    to be compared with a sharded model's values."""
+    return jnp.asarray(np.asarray(v).reshape(*stack, -1))
+
+
+def _pairs(items: list[tuple[Any, Any, tuple[int, ...]]], shaped: tuple[bool, bool], rtol: float,
+           atol: float) -> list[tuple[Stats, list[Stats] | None]]:
+    """The `Stats` of each value ``(x, y, scan lengths)`` of two measurements, and per scan step
+    inside scans: in NumPy on the host, or, for a sharded model's values, reduced where they are
+    (`_spread_stats`)."""
+    if not any(shaped):
+        return [_host_pair(x, y, stack, rtol, atol) for x, y, stack in items]
+    pairs = []
+    for x, y, stack in items:
+        xs, ys = (list(v) if isinstance(v, (list, tuple)) else [v] for v in (x, y))
+        if not all(shaped) or len(xs) != len(ys) or any(a.shape != b.shape for a, b in zip(xs, ys)):
+            # one of the two ran on one device (or they split outputs apart): compared as rows
+            xs, ys = ([jnp.concatenate([jnp.reshape(a, (*stack, -1)) for a in v], axis=-1)] if sh
+                      else [_on_devices(v[0], stack)] for v, sh in ((xs, shaped[0]), (ys, shaped[1])))
+        pairs.append((xs, ys))
+    got = _spread_stats(pairs, tuple(len(stack) for _, _, stack in items), rtol, atol)
+    return [(whole, rows if stack else None) for (whole, rows), (_, _, stack) in zip(got, items)]
+
+
+def _host_pair(x: np.ndarray, y: np.ndarray, stack: tuple[int, ...], rtol: float,
+               atol: float) -> tuple[Stats, list[Stats] | None]:
+    s = _stats(x.ravel(), y.ravel(), rtol, atol)
+    if not stack:
+        return s, None
+    rows = int(np.prod(stack))
+    xs, ys = x.reshape(rows, -1), y.reshape(rows, -1)
+    return s, [_stats(xs[r], ys[r], rtol, atol) for r in range(rows)]
 
 
 def _label(key: str, node: Mox) -> str:
@@ -371,7 +511,8 @@ def compare_measured(original: Mox, modified: Mox, a: Measured, b: Measured, *, 
                      atol: float = 1e-6) -> Comparison:
     """The `Comparison` of two measurements (`measure`) of ``original`` and
     ``modified``; boundaries are compared when both were measured with them."""
-    outputs = [_stats(x, y, rtol, atol) for x, y in zip(a.outs, b.outs)]
+    shaped = (a.shaped, b.shaped)
+    outputs = [s for s, _ in _pairs([(x, y, ()) for x, y in zip(a.outs, b.outs)], shaped, rtol, atol)]
     names = [_output_names(original).get(i, f"out[{i}]") for i in a.out_idx]
     shapes = [original.outvars[i].shape for i in a.out_idx]
     bounds: dict[str, Stats] = {}
@@ -383,6 +524,7 @@ def compare_measured(original: Mox, modified: Mox, a: Measured, b: Measured, *, 
     if a.taps is not None and b.taps is not None:
         ia, ib = _calls.index(original), _calls.index(modified)
         unavailable = _unavailable(original)
+        todo: list[tuple[str, Mox, Any]] = []
         for k, n in ia.calls.items():
             m = ib.calls.get(k)
             if m is None or k not in a.taps or k not in b.taps:
@@ -395,14 +537,14 @@ def compare_measured(original: Mox, modified: Mox, a: Measured, b: Measured, *, 
             if pos.stack != ib.positions[id(m)].stack:
                 unavailable[k] = "it runs inside scans of other lengths in the two models"
                 continue
-            x, y = a.taps[k], b.taps[k]
-            bounds[k] = s = _stats(x.ravel(), y.ravel(), rtol, atol)
+            todo.append((k, m, pos))
+        measured = _pairs([(a.taps[k], b.taps[k], pos.stack) for k, _, pos in todo], shaped, rtol, atol)
+        for (k, m, pos), (s, per_step) in zip(todo, measured):
+            bounds[k] = s
             labels[k] = _label(k, m)
-            if pos.stack:
+            if pos.stack and per_step is not None:
                 stacks[k] = pos.stack
-                rows = int(np.prod(pos.stack))
-                xs, ys = x.reshape(rows, -1), y.reshape(rows, -1)
-                steps[k] = per = [_stats(xs[r], ys[r], rtol, atol) for r in range(rows)]
+                steps[k] = per = per_step
                 bad = [tuple(int(i) for i in np.unravel_index(r, pos.stack)) for r, t in enumerate(per)
                        if not t.allclose]
                 if bad:
@@ -415,7 +557,7 @@ def compare_measured(original: Mox, modified: Mox, a: Measured, b: Measured, *, 
         boundaries=bounds,
         rtol=rtol,
         atol=atol,
-        arrays={k: (x.reshape(s), y.reshape(s)) for k, x, y, s in zip(names, a.outs, b.outs, shapes)},
+        arrays={k: (_shaped(x, s), _shaped(y, s)) for k, x, y, s in zip(names, a.outs, b.outs, shapes)},
         steps=steps,
         stacks=stacks,
         first_divergence=None if first is None else first[1],
@@ -423,6 +565,11 @@ def compare_measured(original: Mox, modified: Mox, a: Measured, b: Measured, *, 
         labels=labels,
         unavailable=unavailable,
     )
+
+
+def _shaped(x: Any, shape: tuple[int, ...]) -> Any:
+    """An output for plots: a host array shaped as the output, or a sharded model's on its devices."""
+    return x if isinstance(x, jax.Array) and tuple(x.shape) == tuple(shape) else np.asarray(x).reshape(shape)
 
 
 def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rtol: float = 1e-5,
@@ -434,7 +581,9 @@ def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rt
     (and step) shows where a change starts to matter.
 
     Statistics leave out entries that are NaN or ±Inf in either model and count them; a
-    statistic that cannot be computed is NaN with the reason in ``Stats.undefined``.
+    statistic that cannot be computed is NaN with the reason in ``Stats.undefined``. Values
+    spread over several devices (a model sharded over a mesh) are reduced where they are: only
+    the statistics cross to the host.
 
     Args:
       original, modified: root MoX (``modified`` typically from `yax.sub`).
@@ -506,11 +655,16 @@ def compare_gradients(original: Mox, modified: Mox, args: tuple[Any, ...], args_
                 raise YaxInputError(f"`grad_of` must return a scalar, but returned an array of shape {jnp.shape(out)}.")
             return out
 
-        g = jax.device_get(jax.jit(jax.grad(f))([leaves[i] for i in where]))
-        return {jax.tree_util.keystr(flat[i][0]): np.asarray(v, np.float32).ravel() for i, v in zip(where, g)}
+        g = jax.jit(jax.grad(f))([leaves[i] for i in where])
+        if any_spread(g):  # a sharded model's gradients stay where they are: only statistics cross
+            return {jax.tree_util.keystr(flat[i][0]): v.astype(jnp.float32) for i, v in zip(where, g)}
+        return {jax.tree_util.keystr(flat[i][0]): np.asarray(v, np.float32).ravel()
+                for i, v in zip(where, jax.device_get(g))}
 
     ga, gb = grads(original, args), grads(modified, args_b)
-    return {k: _stats(v, gb[k], rtol, atol) for k, v in ga.items() if k in gb and gb[k].shape == v.shape}
+    keys = [k for k, v in ga.items() if k in gb and np.size(gb[k]) == np.size(v)]
+    shaped = (any(isinstance(v, jax.Array) for v in ga.values()), any(isinstance(v, jax.Array) for v in gb.values()))
+    return {k: s for k, (s, _) in zip(keys, _pairs([(ga[k], gb[k], ()) for k in keys], shaped, rtol, atol))}
 
 
 def _output_names(mox: Mox) -> dict[int, str]:

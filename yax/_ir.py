@@ -328,6 +328,9 @@ class Mox(_Typed):
         (``"linen"``, ``"nnx"``, ``"equinox"``, ``"jax"`` for a plain function).
       origin: on a root, what that frontend keeps to rebuild the traced
         object (for nnx, the ``nnx.GraphDef``, also as ``graphdef``).
+      shardings: on a root traced on arrays laid out over several devices (a
+        ``jax.sharding.NamedSharding`` on a mesh), ``(var, PartitionSpec)`` of each
+        such input; empty when no input splits an axis (`yax._sharding`).
     """
 
     kind: str
@@ -345,6 +348,7 @@ class Mox(_Typed):
     ephemeral: bool | None = None
     frontend: str | None = None
     origin: Any = None
+    shardings: tuple[tuple[Var, Any], ...] = dataclasses.field(default=(), repr=False)
 
     # -- module facts and call signature, by their short names ---------------
     module_type = property(lambda self: self.info.type, doc="The module class (``None`` for other kinds).")

@@ -94,4 +94,6 @@ def merge_lora(mox: Mox, params: Any) -> tuple[Mox, Any]:
     found = frontends.first_answer(mox, lambda f: f.merge_lora(mox, params))
     if found is None:
         raise YaxRewriteError("`merge_lora` found no LoRA adapters in this MoX; nothing to merge.")
-    return found
+    from .rewrite.shard import kept_layout
+
+    return kept_layout(mox, found[0], params, found[1])  # a merged kernel keeps the kernel's sharding

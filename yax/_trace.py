@@ -8,6 +8,7 @@ The frontend that accepts ``fn`` (`yax.frontends`) says what is traced;
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
 import sys
@@ -24,6 +25,7 @@ from ._activations import ACTIVATIONS as ACTIVATIONS
 from ._build import build
 from ._ir import Packing
 from ._record import recording
+from ._sharding import input_specs
 from .errors import YaxTraceError
 
 
@@ -165,7 +167,8 @@ def _traced_root(target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
         name = getattr(target, "__name__", None) or type(target).__name__
         mox = build(closed, rec, ins, outs[-1], name=name, frontend=frontend, origin=origin)
         del closed, rec  # gone before the collector runs again, which then scans only what lives on
-    return mox
+    specs = input_specs(mox.invars, dyn_vals)
+    return dataclasses.replace(mox, shardings=specs) if specs else mox
 
 
 #: While the collector is paused for a trace, the young objects (allocated

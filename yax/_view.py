@@ -34,6 +34,7 @@ from lxml import etree
 from ._ir import CALL_KINDS, FN_KINDS, Equation, Kind, Mox
 from ._precision import precisions
 from ._print import pprint, shown_params
+from ._sharding import call_specs
 from ._vocab import dtype_str, type_str, value_str
 from .errors import YaxQueryError
 
@@ -155,6 +156,7 @@ def build_view(mox: Mox) -> View:
     nodes: list[Any] = []
     with_calls = calls_below(mox)
     policies = precisions(mox)
+    laid_out = call_specs(mox) if mox.kind == Kind.ROOT else {}  # `@sharding`: only where a parameter is split
     root_tag = "mox" if mox.kind == Kind.ROOT else mox.kind
     root: etree._Element | None = None
     # (parent element, node, tag, param, whether an enclosing element already shows the jaxpr text)
@@ -198,6 +200,8 @@ def build_view(mox: Mox) -> View:
                 el.set("policy", str(pol))
                 if pol.compute:
                     el.set("compute", pol.compute)
+                if id(node) in laid_out:
+                    el.set("sharding", laid_out[id(node)])
                 for k, v in node.attrs.items():
                     t = _num(v)
                     if t is not None and _NAME_OK.match(k) and k not in el.attrib:

@@ -16,6 +16,9 @@ Contents:
                    `compare_gradients` (`compare`'s ``grad_of``)
   call keys        `call_keys` (compare's boundary names), `keyed` (diff's), `capture_keys`
                    (the keys `capture` gives every call and equation)
+  folding          `structure_keys` (equal for calls of the same structure: the tree's ×N rows)
+  sharding         `call_specs` (how the parameters each call reads are laid out: the view's
+                   ``@sharding``), `spread` (whether a value is held on several devices)
   values           `ValueStats` (statistics of one array), `capture_programs` (the jitted
                    programs `capture`/`patch` keep per MoX, with their trace counts),
                    `capturable_calls` (the calls whose values `capture` can bring out)
@@ -44,6 +47,7 @@ from ._compare import eager_is_cheaper as eager_is_cheaper
 from ._compare import measure as measure
 from ._compare import paired_outputs as paired_outputs
 from ._diff import keyed as keyed
+from ._fold import structure_keys as structure_keys
 from ._ir import CALL_KINDS as CALL_KINDS
 from ._ir import FN_KINDS as FN_KINDS
 from ._ir import Kind as Kind
@@ -55,6 +59,8 @@ from ._print import shown_params as shown_params
 from ._record import CallInfo as CallInfo
 from ._record import marked_call as marked_call
 from ._record import recorder as recorder
+from ._sharding import call_specs as call_specs
+from ._sharding import spread as spread
 from ._trace import trace_target as trace_target
 from ._view import build_view as build_view
 from ._view import from_xml_text as from_xml_text

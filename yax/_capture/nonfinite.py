@@ -12,6 +12,7 @@ import numpy as np
 from .. import errors
 from .._eval import Hooks, bind, flatten_inputs, run
 from .._ir import CALL_KINDS, Equation, Mox
+from .._sharding import any_spread, spread
 from .plan import how_reached
 from .programs import cached_plan, check_root, program_for
 from .stats import NonFinite, ValueStats
@@ -19,6 +20,12 @@ from .stats import NonFinite, ValueStats
 
 def _bad(x: Any) -> Any:
     return jnp.any(~jnp.isfinite(x))
+
+
+@jax.jit
+def _bad_layers(x: Any) -> Any:
+    """Per layer of a stacked array, whether it holds a NaN or an Inf (reduced where it is)."""
+    return jnp.any(~jnp.isfinite(x), axis=tuple(range(1, x.ndim)))
 
 
 def _inexact(a: Any) -> bool:
@@ -179,9 +186,11 @@ def _bad_argument(mox: Mox, i: int, value: Any, name: str) -> NonFinite:
     reader, scan = _first_reader(mox, mox.invars[i])
     step: tuple[int, ...] = ()
     if scan is not None:
-        a = np.asarray(value)
-        bad = ~np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1)
-        order = range(a.shape[0] - 1, -1, -1) if scan.params.get("reverse", False) else range(a.shape[0])
+        n = value.shape[0]
+        # which layers hold them: one flag per layer crosses to the host (a sharded stack stays where it is)
+        bad = jax.device_get(_bad_layers(value)) if spread(value) else \
+            ~np.isfinite(np.asarray(value).reshape(n, -1)).all(axis=1)
+        order = range(n - 1, -1, -1) if scan.params.get("reverse", False) else range(n)
         step = (next(s for s in order if bad[s]),)
     call = _innermost_call(mox, reader) if reader is not None else None
     return NonFinite(None, call, name, step, ValueStats.of(value), window=window(mox, reader) if reader else "",
@@ -239,9 +248,14 @@ def first_nonfinite(mox: Mox, *args: Any, **kwargs: Any) -> NonFinite | None:
         nodes = [eqn] if call is None else [eqn, call]
         plan = cached_plan(nodes, mox, "first_nonfinite", forward_only=True)
         prog = program_for(mox, nodes, plan, "capture", inputs=True, forward_only=True)
-        _, got = jax.device_get(prog(flat, {}, None))
+        _, got = prog(flat, {}, None)
+        if not any_spread(got):
+            got = jax.device_get(got)
 
     def at(x: Any) -> Any:
+        """The value at the scan step: a sharded one indexed where it is (`ValueStats` reduces it there)."""
+        if spread(x):
+            return x[step] if step else x
         return np.asarray(x)[step] if step else np.asarray(x)
 
     k = plan.targets[id(eqn)].key

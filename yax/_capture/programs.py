@@ -39,7 +39,8 @@ class _Program:
 
 def watched(mox: Mox, plan: Plan, mode: str, flat: list[Any]) -> tuple[list[Any], dict[str, Any]]:
     """Evaluate ``mox`` on ``flat`` with ``plan``'s targets watched in ``mode``
-    (``"capture"``, or ``"measure"``: one flat float32 array per target);
+    (``"capture"``; ``"measure"``: one flat float32 array per target;
+    ``"measure_shaped"``: each output as float32, shaped and laid out as it is);
     ``(flat outputs, got)``."""
     w = Watch(plan, mode, False, {}, None, None, ())
     return run(mox, flat, hooks=w), w.got

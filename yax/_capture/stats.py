@@ -6,9 +6,11 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 
 from .._ir import Equation, Mox
+from .._sharding import reduced_stats, spread
 from .._vocab import type_str
 
 
@@ -30,10 +32,21 @@ class ValueStats:
 
     @classmethod
     def of(cls, x: Any) -> ValueStats:
-        a = np.asarray(x)
-        size = int(a.size)
-        if not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_):
+        """The statistics of ``x``: in NumPy (float64) on the host, or, for an array
+        laid out over several devices, reduced where it is (float32)."""
+        size = int(np.size(x))
+        try:
+            dtype = np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
+        except TypeError:  # an extended dtype (a PRNG key's): no statistics
+            dtype = np.dtype(object)
+        if not (np.issubdtype(dtype, np.number) or dtype == np.bool_):
             return cls(type_str(x), np.nan, np.nan, np.nan, np.nan, 0, 0, 0, 0, size)
+        if spread(x):
+            stats, counts = jax.device_get(reduced_stats(x))
+            n, nan, posinf, neginf, zeros = (int(c) for c in counts)
+            lo, hi, mean, std = (float(v) if n else float("nan") for v in stats)
+            return cls(type_str(x), lo, hi, mean, std, nan, posinf, neginf, zeros, size)
+        a = np.asarray(x)
         f = a.astype(np.float64) if not np.iscomplexobj(a) else np.abs(a).astype(np.float64)
         fin = f[np.isfinite(f)]
 

@@ -21,6 +21,7 @@ from .._map import map_mox
 from ..errors import YaxError, YaxRewriteError
 from .replacement import Decider, Site, checked, decider, is_decider, is_module, module_of
 from .select import locate, matches, outside_rules
+from .shard import placed
 from .splice import spliced, unbound
 from .thread import Threads
 
@@ -273,6 +274,8 @@ def _sub(pattern: Any, repl: Any, mox: Mox, params: Any, key: Any, cast: bool, m
     sites: list[Site] = [checked(node, r, cast, nested.get(id(node), ()), cache, held, mox) for node, r in plan]
     new = _built(mox, sites, layout.place(sites, key, keep), layout.dropped())
     result = layout.finish(new, sites)
+    if isinstance(result, tuple):  # new variables laid out like the replaced layers' (a sharded model's)
+        result = placed(mox, result[0], params, result[1], sites)
     root = result[0] if isinstance(result, tuple) else result
     bad = unbound(root)
     if bad is not None:

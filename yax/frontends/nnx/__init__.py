@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from ..._ir import Mox
+from ..._sharding import spec_of
 from .._protocol import Frontend, MappedCall, Variables
 from . import _lora, _rebuild
 from ._base import NAME, flax_nnx, is_module
@@ -28,8 +29,11 @@ __all__ = ["frontend", "replace_modules"]
 
 
 def _shape_of(x: Any) -> Any:
-    """Trace the model's state abstractly, whatever its leaves are."""
-    return jax.ShapeDtypeStruct(np.shape(x), x.dtype) if hasattr(x, "dtype") else x
+    """Trace the model's state abstractly, whatever its leaves are; a leaf laid out on a
+    mesh keeps its sharding, which `make_mox` records (``Mox.shardings``)."""
+    if not hasattr(x, "dtype"):
+        return x
+    return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=x.sharding if spec_of(x) is not None else None)
 
 
 def _module_and_method(fn: Any) -> tuple[Any, str]:

@@ -1,0 +1,274 @@
+"""Sharded models: what yax knows of arrays laid out over several devices.
+
+JAX's own SPMD runs them. `eval_mox` binds the primitives the model binds, so
+values keep the shardings JAX gives them (under ``jax.jit`` the program is the
+original one, laid out alike); yax adds no distributed engine of its own. What
+is here:
+
+* `spread` / `spec_of`: whether a value is laid out over several devices, and
+  its ``PartitionSpec``. Where values are spread, `compare`, `first_nonfinite`
+  and the explorer reduce them where they are and bring only the statistics to
+  the host (`reduced_stats`); a single-device model keeps the host path.
+* `input_specs`: the specs of a root's arguments, recorded by `make_mox` on the
+  root (``Mox.shardings``), and `call_specs`: for each call, the specs of the
+  arguments it reads (its parameters): the view's ``@sharding`` attribute and
+  the explorer's tooltip (``kernel=P(None,'model') bias=P('model')``).
+* `derived`: the sharding of a variable a rewrite adds (a LoRA adapter's
+  ``lora_a``), derived from the replaced layer's, on the same mesh
+  (`yax.rewrite.shard`).
+
+Only ``NamedSharding`` has a spec; arrays on one device, and other kinds of
+sharding, are "not sharded" here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import weakref
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
+from ._calls import how
+from ._ir import CALL_KINDS, Equation, Mox, Var
+
+
+def _sharding(x: Any) -> Any:
+    """``x.sharding`` of a concrete array or an abstract one, ``None`` for anything else (a tracer)."""
+    if isinstance(x, jax.core.Tracer):
+        return None
+    try:
+        return getattr(x, "sharding", None)
+    except Exception:  # an array whose buffers were deleted
+        return None
+
+
+def spec_of(x: Any) -> PartitionSpec | None:
+    """The ``PartitionSpec`` of ``x`` when it is laid out by a ``NamedSharding``
+    over more than one device (replicated ones included: ``P()``), else ``None``."""
+    s = _sharding(x)
+    if isinstance(s, NamedSharding) and s.mesh.size > 1:
+        return s.spec
+    return None
+
+
+def spread(x: Any) -> bool:
+    """Whether ``x`` is a concrete ``jax.Array`` held on more than one device
+    (sharded or replicated): what is reduced where it is before anything of it
+    crosses to the host."""
+    if not isinstance(x, jax.Array):
+        return False
+    s = _sharding(x)
+    return s is not None and len(s.device_set) > 1
+
+
+def any_spread(values: Iterable[Any]) -> bool:
+    return any(spread(x) for x in jax.tree_util.tree_leaves(values))
+
+
+def is_sharded(spec: PartitionSpec | None) -> bool:
+    """Whether ``spec`` splits any axis (``P()`` and ``P(None, None)`` do not)."""
+    return spec is not None and any(e is not None for e in spec)
+
+
+def _entry(e: Any) -> str:
+    if e is None:
+        return "None"
+    if isinstance(e, str):
+        return repr(e)
+    if isinstance(e, (tuple, list)):
+        return "(" + ",".join(_entry(a) for a in e) + ")"
+    return "U" if e is PartitionSpec.UNCONSTRAINED else str(e)
+
+
+def spec_text(spec: PartitionSpec) -> str:
+    """``P(None,'model')``: a spec as the view and the explorer write it (the
+    same on every JAX version; JAX's own repr changed)."""
+    return "P(" + ",".join(_entry(e) for e in spec) + ")"
+
+
+def input_specs(invars: Sequence[Var], values: Sequence[Any]) -> tuple[tuple[Var, PartitionSpec], ...]:
+    """``(var, spec)`` of each traced argument laid out over several devices
+    (`spec_of`); empty when none is, or when none of them splits an axis."""
+    found = tuple((v, s) for v, x in zip(invars, values) if (s := spec_of(x)) is not None)
+    return found if any(is_sharded(s) for _, s in found) else ()
+
+
+# -- the parameters each call reads -------------------------------------------------------
+
+_KEY = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(\d+)\]|\.(\w+)")
+
+
+def _names(path: str) -> list[str]:
+    """A parameter's names in the root's first argument (``[0][0]['params']['Dense_0']['kernel']``
+    -> ``['params', 'Dense_0', 'kernel']``), without a boxed variable's ``.value``."""
+    names = [a or b or c for a, b, c in _KEY.findall(path)][2:]
+    while names and names[-1] in ("value", "raw_value"):
+        names.pop()
+    return names
+
+
+def _labels(paths: list[str]) -> list[str]:
+    """Short names for the arguments one call reads: each path's last name, longer
+    where two would read alike (``query/kernel``, ``value/kernel``)."""
+    names = [_names(p) or [p] for p in paths]
+    n = [1] * len(names)
+    while True:
+        labels = ["/".join(ns[-k:]) for ns, k in zip(names, n)]
+        twice = {x for x in labels if labels.count(x) > 1}
+        grow = [i for i, x in enumerate(labels) if x in twice and n[i] < len(names[i])]
+        if not grow:
+            return labels
+        for i in grow:
+            n[i] += 1
+
+
+_specs: weakref.WeakKeyDictionary[Mox, dict[int, str]] = weakref.WeakKeyDictionary()
+
+
+def call_specs(root: Mox) -> dict[int, str]:
+    """``id(call)`` -> how the parameters it reads are laid out (``kernel=P(None,'model')
+    bias=P('model')``), for the calls that read one that is sharded (`is_sharded`);
+    empty for a root traced on arrays that are not.
+
+    The parameters are the leaves of the root's first argument (the variables of
+    ``model.apply``, an nnx state, an Equinox model, a wrapper's ``params``: the
+    argument `yax.compare`'s ``new_params`` replaces). A call's are those its own
+    equations read, like a closure (a Flax module's variables), as its inputs (an
+    Equinox module's), or inside a nested computation (an ``nn.scan`` body reads a
+    stacked parameter's slice: the stacked one's spec is shown). Cached per root."""
+    got = _specs.get(root)
+    if got is not None:
+        return got
+    own = {v: s for v, s in root.shardings}
+    live = set(root.invars)
+    paths = dict(zip(root.invars, root.in_paths))
+    specs = {v: s for v, s in own.items() if v in live and paths.get(v, "").startswith("[0][0]")}
+    out: dict[int, str] = {}
+    if specs:
+        for call, read in _reads(root, specs).items():
+            if any(is_sharded(specs[v]) for v in read):
+                labels = _labels([paths.get(v, "") for v in read])
+                out[id(call)] = " ".join(f"{k}={spec_text(specs[v])}" for k, v in zip(labels, read))
+    _specs[root] = out
+    return out
+
+
+def _reads(root: Mox, wanted: dict[Var, Any]) -> dict[Mox, list[Var]]:
+    """Call node -> the ``wanted`` root vars its equations read, in the order first
+    read; followed through call inputs and into nested computations (without recursion)."""
+    alias: dict[Var, Var] = {v: v for v in wanted}
+    reads: dict[Mox, dict[Var, None]] = {}
+
+    def bind(formals: Sequence[Var], actuals: Sequence[Any]) -> None:
+        for f, a in zip(formals, actuals):
+            if isinstance(a, Var) and a in alias:
+                alias[f] = alias[a]
+
+    stack: list[tuple[Any, Mox | None]] = [(iter(root.children), None)]
+    while stack:
+        it, owner = stack[-1]
+        c = next(it, None)
+        if c is None:
+            stack.pop()
+            continue
+        if isinstance(c, Mox):
+            bind(c.invars, c.inputs)
+            stack.append((iter(c.children), c if c.kind in CALL_KINDS else owner))
+            continue
+        subs = c.subs
+        if not subs:
+            if owner is not None:
+                for a in c.inputs:
+                    if isinstance(a, Var) and a in alias:
+                        reads.setdefault(owner, {})[alias[a]] = None
+            continue
+        _into(c, subs, bind)
+        for _, body in reversed(subs):
+            stack.append((iter(body.children), owner))
+    return {call: list(vs) for call, vs in reads.items()}
+
+
+def _into(eqn: Equation, subs: list[tuple[str, Mox]], bind: Any) -> None:
+    """Alias the parameters of the computations ``eqn`` holds to its inputs."""
+    rule = how(eqn)
+    if rule == "while":
+        p = eqn.params
+        nc, nb = p.get("cond_nconsts", 0), p.get("body_nconsts", 0)
+        carry = eqn.inputs[nc + nb:]
+        for name, body in subs:
+            consts = eqn.inputs[:nc] if name.startswith("cond") else eqn.inputs[nc:nc + nb]
+            bind(body.invars, (*consts, *carry))
+        return
+    offset = 1 if rule == "cond" else 0  # a cond's first input picks the branch
+    for _, body in subs:
+        bind(body.invars, eqn.inputs[offset:])
+
+
+# -- new variables ----------------------------------------------------------------------
+
+def derived(name: str, shape: tuple[int, ...], refs: Sequence[tuple[str, Any, tuple[int, ...]]]) -> Any:
+    """The sharding of a new variable ``name`` of ``shape`` that a rewrite adds
+    where a layer had variables ``refs`` (``(name, sharding, shape)``): ``None``
+    when none of those is laid out by a ``NamedSharding`` over several devices
+    (the new one stays where it was made), else a ``NamedSharding`` on their mesh.
+
+    Each axis takes the spec of a reference axis of the same size at the same
+    place, counted from the front or from the back; references of the same name,
+    then of the same rank, are asked first. So a LoRA adapter's ``lora_a``
+    (inputs × rank) is split like its kernel's input axis and ``lora_b`` (rank ×
+    outputs) like its output axis, a replacement's new ``kernel`` like the old
+    one; an axis nothing matches (the rank) is not split, nor one a mesh axis
+    already splits, nor one the mesh axes do not divide."""
+    named = [(n, s, tuple(sh)) for n, s, sh in refs if isinstance(s, NamedSharding) and s.mesh.size > 1]
+    if not named:
+        return None
+    mesh = named[0][1].mesh
+    named = [r for r in named if r[1].mesh == mesh]
+    order = sorted(named, key=lambda r: (r[0] != name, len(r[2]) != len(shape), -math.prod(r[2])))
+    spec: list[Any] = [None] * len(shape)
+    used: set[str] = set()
+    for j, size in enumerate(shape):
+        for _, s, sh in order:
+            entries = list(s.spec) + [None] * (len(sh) - len(s.spec))
+            back = j - len(shape) + len(sh)
+            at = j if j < len(sh) and sh[j] == size else back if 0 <= back < len(sh) and sh[back] == size else None
+            if at is None:
+                continue
+            e = entries[at]
+            axes = () if e is None else (e,) if isinstance(e, str) else tuple(e)
+            if axes and not (used & set(axes)) and size % math.prod(mesh.shape[a] for a in axes) == 0:
+                spec[j] = e
+                used.update(axes)
+            break
+    return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+# -- statistics reduced where the values are ----------------------------------------------------
+
+def _value_sums(x: Any) -> tuple[Any, Any]:
+    """``[min, max, mean, std]`` of the finite values of one array and the counts
+    ``[finite, NaN, +Inf, -Inf, zeros]``, reduced on its devices (the mean and std
+    of values scaled by the largest, so that they do not overflow float32)."""
+    f = jnp.abs(x) if jnp.iscomplexobj(x) else x
+    f = f.astype(jnp.float32)
+    fin = jnp.isfinite(f)
+    n = fin.sum(dtype=jnp.int32)
+    lo = jnp.min(jnp.where(fin, f, jnp.inf), initial=jnp.inf)
+    hi = jnp.max(jnp.where(fin, f, -jnp.inf), initial=-jnp.inf)
+    big = jnp.maximum(-lo, hi)
+    big = jnp.where((n > 0) & (big > 0), big, 1.0)
+    s = jnp.where(fin, f, 0.0) / big
+    mean = s.sum() / jnp.maximum(n, 1)
+    std = big * jnp.sqrt(jnp.where(fin, (s - mean) ** 2, 0.0).sum() / jnp.maximum(n, 1))
+    counts = [n, jnp.isnan(f).sum(dtype=jnp.int32), (f == jnp.inf).sum(dtype=jnp.int32),
+              (f == -jnp.inf).sum(dtype=jnp.int32), (f == 0).sum(dtype=jnp.int32)]
+    return jnp.stack([lo, hi, big * mean, std]), jnp.stack(counts)
+
+
+#: `_value_sums`, jitted: compiled once per shape, dtype and sharding; only the nine numbers cross.
+reduced_stats = jax.jit(_value_sums)
