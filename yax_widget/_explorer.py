@@ -224,6 +224,30 @@ class Explorer(anywidget.AnyWidget):
         """
         return self.session.export(stem, overwrite=overwrite)
 
+    def save_html(self, path: str | pathlib.Path, *, overwrite: bool = False) -> pathlib.Path:
+        """Save the explorer as it is to ``path``, one HTML file that opens from disk
+        with no kernel and no network (for CI artifacts, papers and bug reports): the
+        tree, the colouring, the comparison, the values of the row the values pane
+        shows, the history and the diff, read-only (what needs the kernel is
+        disabled; every number in it is one the kernel computed). The Save HTML
+        button does the same with the rows open and selected in the UI, as
+        ``{model}_snapshot.html`` next to the notebook. Refuses a path that is no
+        ``.html`` file in an existing folder, or that exists unless ``overwrite=True``
+        (`SnapshotPathError`). Returns the path written.
+
+        Example:
+          >>> import jax, jax.numpy as jnp, flax.linen as nn, tempfile, os
+          >>> from yax_widget import Explorer
+          >>> m = nn.Sequential([nn.Dense(4), nn.relu]); x = jnp.ones((1, 3))
+          >>> ex = Explorer(m, m.init(jax.random.key(0), x), x, warm=False)
+          >>> p = ex.save_html(os.path.join(tempfile.mkdtemp(), "mlp.html"))
+          >>> "snapshot saved by" in p.read_text() and "Sequential" in p.read_text()
+          True
+        """
+        from ._snapshot import save_html
+
+        return save_html(self.session, path, overwrite=overwrite)
+
     def code(self) -> str:
         """The `yax.sub` calls that turn the original into the current model,
         as a script fragment (``mox`` and ``params`` are the original's)."""

@@ -13,12 +13,15 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 import yax
 from yax.internal import (
     CALL_KINDS,
     call_keys,
+    call_specs,
     is_mixed,
     key_attrs,
     keyed,
@@ -26,6 +29,7 @@ from yax.internal import (
     param_copies,
     precisions,
     shown_params,
+    structure_keys,
     type_str,
     value_str,
 )
@@ -56,7 +60,8 @@ def _fields(attrs: Mapping[str, Any], n: int) -> str:
 
 # -- the module tree ------------------------------------------------------------------
 
-def call_row(node: yax.Mox, ids: Mapping[int, int], parent: int, copies: int = 1, policy: str = "") -> list:
+def call_row(node: yax.Mox, ids: Mapping[int, int], parent: int, copies: int = 1, policy: str = "",
+             fold: int | None = None, sharding: str = "") -> list:
     """The tree row of a call node: the one place its columns are laid out.
 
     A helper method (``method_call``: ``_split_heads`` called inside its module's
@@ -64,7 +69,11 @@ def call_row(node: yax.Mox, ids: Mapping[int, int], parent: int, copies: int = 1
     which the enclosing call's row shows, are not shown (nor counted) again.
     ``copies``: the sets of parameters a scanned stack holds (`param_copies`), shown ×N;
     ``policy``: its dtypes of parameters/computation/outputs (``f32/bf16/f32``), given
-    where the tree's calls differ in them (`yax.mixed_precision`)."""
+    where the tree's calls differ in them (`yax.mixed_precision`); ``fold``: its structure key
+    (`yax.internal.structure_keys`), equal exactly for calls that compute the same thing up to their
+    weights: the front-end folds runs of consecutive siblings with the same key into one ×N row;
+    ``sharding``: how the parameters it reads are laid out over devices (`yax.internal.call_specs`,
+    the view's ``@sharding``: ``kernel=P(None,'model')``), "" unless one of them is split."""
     helper = node.kind == "method_call" and bool(node.method)
     return [
         ids[id(node)],                        # 0 id: the node's index in the XML view
@@ -80,6 +89,8 @@ def call_row(node: yax.Mox, ids: Mapping[int, int], parent: int, copies: int = 1
         _fields(node.attrs, 400),             # 10 fields: every field (the row's tooltip)
         1 if helper else copies,              # 11 copies: sets of those parameters (a scanned stack's layers)
         policy,                               # 12 policy: params/compute/output dtypes, "" where all calls agree
+        fold,                                 # 13 fold: structure key, equal for calls of the same structure
+        sharding,                             # 14 sharding: its parameters' PartitionSpecs, "" where none is split
     ]
 
 
@@ -88,6 +99,8 @@ def tree(mox: yax.Mox, version: int) -> dict:
     ids = node_ids(mox)
     pols = precisions(mox)
     mixed = is_mixed(mox)
+    keys = structure_keys(mox)
+    laid_out = call_specs(mox)
     rows: list[list] = []
     # (node, the row its calls hang from, its own row's parent if it is a call): no recursion, any depth
     stack: list[tuple[yax.Mox, int, int | None]] = [(mox, -1, None)]
@@ -95,7 +108,8 @@ def tree(mox: yax.Mox, version: int) -> dict:
         node, parent, row_parent = stack.pop()
         if row_parent is not None:
             rows.append(call_row(node, ids, row_parent, param_copies(mox, node),
-                                 pols[id(node)].short() if mixed else ""))
+                                 pols[id(node)].short() if mixed else "", keys[id(node)],
+                                 laid_out.get(id(node), "")))
         below: list[tuple[yax.Mox, int, int | None]] = []
         for c in node.children:
             if isinstance(c, yax.Equation):  # calls inside a loop or branch body belong to the enclosing call
@@ -221,7 +235,10 @@ def _output(name: str, stats: yax.Stats, x: np.ndarray, y: np.ndarray) -> dict:
     The histogram's ``lo``/``hi`` are the real smallest and largest difference: when
     they are equal (an unchanged output) the front-end says so rather than drawing a
     range; ``n`` is how many finite differences were counted, ``nonfinite`` how many
-    were NaN or infinite."""
+    were NaN or infinite. A sharded model's outputs (device arrays) are reduced where
+    they are (`_on_devices`): only the histogram and the heatmap slices cross."""
+    if not isinstance(x, np.ndarray) or not isinstance(y, np.ndarray):
+        return _on_devices(name, stats, x, y)
     d = (y - x).ravel()
     finite = np.isfinite(d)
     d = d[finite]
@@ -233,6 +250,42 @@ def _output(name: str, stats: yax.Stats, x: np.ndarray, y: np.ndarray) -> dict:
         "hist": {"counts": counts.tolist(), "lo": lo, "hi": hi, "n": int(d.size),
                  "nonfinite": int(finite.size - d.size)},
         "heat": _heat(x, y, name),
+    }
+
+
+def _diff_summary(x: Any, y: Any) -> tuple:
+    """On the devices: ``(lo, hi, counts, n)`` of the finite differences ``y - x`` as
+    `_output` histograms them (NumPy's bins; an empty range widened by 0.5 as NumPy
+    widens it), and the heatmap slices of both (`heat_slice`)."""
+    d = (y - x).astype(jnp.float32)
+    fin = jnp.isfinite(d)
+    n = fin.sum(dtype=jnp.int32)
+    lo = jnp.where(n > 0, jnp.min(jnp.where(fin, d, jnp.inf), initial=jnp.inf), 0.0)
+    hi = jnp.where(n > 0, jnp.max(jnp.where(fin, d, -jnp.inf), initial=-jnp.inf), 0.0)
+    a, b = jnp.where(lo == hi, lo - 0.5, lo), jnp.where(lo == hi, hi + 0.5, hi)
+    at = jnp.clip(jnp.floor((d - a) / (b - a) * HIST_BINS), 0, HIST_BINS - 1).astype(jnp.int32)
+    counts = jnp.bincount(jnp.where(fin, at, 0).ravel(), weights=fin.ravel().astype(jnp.int32), length=HIST_BINS)
+    heat = (heat_slice(x, "")[0], heat_slice(y, "")[0]) if x.ndim and x.size else ()
+    return lo, hi, counts, n, heat
+
+
+_diff_summary_jit = jax.jit(_diff_summary)
+
+
+def _on_devices(name: str, stats: yax.Stats, x: Any, y: Any) -> dict:
+    """`_output` of a sharded model's outputs, left on their devices: `_diff_summary` there."""
+    lo, hi, counts, n, heat = jax.device_get(_diff_summary_jit(jnp.asarray(x), jnp.asarray(y)))
+    shown = None
+    if heat:
+        _, info = heat_slice(np.broadcast_to(np.zeros((), np.int8), x.shape), name)  # what was cut, from the shape
+        xs, ys = (np.asarray(h, np.float32) for h in heat)
+        shown = {**info, "original": floats(xs), "modified": floats(ys), "diff": floats(np.abs(ys - xs))}
+    return {
+        "name": name, "shape": list(x.shape),
+        **{k: _finite(v) if isinstance(v, float) else v for k, v in stats.to_dict().items()},
+        "hist": {"counts": np.asarray(counts).tolist(), "lo": float(lo), "hi": float(hi), "n": int(n),
+                 "nonfinite": int(np.prod(x.shape)) - int(n)},
+        "heat": shown,
     }
 
 

@@ -92,6 +92,25 @@ class Expand(Request):
 
 
 @dataclasses.dataclass(frozen=True)
+class Equations(Request):
+    """The equations of several calls in one reply: "expand all" opens every call of a 70B
+    model's tree (1,300 calls running 10,000 equations), which one `expand` each would
+    answer in as many round trips."""
+
+    type = "equations"
+    ids: Any
+
+    def check(self) -> None:
+        if not isinstance(self.ids, list) or len(self.ids) > MAX_IDS or not all(map(_int, self.ids)):
+            raise RequestError(f"`ids` must be a list of at most {MAX_IDS} call row ids, not {str(self.ids)[:40]!r}.")
+
+    def run(self, s: Session) -> dict:
+        nodes = [s.node(i, CALL_KINDS, "ids") for i in self.ids]  # every id checked before any row is built
+        ids = view(s.mox).ids
+        return {"calls": [[i, equation_rows(n, ids)] for i, n in zip(self.ids, nodes)]}
+
+
+@dataclasses.dataclass(frozen=True)
 class Fits(Request):
     type = "fits"
     id: Any
@@ -207,6 +226,26 @@ class Export(Request):
 
 
 @dataclasses.dataclass(frozen=True)
+class Snapshot(Request):
+    """The Save HTML button: the explorer as it is, with what the front-end shows
+    (``view``: open rows, selection, tab; `_snapshot.View`), as one HTML file next to
+    the notebook, ``{model}_snapshot.html``, never replacing a file (`_snapshot.save_next`)."""
+
+    type = "snapshot"
+    view: Any = None
+
+    def check(self) -> None:
+        from ._snapshot import View
+
+        View.parse(self.view)
+
+    def run(self, s: Session) -> dict:
+        from ._snapshot import save_next
+
+        return save_next(s, self.view)
+
+
+@dataclasses.dataclass(frozen=True)
 class Code(Request):
     type = "code"
 
@@ -216,17 +255,27 @@ class Code(Request):
 
 @dataclasses.dataclass(frozen=True)
 class Graph(Request):
+    """`yax.to_dot` of a call (``id``; None: the whole model) from ``depth``, repeated layers
+    folded (``fold``), and the calls ``open`` (the boxes double-clicked) opened whatever the depth."""
+
     type = "graph"
     id: Any = None
     depth: Any = 1
+    fold: Any = True
+    open: Any = ()
 
     def check(self) -> None:
         if not _int(self.depth) or not 0 <= self.depth <= 8:
             raise RequestError("`depth` must be an integer from 0 to 8.")
+        if not isinstance(self.fold, bool):
+            raise RequestError("`fold` must be true or false.")
+        if not isinstance(self.open, list | tuple) or len(self.open) > MAX_IDS or not all(map(_int, self.open)):
+            raise RequestError(f"`open` must be a list of at most {MAX_IDS} call row ids, not {str(self.open)[:40]!r}.")
 
     def run(self, s: Session) -> dict:
         root = None if self.id is None else s.node(self.id, CALL_KINDS)
-        return {"id": self.id, "dot": yax.to_dot(s.mox, depth=self.depth, root=root)}
+        opened = [s.node(i, CALL_KINDS, "open") for i in self.open]
+        return {"id": self.id, "dot": yax.to_dot(s.mox, depth=self.depth, root=root, fold=self.fold, expand=opened)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,11 +323,11 @@ class NonFinite(Request):
 
 
 REQUESTS: dict[str, type[Request]] = {r.type: r for r in (
-    Query, Expand, Fits, Substitute, Undo, Redo, Goto, CompareBase, Export, Code, Graph,
+    Query, Expand, Equations, Fits, Substitute, Undo, Redo, Goto, CompareBase, Export, Snapshot, Code, Graph,
     Values, Overlay, Batch, NonFinite)}
 
 # What a closed session still answers: reading its history changes nothing.
-_READ_ONLY = {"code", "expand", "graph"}
+_READ_ONLY = {"code", "expand", "equations", "graph"}
 
 
 def parse(content: Any) -> Request:

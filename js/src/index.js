@@ -13,6 +13,7 @@ import { createValues } from "./panes/values.js";
 import { createQueryBox, partialOffer } from "./querybox.js";
 import { createRequests, DEFAULT_TIMEOUT_MS } from "./requests.js";
 import { treeRows } from "./rows.js";
+import { restoreView, snapshotModel, viewState } from "./snapshot.js";
 import { createStatus } from "./status.js";
 import { buildTree, pathOf } from "./tree.js";
 import { divergenceLegend, TreeView } from "./treeview.js";
@@ -29,6 +30,9 @@ function toolbarButtons() {
     graph: h("button", { class: "yax-graph-button", title: "Graph of the selected module (or the model)" }, "Graph"),
     export: h("button", { class: "yax-export", title: "Save the current model to run without yax, next to the "
       + "notebook: yax_model_stepK.jax_exported (jax.export) and yax_model_stepK.params.npz" }, "Export"),
+    save: h("button", { class: "yax-save-html", title: "Save the explorer as it is (open rows, selection, comparison, "
+      + "values, history) next to the notebook as <model>_snapshot.html: one file that opens without a kernel "
+      + "or network" }, "Save HTML"),
   };
 }
 
@@ -51,7 +55,8 @@ function treeControls() {
     next: h("button", { class: "yax-next-match", title: "Next match (F3)" }, "↓"),
     at: h("span", { class: "yax-match-at" }),
     only: h("input", { type: "checkbox", class: "yax-only-matches" }),
-    expand: h("button", { class: "yax-expand-all", title: "Expand every call" }, "expand all"),
+    fold: h("input", { type: "checkbox", class: "yax-fold-repeats", checked: true }),
+    expand: h("button", { class: "yax-expand-all", title: "Expand every call and list its equations" }, "expand all"),
     collapse: h("button", { class: "yax-collapse-all", title: "Collapse every call" }, "collapse all"),
   };
 }
@@ -62,9 +67,14 @@ function layout({ query, controls, buttons, status, view, palette, tabs, panes }
     h("span", { class: "yax-match-nav" }, "matches", c.prev, c.next, c.at),
     h("label", { class: "yax-only", title: "Show only the rows the query matches, and the calls around them" },
       c.only, "only matches"),
-    c.expand, c.collapse);
+    // the tree's shape: kept together on one line when the bar wraps
+    h("span", { class: "yax-tree-shape" }, h("label", { class: "yax-only", title: "Fold 3 or more consecutive "
+      + "calls alike (the same structure, only their weights may differ, names differing only in their numbers: "
+      + "80 decoder layers) into one row ×N, which opens onto the first's inside and shows the matches, diff marks "
+      + "and divergence of all; its ×N unfolds it. Unticked: every call on its own row." }, c.fold, "fold ×N"),
+    c.expand, c.collapse));
   const toolbar = h("div", { class: "yax-toolbar" }, query.el,
-    buttons.undo, buttons.redo, buttons.copy, buttons.graph, buttons.export, status.el);
+    buttons.undo, buttons.redo, buttons.copy, buttons.graph, buttons.export, buttons.save, status.el);
   const side = h("div", { class: "yax-side" },
     h("div", { class: "yax-section-title" }, "Replacements — drag onto a layer or the query box"),
     palette, tabs.bar, ...Object.values(panes));
@@ -84,6 +94,7 @@ function connectControls({ controls: c, view }) {
     if (e.key === "F3") { e.preventDefault(); step(e.shiftKey ? -1 : 1); }
   });
   c.only.addEventListener("change", () => view.setOnlyMatches(c.only.checked));
+  c.fold.addEventListener("change", () => view.setFolding(c.fold.checked));
   c.expand.addEventListener("click", () => view.expandAll());
   c.collapse.addEventListener("click", () => view.collapseAll());
 }
@@ -93,7 +104,7 @@ function selectedCall(view) {
   return view.selected !== null && view.tree.byId.has(view.selected) ? view.selected : null;
 }
 
-function connectButtons({ buttons, request, failed, change, tabs, panes, view, code, graph }) {
+function connectButtons({ buttons, request, failed, change, tabs, panes, view, code, graph, controls }) {
   buttons.undo.addEventListener("click", () => request("undo", {}, change).catch(failed));
   buttons.redo.addEventListener("click", () => request("redo", {}, change).catch(failed));
   buttons.copy.addEventListener("click", async () => {
@@ -107,6 +118,9 @@ function connectButtons({ buttons, request, failed, change, tabs, panes, view, c
     }
   });
   buttons.export.addEventListener("click", () => request("export", {}, change).catch(failed)); // _status says where
+  // the view is the front-end's own state: the snapshot needs it to show the rows as they are
+  buttons.save.addEventListener("click", () => request("snapshot", { view: viewState({ view, tabs, controls, panes }) },
+    change).catch(failed));
   buttons.graph.addEventListener("click", () => {
     if (tabs.current() === "Graph") graph.show(selectedCall(view)); // drawn again on demand
     else tabs.show("Graph"); // which draws the selected call
@@ -176,8 +190,9 @@ function traitHandlers({ model, view, query, status, panes, buttons, palette, ro
   };
 }
 
-/** anywidget's entry point. `timeoutMs`: how long a request waits for its reply. */
-export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS }) {
+/** anywidget's entry point. `timeoutMs`: how long a request waits for its reply; `snapshot`: the
+ * page `Explorer.save_html` wrote (`{view, meta}`), whose view is put back (snapshot.js). */
+export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS, snapshot = null }) {
   const t0 = performance.now();
   const off = [];
   const on = (name, fn) => { model.on(name, fn); off.push(() => model.off(name, fn)); };
@@ -262,7 +277,7 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS }) {
   }
 
   connectControls({ controls, view });
-  connectButtons({ buttons, request, failed, change, tabs, panes, view, code, graph });
+  connectButtons({ buttons, request, failed, change, tabs, panes, view, code, graph, controls });
   const sync = traitHandlers({ model, view, query, status, tabs, panes, buttons, palette, root, controls, refreshCode, graph,
     values, request, failed, change });
   for (const [trait, f] of Object.entries(sync)) on(`change:${trait}`, f);
@@ -270,7 +285,8 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS }) {
   view.setRows(treeRows(model.get("_tree")), "");
   for (const t of ["_palette", "_history", "_status", "_query", "_query_error", "_comparison", "_diff"]) sync[t]();
   tabs.show("Compare");
-  sync._matches();
+  const shown = sync._matches();
+  if (snapshot) restoreView({ model, root, view, tabs, controls, panes, shown }, snapshot.view, snapshot.meta);
   view.paint();
   // first paint done: the browser tests and the bench wait for this
   requestAnimationFrame(() => {
@@ -283,7 +299,14 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS }) {
     requests.dispose();
     query.dispose();
     view.dispose();
+    graph.dispose(); // its layout worker
   };
+}
+
+/** The page `Explorer.save_html` wrote: `data` holds the recorded traits and replies, the view and
+ * what the banner says (yax_widget/_snapshot.py). */
+export function renderSnapshot({ el, data }) {
+  return render({ model: snapshotModel(data), el, snapshot: data });
 }
 
 export default { render };

@@ -5,7 +5,7 @@
 /** Columns of a call row, `_tree.rows[i]`. */
 export const CALL = Object.freeze({
   id: 0, parent: 1, kind: 2, name: 3, type: 4, attrs: 5, ins: 6, outs: 7, params: 8, neq: 9, fields: 10, copies: 11,
-  policy: 12,
+  policy: 12, fold: 13, sharding: 14,
 });
 
 /** Columns of an equation row, an `expand` reply's `rows[i]`. */
@@ -23,6 +23,8 @@ export function callRecord(row) {
     type: row[CALL.type], attrs: row[CALL.attrs], ins: row[CALL.ins], outs: row[CALL.outs],
     params: row[CALL.params], neq: row[CALL.neq], fields: row[CALL.fields] || "", eq: false,
     copies: row[CALL.copies] || 1, policy: row[CALL.policy] || "",
+    fold: row[CALL.fold] ?? null, // the structure key: equal for calls alike (tree.js folds runs of them)
+    sharding: row[CALL.sharding] || "", // its parameters' PartitionSpecs: "kernel=P(None,'model')", "" unsplit
   };
 }
 
@@ -37,7 +39,7 @@ export function equationRecord(row, parentId) {
 }
 
 const CALL_DEFAULTS = { kind: "module_call", type: "", attrs: "", ins: "", outs: "", params: 0, neq: 0, fields: "",
-  copies: 1, policy: "" };
+  copies: 1, policy: "", fold: null, sharding: "" };
 
 /** The inverse of `callRecord`, for fixtures: a positional call row from named fields
  * (`id`, `parent` and `name` are required). */

@@ -109,20 +109,172 @@ export function inProgramOrder(calls, eqs) {
   return out.concat(eqs.slice(j));
 }
 
-/** The flat list of visible nodes, in document order: children of expanded nodes, with
- * their equations (`eqs`: id -> nodes) in program order among the calls. Without recursion. */
-export function visibleRows(tree, expanded, eqs = new Map(), keep = null) {
-  const out = [];
-  const stack = [...tree.roots].reverse();
+// -- folding: runs of calls alike shown as one ×N row ---------------------------------------
+//
+// Consecutive sibling calls with the same structure key (`fold`, column 13: equal exactly when they
+// compute the same thing up to their weights, yax._fold) form a run; a run of FOLD_MIN or more is
+// shown as one row, the run's `row`: the first member's record under the name `0 … 79`, whose inside
+// is the first member's. Members alike have subtrees alike, and ids are positions in the XML view, so
+// the node at the same place in member k has the id of the first member's plus `offsets[k]`: a row
+// inside a folded run stands for the ids `id + o` (its `stands`), and shows what any of them shows.
+
+/** Runs shorter than this stay unfolded: a k_proj beside a v_proj reads better as two rows. */
+export const FOLD_MIN = 3;
+
+/** A name without its numbers: calls alike fold when their names differ only there (`layers_3`, `Dense_0`,
+ * `17`), as repeated layers are named; `q`, `k` and `v` alike are three roles, and stay three rows. */
+const stem = (name) => String(name).replace(/\d+/g, "#");
+
+const runCache = new WeakMap(); // parent node -> {own: its equations when computed, runs}
+
+/** Does a sorted list of equation nodes hold one strictly between ids `a` and `b`? */
+function between(eqs, a, b) {
+  let lo = 0;
+  let hi = eqs.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (eqs[mid].id <= a) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < eqs.length && eqs[lo].id < b;
+}
+
+/** Do the subtrees of calls `a` and `b` line up row for row, `b`'s ids `a`'s shifted by one offset? */
+function linedUp(a, b) {
+  const d = b.id - a.id;
+  const stack = [[a, b]];
   while (stack.length) {
-    const node = stack.pop();
-    if (keep && !keep.has(node.id)) continue;
-    out.push(node);
-    if (node.eq || !(expanded.has(node.id) || (keep && node.children.some((c) => keep.has(c.id))))) continue;
+    const [x, y] = stack.pop();
+    if (y.id - x.id !== d || x.fold !== y.fold || x.children.length !== y.children.length) return false;
+    for (let i = 0; i < x.children.length; i++) stack.push([x.children[i], y.children[i]]);
+  }
+  return true;
+}
+
+/** How a folded row is named: its first and last members' names (`0 … 79`), or the name they share. */
+export function foldName(members) {
+  const a = members[0].name;
+  const b = members[members.length - 1].name;
+  return a === b ? a : `${a} … ${b}`;
+}
+
+/** The runs of `parent`'s calls that fold: FOLD_MIN or more consecutive calls with the same key and names
+ * differing only in their numbers, with no equation of `parent` (`eqs`: call id -> loaded equation nodes) run between two of them, and subtrees that
+ * line up. Each `{members, offsets, path, row}`: `path` names it (the first member's path; kept across a
+ * rewrite), `row` is the row shown for it. Cached until the tree or `parent`'s equations change. */
+export function foldRuns(node, eqs = new Map()) {
+  const parent = node.run ? node.run.members[0] : node; // a folded row's runs are its first member's
+  const own = eqs.get(parent.id) || null;
+  const hit = runCache.get(parent);
+  if (hit && hit.own === own) return hit.runs;
+  const runs = [];
+  const kids = parent.children;
+  for (let i = 0, j; i < kids.length; i = j) {
+    const first = kids[i];
+    j = i + 1;
+    if (first.fold === null || first.fold === undefined) continue;
+    const name = stem(first.name);
+    while (j < kids.length && kids[j].fold === first.fold && stem(kids[j].name) === name
+      && !(own && between(own, kids[j - 1].id, kids[j].id)) && linedUp(first, kids[j])) j++;
+    if (j - i < FOLD_MIN) continue;
+    const members = kids.slice(i, j);
+    const run = { members, offsets: members.map((m) => m.id - first.id), path: first.path };
+    run.row = { ...first, name: foldName(members), run };
+    runs.push(run);
+  }
+  runCache.set(parent, { own, runs });
+  return runs;
+}
+
+/** `offs` (null: the ids themselves) combined with a run's offsets: what rows inside a run inside a run stand for. */
+function within(offs, offsets) {
+  return offs === null ? offsets : offs.flatMap((p) => offsets.map((o) => p + o));
+}
+
+/** The visible rows and what each stands for: `{rows, stands}`, `stands[i]` null for a row that is itself,
+ * else the offsets `o` of the ids `rows[i].id + o` a folded row or a row inside one stands for. In document
+ * order: children of expanded nodes, with their equations (`eqs`: id -> nodes) in program order among the
+ * calls; `keep`: the ids filters keep (a folded row is kept when any member is; a run of which a filter keeps
+ * some members and not others is shown unfolded, the kept ones each on its row); `folds`: null (no folding)
+ * or `{open}`, the paths of runs the user unfolded. Without recursion. */
+export function layout(tree, expanded, eqs = new Map(), keep = null, folds = null) {
+  const rows = [];
+  const stands = [];
+  const kept = (n, offs) => !keep || keep.has(n.id) || (offs !== null && offs.some((o) => keep.has(n.id + o)));
+  const stack = [];
+  for (let i = tree.roots.length - 1; i >= 0; i--) stack.push([tree.roots[i], null]);
+  while (stack.length) {
+    const [node, offs] = stack.pop();
+    if (!kept(node, offs)) continue;
+    rows.push(node);
+    stands.push(offs);
+    if (node.eq || !(expanded.has(node.id) || (keep && node.children.some((c) => kept(c, offs))))) continue;
     const below = keep ? node.children : inProgramOrder(node.children, eqs.get(node.id) || []);
-    for (let i = below.length - 1; i >= 0; i--) stack.push(below[i]);
+    const runs = folds ? foldRuns(node, eqs).filter((r) => !folds.open.has(r.path)) : [];
+    if (!runs.length) {
+      for (let i = below.length - 1; i >= 0; i--) stack.push([below[i], offs]);
+      continue;
+    }
+    const starts = new Map(runs.map((r) => [r.members[0], r]));
+    const later = new Set(runs.flatMap((r) => r.members.slice(1)));
+    const out = [];
+    for (const n of below) {
+      const run = starts.get(n);
+      if (run) {
+        const some = keep ? run.members.filter((m) => kept(m, offs)).length : run.members.length;
+        if (some === run.members.length) out.push([run.row, within(offs, run.offsets)]);
+        else for (const m of run.members) out.push([m, offs]); // the filter tells them apart: each its own row
+      } else if (!later.has(n)) out.push([n, offs]);
+    }
+    for (let i = out.length - 1; i >= 0; i--) stack.push(out[i]);
+  }
+  return { rows, stands };
+}
+
+/** The flat list of visible nodes (`layout`'s rows). */
+export function visibleRows(tree, expanded, eqs = new Map(), keep = null, folds = null) {
+  return layout(tree, expanded, eqs, keep, folds).rows;
+}
+
+/** The calls from the top down to call `id` (itself included). */
+function chainTo(tree, id) {
+  const out = [];
+  for (let n = tree.byId.get(id); n; n = tree.byId.get(n.parent)) out.push(n);
+  return out.reverse();
+}
+
+/** The folded runs (`folds.open` leaves some unfolded) that hide call `id` or hold it: `[{run, k}]`, from
+ * the top, `k` the index of the member that is `id` or holds it (0: the first, whose inside a folded row
+ * shows; above 0: hidden). */
+export function foldsAround(tree, id, eqs, folds) {
+  const out = [];
+  if (!folds) return out;
+  const chain = chainTo(tree, id);
+  for (let i = 1; i < chain.length; i++) {
+    for (const run of foldRuns(chain[i - 1], eqs)) {
+      const k = run.members.indexOf(chain[i]);
+      if (k >= 0 && !folds.open.has(run.path)) out.push({ run, k });
+    }
   }
   return out;
+}
+
+/** The id of the row call `id` is shown as: itself, or inside a folded run's later member the call at the
+ * same place in the first member (runs in runs too), whose row stands for it. */
+export function shownAs(tree, id, eqs, folds) {
+  if (!folds || !tree.byId.has(id)) return id;
+  const chain = chainTo(tree, id);
+  let off = 0;
+  for (let i = 1; i < chain.length; i++) {
+    const parent = tree.byId.get(chain[i - 1].id - off);
+    const node = tree.byId.get(chain[i].id - off);
+    if (!parent || !node) return id;
+    for (const run of foldRuns(parent, eqs)) {
+      const k = run.members.indexOf(node);
+      if (k > 0 && !folds.open.has(run.path)) off += run.offsets[k];
+    }
+  }
+  return id - off;
 }
 
 /** Ids of the nodes to expand initially: those above `levels`. */

@@ -31,18 +31,21 @@ window.HTMLCanvasElement.prototype.getContext = function getContext() {
 };
 
 // -- a model ------------------------------------------------------------------------------
-function transformerRows(layers, offset = 0) {
+/** `fold`: with structure keys, as Python sends them (the blocks alike, so that 3 or more fold). */
+function transformerRows(layers, offset = 0, fold = false) {
   const rows = [callRow({ id: offset, parent: -1, name: "Transformer", type: "Transformer", ins: "i32[2,16]",
     outs: "f32[2,16,64]", params: 1234567, neq: 2 })];
   let id = offset + 1;
   for (let l = 0; l < layers; l++) {
     const block = id++;
-    rows.push(callRow({ id: block, parent: offset, name: `Block_${l}`, type: "Block", params: 50000, neq: 1 }));
-    for (const [name, type] of [["attn", "MultiHeadAttention"], ["Dense_0", "Dense"], ["gelu", "gelu"], ["Dense_1", "Dense"]]) {
+    rows.push(callRow({ id: block, parent: offset, name: `Block_${l}`, type: "Block", params: 50000, neq: 1,
+      fold: fold ? 1 : null }));
+    for (const [k, [name, type]] of [["attn", "MultiHeadAttention"], ["Dense_0", "Dense"], ["gelu", "gelu"],
+      ["Dense_1", "Dense"]].entries()) {
       const dense = type === "Dense";
       rows.push(callRow({ id: id++, parent: block, kind: type === "gelu" ? "activation" : "module_call", name, type,
         attrs: dense ? "features=64" : "", fields: dense ? "features=64 use_bias=True" : "",
-        ins: "f32[2,16,64]", outs: "f32[2,16,64]", params: type === "gelu" ? 0 : 4160, neq: 3 }));
+        ins: "f32[2,16,64]", outs: "f32[2,16,64]", params: type === "gelu" ? 0 : 4160, neq: 3, fold: fold ? 2 + k : null }));
     }
   }
   return rows;
@@ -63,6 +66,11 @@ function initialState(layers = 2) {
   };
 }
 
+/** The equations of call `id` as `expand` lists them. */
+const equationsOf = (id) => [
+  equationRow({ id: 10000 + id, primitive: "dot_general", ins: "f32[2,16,64] f32[64,64]", outs: "f32[2,16,64]" }),
+  equationRow({ id: 20000 + id, primitive: "add", ins: "f32[2,16,64]", outs: "f32[2,16,64]" })];
+
 /** Answers like Python's: `handlers[type](msg, model)` returns the reply's payload (a
  * Promise for a slow one; `undefined`: no reply at all, as from a busy kernel). */
 const PYTHON = {
@@ -79,9 +87,8 @@ const PYTHON = {
     model.set("_query_result", msg.xpath.trim() ? { kind: "nodes", count: ids.length } : {});
     return { type: "ok", count: ids.length };
   },
-  expand: (msg) => ({ type: "ok", rows: [
-    equationRow({ id: 10000 + msg.id, primitive: "dot_general", ins: "f32[2,16,64] f32[64,64]", outs: "f32[2,16,64]" }),
-    equationRow({ id: 20000 + msg.id, primitive: "add", ins: "f32[2,16,64]", outs: "f32[2,16,64]" })] }),
+  expand: (msg) => ({ type: "ok", rows: equationsOf(msg.id) }),
+  equations: (msg) => ({ type: "ok", calls: msg.ids.map((id) => [id, equationsOf(id)]) }),
   fits: () => ({ type: "ok", fits: ["identity", "relu"], refused: { "LoRA r=4": "`LoRA` replaces a Dense layer." } }),
   code: () => ({ type: "ok", code: "mox = yax.sub('//gelu', jax.nn.relu, mox)" }),
   graph: () => ({ type: "ok", dot: 'digraph { rankdir=LR; n1 [id="yax-3", label="Dense"]; x -> n1 -> y }' }),
@@ -186,6 +193,22 @@ scenario("only the rows in sight are in the DOM, and scrolling moves them", asyn
   await frame();
   const tops = $$(".yax-row").map((e) => parseInt(e.style.top, 10) / 22);
   assert.deepEqual([tops[0], tops.at(-1), tops.length], [90, 129, 40]);
+});
+
+scenario("a scroll keeps the elements of the rows still in sight; any other change paints them anew", async (mount) => {
+  const { model, root, $, $$ } = await mount({ layers: 48 });
+  const tree = $(".yax-tree");
+  const before = new Map($$(".yax-row").map((e) => [e.style.top, e]));
+  tree.scrollTop = 5 * 22;
+  tree.dispatchEvent(new window.Event("scroll"));
+  await frame();
+  const after = $$(".yax-row");
+  assert.equal(after.length, 35); // rows 0 to 34: 20 in sight, 10 below, the 5 above still within 10
+  assert.equal(after.filter((e) => before.get(e.style.top) === e).length, 30); // only rows 30 to 34 are new
+  model.set("_matches", [3]);
+  await until(() => root.dataset.matchIds === "3", "the highlight");
+  assert.equal($$(".yax-row").filter((e) => before.get(e.style.top) === e).length, 0);
+  assert.ok($('.yax-row[data-id="3"]').classList.contains("yax-match"));
 });
 
 scenario("typing a query sends it; the reply's highlight and count are shown", async (mount) => {
@@ -648,9 +671,10 @@ scenario("next/previous match, only matches, expand and collapse all, filter by 
   click($(".yax-collapse-all"));
   await frame();
   assert.deepEqual(names(), ["Transformer"]);
-  click($(".yax-expand-all"));
-  await frame();
-  assert.equal($$(".yax-row").length, 16);
+  click($(".yax-expand-all")); // every call, and their equations in one request
+  await until(() => $(".yax-spacer").style.height === `${(16 + 2 * 16) * 22}px`, "every row and equation");
+  assert.deepEqual(model.requests("equations"), [{ type: "equations", ids: [...Array(16).keys()] }]);
+  assert.deepEqual(model.requests("expand"), []);
   const search = $(".yax-search input");
   search.value = "Block_1/gelu";
   search.dispatchEvent(new window.Event("input"));
@@ -660,6 +684,130 @@ scenario("next/previous match, only matches, expand and collapse all, filter by 
   search.dispatchEvent(new window.Event("input"));
   await frame();
   assert.match($(".yax-empty").textContent, /No row matches the filter “layer\/3\/attention”/);
+});
+
+// -- folding: 5 blocks alike (ids 1, 6, 11, 16, 21; in each: attn +1, Dense_0 +2, gelu +3, Dense_1 +4) ---------
+const FOLDED = { layers: 5, state: { _tree: { version: 0, rows: transformerRows(5, 0, true) } } };
+
+scenario("blocks alike fold into one ×N row; it and its inside show the marks of all of them", async (mount) => {
+  const { model, root, $, names, row } = await mount(FOLDED);
+  assert.deepEqual(names(), ["Transformer", "Block_0 … Block_4", "attn", "Dense_0", "gelu", "Dense_1"]);
+  const folded = row(1);
+  assert.ok(folded.classList.contains("yax-folded"));
+  assert.equal(folded.querySelector(".yax-fold").textContent, "×5");
+  assert.match(folded.title, /5 calls alike, folded: Transformer\/Block_0 … Transformer\/Block_4/);
+  assert.equal(folded.querySelector(".yax-params").textContent, "50.0k each");
+  // a match in Block_3 only: the row standing for it is highlighted, and says how many of the 5 match
+  model.set("_matches", [20]);
+  await until(() => root.dataset.matchIds === "20", "the highlight");
+  assert.ok(row(5).classList.contains("yax-match"));
+  assert.equal(row(5).querySelector(".yax-fold-hits").textContent, "1 of 5 match");
+  assert.ok(!row(3).classList.contains("yax-match"));
+  // a diff mark and the divergence of Block_3, the first to diverge: on the folded row and its inside
+  model.set("_diff", { original: {}, current: { 18: "changed" } });
+  model.set("_comparison", { first_divergence_id: 16, boundaries: { 1: { rel: 1e-8, max_abs: 0 },
+    16: { rel: 0.5, max_abs: 1 } } });
+  await frame();
+  assert.ok(row(3).classList.contains("yax-changed"));
+  assert.equal(row(3).querySelector(".yax-fold-hits").textContent, "changed in 1 of 5");
+  assert.match(row(1).querySelector(".yax-first").title, /Transformer\/Block_3, one of the 5 calls/);
+  assert.match(row(1).title, /relative error 0.5.*the most diverging of 5/);
+  // its ×5 unfolds it: each block on its row, Block_3 with its own marks
+  click(row(1).querySelector(".yax-fold"));
+  await frame();
+  assert.deepEqual(names().slice(0, 8), ["Transformer", "Block_0", "attn", "Dense_0", "gelu", "Dense_1", "Block_1",
+    "attn"]);
+  assert.ok(row(16).querySelector(".yax-first") && !row(1).querySelector(".yax-first"));
+  assert.equal($(".yax-fold-hits"), null);
+  // "fold repeats" off and on again: every run folds again
+  const fold = $(".yax-fold-repeats");
+  assert.equal(fold.checked, true);
+  fold.checked = false;
+  fold.dispatchEvent(new window.Event("change"));
+  fold.checked = true;
+  fold.dispatchEvent(new window.Event("change"));
+  await frame();
+  assert.equal(names()[1], "Block_0 … Block_4");
+});
+
+scenario("a drop or a replacement on a folded row is refused at the row; Unfold shows the one call", async (mount) => {
+  const { model, $, row } = await mount(FOLDED);
+  drop(row(1), "relu");
+  await until(() => $(".yax-notice"), "the notice");
+  assert.match($(".yax-notice").textContent, /folded: it stands for the 5 calls alike Block_0 … Block_4/);
+  assert.deepEqual(model.requests("substitute"), []);
+  click($(".yax-offer-apply")); // Unfold
+  await frame();
+  assert.equal(row(6).querySelector(".yax-name").textContent, "Block_1");
+  assert.equal($(".yax-row.yax-selected").dataset.id, "1");
+  drop(row(1), "relu"); // now one call: taken
+  await until(() => model.requests("substitute").length === 1, "the substitution");
+  assert.deepEqual(model.requests("substitute"), [{ type: "substitute", target: 1, name: "relu" }]);
+});
+
+scenario("what fits a row inside a folded run: refused there, then offered for the one call", async (mount) => {
+  const { model, $, row } = await mount(FOLDED);
+  click(row(3).querySelector(".yax-name")); // Dense_0 inside the folded blocks
+  await frame();
+  assert.equal(row(3).querySelector(".yax-replace"), null); // no "replace…" on a row standing for 5
+  key($(".yax-tree"), "Enter");
+  await until(() => $(".yax-notice"), "the notice");
+  assert.match($(".yax-notice").textContent, /one call in each of the 5 calls alike/);
+  assert.deepEqual(model.requests("fits"), []);
+  click($(".yax-offer-apply")); // Unfold, then choose
+  await until(() => $(".yax-fits"), "the fits menu of Block_0/Dense_0");
+  assert.deepEqual(model.requests("fits"), [{ type: "fits", id: 3 }]);
+});
+
+scenario("stepping to a match in a folded run unfolds it and selects the match itself", async (mount) => {
+  const { model, $, names } = await mount(FOLDED);
+  model.set("_matches", [20, 10]); // Block_3/Dense_1, Block_1/Dense_1
+  await frame(); await frame();
+  click($(".yax-next-match"));
+  await frame();
+  assert.equal($(".yax-row.yax-selected").dataset.id, "10");
+  assert.ok(names().includes("Block_3")); // the run is unfolded
+  assert.equal($(".yax-match-at").textContent, "1 of 2");
+  click($(".yax-next-match"));
+  await frame();
+  assert.equal($(".yax-row.yax-selected").dataset.id, "20");
+});
+
+scenario("a pick in the compare pane on a call hidden in a folded run unfolds it; on the first, it stays",
+  async (mount) => {
+    const { model, $, names } = await mount(FOLDED);
+    model.set("_comparison", { allclose: false, first_divergence: "Transformer/Block_3/gelu", first_divergence_id: 19,
+      seconds: 0.1, rtol: 1e-5, atol: 1e-6, outputs: [], boundaries: { 4: { rel: 0, max_abs: 0, allclose: true },
+        19: { rel: 0.04, max_abs: 0.5, allclose: false } } });
+    click($('.yax-boundaries tr.yax-boundary[data-id="4"]')); // Block_0/gelu: the folded row's inside shows it
+    await frame();
+    assert.equal($(".yax-row.yax-selected").dataset.id, "4");
+    assert.equal(names()[1], "Block_0 … Block_4");
+    click($('.yax-boundaries tr.yax-boundary[data-id="19"]')); // Block_3/gelu: hidden, so unfolded
+    await frame();
+    assert.equal($(".yax-row.yax-selected").dataset.id, "19");
+    assert.ok(names().includes("Block_3") && !names().includes("Block_0 … Block_4"));
+  });
+
+scenario("expand all with blocks folded: every call's equations in one request, the folded ones' too",
+  async (mount) => {
+    const { model, $, names } = await mount(FOLDED);
+    click($(".yax-expand-all"));
+    await until(() => names().includes("dot_general"), "the equations");
+    assert.deepEqual(model.requests("equations"), [{ type: "equations", ids: [...Array(26).keys()] }]);
+    // 1 + 5 rows and their equations (the folded row's are its first block's), the blocks' and their equations
+    assert.equal($(".yax-spacer").style.height, `${(6 + 2 * 6) * 22}px`);
+    click($(".yax-fold"));
+    await frame();
+    assert.equal($(".yax-spacer").style.height, `${(26 + 2 * 26) * 22}px`);
+  });
+
+scenario("a sharded call's row says how its parameters are laid out in its tooltip", async (mount) => {
+  const rows = transformerRows(1);
+  rows[3] = callRow({ ...callRecord(rows[3]), sharding: "kernel=P(None,'model') bias=P()" });
+  const { row } = await mount({ layers: 1, state: { _tree: { version: 0, rows }, _original_tree: { version: 0, rows } } });
+  assert.equal(row(3).title, "Dense(features=64 use_bias=True)\nsharding: kernel=P(None,'model') bias=P()");
+  assert.equal(row(5).title, "Dense(features=64 use_bias=True)"); // nothing split: nothing said
 });
 
 scenario("the cleanup it returns stops listening to the model", async (mount) => {

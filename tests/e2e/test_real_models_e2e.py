@@ -257,7 +257,7 @@ def _gpt2(nb: Notebook) -> None:
     shot(root, "06-gpt2-relu")
 
     # point 10: the Graph tab draws the selected call when it is shown (no button needed), at a
-    # readable size, coloured by divergence; it zooms; a click on a box selects its row
+    # size fitting the pane, coloured by divergence; it zooms; a click on a box selects its row
     mlp = field(state, "MLP")
     root.locator(f'.yax-row[data-id="{mlp}"] .yax-name').click()
     root.locator('.yax-tab[data-tab="Graph"]').click()
@@ -265,7 +265,9 @@ def _gpt2(nb: Notebook) -> None:
     assert root.locator(".yax-graph-what").inner_text() == "the selected call"
     view_ = root.locator(".yax-graph-view")
     scale = float(view_.get_attribute("data-scale"))
-    assert scale >= 0.75, scale
+    pane, drawing = view_.bounding_box(), root.locator(".yax-graph-stage svg").bounding_box()
+    assert 0 < scale <= 1 and drawing["y"] + drawing["height"] <= pane["y"] + pane["height"] + 1, (scale, drawing, pane)
+    assert drawing["x"] + drawing["width"] <= pane["x"] + pane["width"] + 1, (drawing, pane)  # it opens fitted
     assert root.locator(".yax-graph svg g.node :is(polygon, path)[stroke^='hsl']").count() >= 3  # divergence colours
     root.locator(".yax-zoom-in").click()
     assert float(view_.get_attribute("data-scale")) > scale

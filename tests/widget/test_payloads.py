@@ -9,7 +9,7 @@ import numpy as np
 from ipywidgets.widgets.widget import _remove_buffers
 
 import yax
-from yax.internal import value_str, view
+from yax.internal import structure_keys, value_str, view
 from yax_widget._payloads import tree
 
 from .helpers import IDS, ask, explorer
@@ -84,6 +84,23 @@ def test_rows_show_each_calls_dtypes_once_the_model_mixes_them(model):
     assert dense and all(shown[p] == "f32/bf16/f32" for p in dense)
     norms = [n.path for n in half.modules() if n.type == "LayerNorm"]
     assert norms and all(shown[p] == "f32/f32/f32" for p in norms)
+
+
+def test_the_fold_column_is_the_structure_key_equal_for_calls_alike(model):
+    ex = explorer(model)
+    nodes = view(ex.mox).nodes
+    keys = structure_keys(ex.mox)
+    assert all(r[13] == keys[id(nodes[r[0]])] for r in ex._tree["rows"])
+    fold = {nodes[r[0]].path: r[13] for r in ex._tree["rows"]}
+    # the two blocks compute the same thing up to their weights: one key, whatever their names
+    assert fold["Transformer/Block_0"] == fold["Transformer/Block_1"]
+    assert fold["Transformer/Block_0/LayerNorm_0"] == fold["Transformer/Block_1/LayerNorm_1"]
+    assert fold["Transformer/Block_0/Dense_0"] != fold["Transformer/Block_0/Dense_1"]  # other shapes
+    ex.substitute('//module_call[@path="Transformer/Block_1/Dense_0"]', "LoRA r=4")
+    nodes = view(ex.mox).nodes
+    fold = {nodes[r[0]].path: r[13] for r in ex._tree["rows"]}
+    assert fold["Transformer/Block_0"] != fold["Transformer/Block_1"]  # a LoRA in one: no longer alike
+    assert fold["Transformer/Block_0/LayerNorm_0"] == fold["Transformer/Block_1/LayerNorm_0"]
 
 
 def test_value_str_reads_a_partial_as_the_call_it_builds():

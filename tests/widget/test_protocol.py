@@ -107,10 +107,20 @@ def test_graph_and_expand(model):
     dot = ask(ex, rid=1, type="graph", id=i, depth=1)["dot"]
     assert dot == yax.to_dot(ex.mox, depth=1, root=block)
     assert ask(ex, rid=2, type="graph", id=None, depth=0)["dot"].startswith("digraph")
+    # the pane's graph folds repeated layers unless asked not to, and opens the boxes it names
+    assert ask(ex, rid=7, type="graph", id=None, depth=1)["dot"] == yax.to_dot(ex.mox, depth=1, fold=True)
+    assert ask(ex, rid=8, type="graph", id=None, depth=1, fold=False)["dot"] == yax.to_dot(ex.mox, depth=1)
+    opened = ask(ex, rid=9, type="graph", id=None, depth=1, open=[i])["dot"]
+    assert opened == yax.to_dot(ex.mox, depth=1, fold=True, expand=[block])
     ln = yax.query('//module_call[@name="LayerNorm_0"]', ex.mox)[0]
     rows = ask(ex, rid=3, type="expand", id=view(ex.mox).ids[id(ln)])["rows"]
     assert [r[1] for r in rows] == [e.name for e in ln.equations]
     assert all(view(ex.mox).nodes[r[0]] is e for r, e in zip(rows, ln.equations))
+    # "expand all": every call's equations in one reply, each as `expand` gives them
+    calls = [view(ex.mox).ids[id(c)] for c in ex.mox.modules() if c.equations][:5]
+    reply = ask(ex, rid=4, type="equations", ids=calls)["calls"]
+    assert reply == [[i, ask(ex, rid=5, type="expand", id=i)["rows"]] for i in calls]
+    assert ask(ex, rid=6, type="equations", ids=[])["calls"] == []
 
 
 HOSTILE = [
@@ -121,6 +131,8 @@ HOSTILE = [
     {"rid": 1, "type": "expand", "id": -1}, {"rid": 1, "type": "expand", "id": 10**9},
     {"rid": 1, "type": "expand", "id": "0"}, {"rid": 1, "type": "expand", "id": 0},
     {"rid": 1, "type": "expand", "id": True}, {"rid": 1, "type": "fits", "id": 1.5},
+    {"rid": 1, "type": "equations", "ids": 3}, {"rid": 1, "type": "equations", "ids": [1, -1]},
+    {"rid": 1, "type": "equations", "ids": [True]}, {"rid": 1, "type": "equations", "ids": [0]},
     {"rid": 1, "type": "substitute", "target": 5, "name": "os.system"},
     {"rid": 1, "type": "substitute", "target": 5, "name": ["GELU"]},
     {"rid": 1, "type": "substitute", "target": "//*", "name": "GELU"},
@@ -129,6 +141,11 @@ HOSTILE = [
     {"rid": 1, "type": "substitute", "target": "query", "name": "GELU"},
     {"rid": 1, "type": "graph", "id": 0, "depth": 1}, {"rid": 1, "type": "graph", "id": None, "depth": 99},
     {"rid": 1, "type": "graph", "id": None, "depth": "1"},
+    {"rid": 1, "type": "graph", "id": None, "depth": 1, "fold": "yes"},
+    {"rid": 1, "type": "graph", "id": None, "depth": 1, "open": 3},
+    {"rid": 1, "type": "graph", "id": None, "depth": 1, "open": [-1]},
+    {"rid": 1, "type": "graph", "id": None, "depth": 1, "open": [0]},
+    {"rid": 1, "type": "graph", "id": None, "depth": 1, "open": [True]},
 ]
 
 

@@ -90,15 +90,16 @@ def test_a_closed_session_refuses_every_command_and_starts_no_thread():
         "undo": ask(s, type="undo"), "redo": ask(s, type="redo"), "goto": ask(s, type="goto", index=0),
         "substitute": ask(s, type="substitute", target=1, name="ReLU"),
         "fits": ask(s, type="fits", id=1), "compare_base": ask(s, type="compare_base", base="previous"),
-        "export": ask(s, type="export"), "values": ask(s, type="values", id=1),
+        "export": ask(s, type="export"), "snapshot": ask(s, type="snapshot"), "values": ask(s, type="values", id=1),
         "overlay": ask(s, type="overlay", stat="norm"), "batch": ask(s, type="batch", name="example"),
         "nonfinite": ask(s, type="nonfinite")}
-    assert set(replies) | {"code", "expand", "graph"} == set(REQUESTS)
+    assert set(replies) | {"code", "expand", "equations", "graph"} == set(REQUESTS)
     for kind, reply in replies.items():
         assert reply["type"] == "error" and "closed" in reply["message"], (kind, reply)
     # reading what was done still answers
     assert ask(s, type="code")["type"] == "ok" and "yax.sub" in ask(s, type="code")["code"]
     assert ask(s, type="graph", depth=1)["type"] == "ok"
+    assert ask(s, type="equations", ids=[1])["type"] == "ok"
     for call in (lambda: s.undo(), lambda: s.query("//*"), lambda: s.substitute("//activation", "GELU"),
                  lambda: s.use_batch("example"), lambda: s.values("//activation"), lambda: s.export("x"),
                  lambda: s.add_replacement("x", jax.nn.relu), lambda: s.compare_with("previous")):

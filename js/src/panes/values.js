@@ -186,7 +186,7 @@ export function createValues({ model, request, view, tabs, pane, failed, on, cha
       legend.replaceChildren();
     } else {
       view.overlay = new Map(Object.entries(o.values).filter(([, x]) => x !== null).map(([id, x]) =>
-        [Number(id), { color: overlayColor(o.stat, x, o.lo, o.hi), title: `${o.label}: ${num(x)}` }]));
+        [Number(id), { color: overlayColor(o.stat, x, o.lo, o.hi), title: `${o.label}: ${num(x)}`, x }]));
       legend.replaceChildren(...overlayLegend(o));
     }
     bar.dataset.overlay = o.stat || "off";
