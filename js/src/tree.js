@@ -159,7 +159,8 @@ export function foldName(members) {
 }
 
 /** The runs of `parent`'s calls that fold: FOLD_MIN or more consecutive calls with the same key and names
- * differing only in their numbers, with no equation of `parent` (`eqs`: call id -> loaded equation nodes) run between two of them, and subtrees that
+ * differing only in their numbers (and differing: one helper called three times, `attn._split_heads` for the
+ * query, key and value, is three steps of its call, not three layers), with no equation of `parent` (`eqs`: call id -> loaded equation nodes) run between two of them, and subtrees that
  * line up. Each `{members, offsets, path, row}`: `path` names it (the first member's path; kept across a
  * rewrite), `row` is the row shown for it. Cached until the tree or `parent`'s equations change. */
 export function foldRuns(node, eqs = new Map()) {
@@ -174,7 +175,7 @@ export function foldRuns(node, eqs = new Map()) {
     j = i + 1;
     if (first.fold === null || first.fold === undefined) continue;
     const name = stem(first.name);
-    while (j < kids.length && kids[j].fold === first.fold && stem(kids[j].name) === name
+    while (j < kids.length && kids[j].fold === first.fold && stem(kids[j].name) === name && kids[j].name !== kids[j - 1].name
       && !(own && between(own, kids[j - 1].id, kids[j].id)) && linedUp(first, kids[j])) j++;
     if (j - i < FOLD_MIN) continue;
     const members = kids.slice(i, j);

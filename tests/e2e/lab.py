@@ -8,6 +8,7 @@ configure it); its user settings live in a temporary folder.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -89,16 +90,28 @@ def jupyterlab(root: pathlib.Path, app: str = "jupyterlab") -> Iterator[str]:
         log.close()
 
 
+_playwright: Any = None
+
+
+def _driver() -> Any:
+    """Playwright's driver, one per process: its sync API cannot be started twice in one thread
+    (the shared `Lab`'s chromium and a test's own browser share it)."""
+    global _playwright
+    if _playwright is None:
+        from playwright.sync_api import sync_playwright
+
+        _playwright = sync_playwright().start()
+        atexit.register(_playwright.stop)
+    return _playwright
+
+
 @contextlib.contextmanager
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
+    b = _driver().chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+    try:
+        yield b
+    finally:
+        b.close()
 
 
 class Notebook:
