@@ -20,7 +20,6 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,17 +32,6 @@ from ._xpath import query
 from .errors import YaxDependencyError, YaxQueryError, YaxRenderError
 
 Producers = frozenset[str]
-
-# structure keys of a whole model, kept while it lives: each graph of it (another depth, a box
-# opened) folds without walking the model again (0.3 s on an 80-layer Llama)
-_keys: weakref.WeakKeyDictionary[Mox, dict[int, int]] = weakref.WeakKeyDictionary()
-
-
-def _structure_keys(mox: Mox) -> dict[int, int]:
-    if mox not in _keys:
-        _keys[mox] = structure_keys(mox)
-    return _keys[mox]
-
 
 def _q(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
@@ -366,7 +354,7 @@ def to_dot(mox: Mox, *, depth: int | None = None, root: str | Mox | None = None,
     ids = view(mox).ids
     opened = frozenset(id(n) for x in expand for n in ([x] if isinstance(x, Mox) else query(x, mox))
                        if isinstance(n, Mox))
-    g = _Graph(ids, depth, equations, calls_below(top), mox, _structure_keys(mox) if fold else None, opened)
+    g = _Graph(ids, depth, equations, calls_below(top), mox, structure_keys(mox) if fold else None, opened)
     ins = g.cluster(None, "inputs", 2)  # inputs, grouped per argument at the root
     groups: dict[str, list[Var]] = {}
     for i, v in enumerate(top.invars):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,10 +66,22 @@ def _types(atoms: Sequence[Symbol]) -> tuple[str, ...]:
     return tuple(type_str(a) for a in atoms)
 
 
+# the keys of a model, kept while it lives (MoX nodes are immutable): the tree's rows and each
+# graph of it (another depth, a box opened) share one walk of the model (0.3 s on an 80-layer Llama)
+_kept: weakref.WeakKeyDictionary[Mox, dict[int, int]] = weakref.WeakKeyDictionary()
+
+
 def structure_keys(mox: Mox) -> dict[int, int]:
     """``id(node)`` -> a small int for every `Mox` node and `Equation` under ``mox`` (itself
     included): equal exactly when their structure is (see the module's doc). No recursion,
-    so any depth works."""
+    so any depth works; computed once per ``mox``."""
+    kept = _kept.get(mox)
+    if kept is None:
+        kept = _kept[mox] = _structure_keys(mox)
+    return kept
+
+
+def _structure_keys(mox: Mox) -> dict[int, int]:
     table: dict[Any, int] = {}
     keys: dict[int, int] = {}
     # post-order without recursion: (node, children done?)
