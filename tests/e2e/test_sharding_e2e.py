@@ -84,7 +84,7 @@ def _shot(root, row, name: str) -> None:
       const r = el.getBoundingClientRect(), d = document.createElement('div');
       d.className = 'e2e-tooltip'; d.textContent = el.title;
       Object.assign(d.style, { position: 'fixed', left: `${r.left + 40}px`, top: `${r.bottom + 2}px`, zIndex: 9999,
-        background: '#ffffe1', border: '1px solid #767676', padding: '2px 5px', whiteSpace: 'pre', font: '12px sans-serif' });
+        background: '#ffffe1', color: '#000', border: '1px solid #767676', padding: '2px 5px', whiteSpace: 'pre', font: '12px sans-serif' });
       document.body.append(d);
     }""")
     root.screenshot(path=str(ARTIFACTS / f"sharding-{name}.png"))
