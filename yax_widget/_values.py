@@ -40,107 +40,89 @@ EXAMPLE = "example"  # the name of the batch the explorer was opened with, unles
 
 # -- on the device ---------------------------------------------------------------------
 
-def _heat(x: Any) -> tuple[Any, Any]:
-    """The heatmap (`heat_slice` of a 2-D slice) and which slice: the first holding a NaN or
-    an Inf, else the first (a flat index over the leading axes)."""
+def _reduced(x: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """One array's summary: counts ``[finite, NaN, +Inf, -Inf, zeros]`` (int32),
+    ``[min, max, mean, std, norm]`` of the finite values (float32), the histogram of
+    the finite values over ``[min, max]``, the heatmap (`heat_slice` of a 2-D slice)
+    and which slice: the first holding a NaN or an Inf, else the first (a flat index
+    over the leading axes)."""
     f = _floats(x)
-    k = jnp.zeros((), jnp.int32)
-    if f.ndim > 2 and f.size:
-        slices = f.reshape(-1, *f.shape[-2:])
-        k = jnp.argmax(~jnp.isfinite(slices).reshape(slices.shape[0], -1).all(axis=1)).astype(jnp.int32)
-        f = slices[k]
-    heat = heat_slice(f, "")[0] if f.ndim and f.size else jnp.zeros((0, 0), jnp.float32)
-    return heat, k
-
-
-def _summaries(rows: Any, valid: Any, seg: Any, n_out: int) -> tuple[Any, Any, Any]:
-    """Statistics of many arrays at once, laid out as the chunks ``rows`` (``[K, CHUNK]``
-    float32; chunk ``j`` holds ``valid[j]`` values of array ``seg[j]``, the rest is padding):
-    per array the counts ``[finite, NaN, +Inf, -Inf, zeros]`` (int32), ``[min, max, mean,
-    std, norm]`` of the finite values (float32) and their histogram over ``[min, max]``.
-
-    One program of one shape for every output of a model: compiling a reduction per shape
-    of output took XLA:CPU over a second each."""
-    seg_sum = lambda v: jax.ops.segment_sum(v, seg, n_out, indices_are_sorted=True)  # noqa: E731
-    real = jnp.arange(rows.shape[1])[None, :] < valid[:, None]
-    fin = jnp.isfinite(rows) & real
-    n = seg_sum(fin.sum(axis=1, dtype=jnp.int32))
-    nan = seg_sum((jnp.isnan(rows) & real).sum(axis=1, dtype=jnp.int32))
-    posinf = seg_sum((rows == jnp.inf).sum(axis=1, dtype=jnp.int32))
-    zeros = seg_sum(((rows == 0) & real).sum(axis=1, dtype=jnp.int32))
-    size = seg_sum(valid)
-    lo = jax.ops.segment_min(jnp.min(jnp.where(fin, rows, jnp.inf), axis=1), seg, n_out, indices_are_sorted=True)
-    hi = jax.ops.segment_max(jnp.max(jnp.where(fin, rows, -jnp.inf), axis=1), seg, n_out, indices_are_sorted=True)
+    fin = jnp.isfinite(f)
+    n = fin.sum(dtype=jnp.int32)
+    nan = jnp.isnan(f).sum(dtype=jnp.int32)
+    posinf = (f == jnp.inf).sum(dtype=jnp.int32)
+    zeros = (f == 0).sum(dtype=jnp.int32)
+    lo = jnp.min(jnp.where(fin, f, jnp.inf), initial=jnp.inf)
+    hi = jnp.max(jnp.where(fin, f, -jnp.inf), initial=-jnp.inf)
     # sums of values scaled by the largest |value|: the mean, std and norm of large values do not overflow
     big = jnp.maximum(-lo, hi)
     big = jnp.where((n > 0) & (big > 0), big, 1.0)
-    s = jnp.where(fin, rows, 0.0) / big[seg][:, None]
-    mean = seg_sum(s.sum(axis=1)) / jnp.maximum(n, 1)
-    std = big * jnp.sqrt(seg_sum(jnp.where(fin, (s - mean[seg][:, None]) ** 2, 0.0).sum(axis=1)) / jnp.maximum(n, 1))
-    norm = big * jnp.sqrt(seg_sum((s * s).sum(axis=1)))
-    counts = jnp.stack([n, nan, posinf, size - n - nan - posinf, zeros], axis=1)
+    s = jnp.where(fin, f, 0.0) / big
+    mean = s.sum() / jnp.maximum(n, 1)
+    std = big * jnp.sqrt(jnp.where(fin, (s - mean) ** 2, 0.0).sum() / jnp.maximum(n, 1))
+    norm = big * jnp.sqrt((s * s).sum())
+    counts = jnp.stack([n, nan, posinf, f.size - n - nan - posinf, zeros])
     width = hi / big - lo / big  # scaled too: at most 2
-    at = jnp.floor((s - (lo / big)[seg][:, None]) / jnp.where(width > 0, width, 1.0)[seg][:, None] * HIST_BINS)
-    at = jnp.where(fin, jnp.clip(at, 0, HIST_BINS - 1), 0).astype(jnp.int32) + (seg * HIST_BINS)[:, None]
-    hist = jnp.zeros(n_out * HIST_BINS, jnp.int32).at[at.ravel()].add(fin.ravel().astype(jnp.int32))
-    return counts, jnp.stack([lo, hi, big * mean, std, norm], axis=1), hist.reshape(n_out, HIST_BINS)
+    at = jnp.floor((s - lo / big) / jnp.where(width > 0, width, 1.0) * HIST_BINS)
+    at = jnp.where(fin, jnp.clip(at, 0, HIST_BINS - 1), 0).astype(jnp.int32)
+    hist = jnp.bincount(at.ravel(), weights=fin.ravel().astype(jnp.int32), length=HIST_BINS)
+    k = jnp.zeros((), jnp.int32)
+    if f.ndim > 2 and f.size:
+        slices = f.reshape(-1, *f.shape[-2:])
+        k = jnp.argmax(~fin.reshape(slices.shape[0], -1).all(axis=1)).astype(jnp.int32)
+        f = slices[k]
+    heat = heat_slice(f, "")[0] if f.ndim and f.size else jnp.zeros((0, 0), jnp.float32)
+    return counts, jnp.stack([lo, hi, big * mean, std, norm]), hist, heat, k
 
 
-def _reduced(x: Any) -> tuple[Any, Any, Any, Any, Any]:
-    """One array's summary: `_summaries` of it and its `_heat`."""
-    counts, stats, hist = _summaries(*_chunked([_floats(x)[None]]), 1)
-    return (counts[0], stats[0], hist[0], *_heat(x))
+CHUNK = 4096  # values per chunk of `_light`
 
 
-CHUNK = 4096  # values per chunk of `_chunked`
+def _light(outs: list[Any]) -> Any:
+    """What the colouring needs of each array of ``outs``: ``[norm of the finite values,
+    zeros, NaN or Inf]`` (float32; the zeros count the padding, see below).
 
-
-def _chunked(groups: list[Any]) -> tuple[Any, Any, Any]:
-    """``groups`` (stacks of float32 arrays of one shape) flattened and padded into chunks of
-    `CHUNK`, stacked: the ``rows``, ``valid`` and ``seg`` of `_summaries` (the last two are
-    constants; arrays are numbered in order, group after group). A few operations per group,
-    not per array: the program's size does not grow with the model's depth."""
-    rows, valid, seg = [], [], []
-    n = 0
-    for g in groups:
-        count, size = g.shape[0], math.prod(g.shape[1:])
-        k = max(1, -(-size // CHUNK))
-        flat = g.reshape(count, size)
-        rows.append(jnp.pad(flat, ((0, 0), (0, k * CHUNK - size))).reshape(count * k, CHUNK))
-        valid += ([CHUNK] * (k - 1) + [size - (k - 1) * CHUNK]) * count
-        seg += [n + i for i in range(count) for _ in range(k)]
-        n += count
-    return jnp.concatenate(rows), np.asarray(valid, np.int32), np.asarray(seg, np.int32)
+    The arrays are flattened and padded with zeros into chunks of `CHUNK` values,
+    reduced along the chunks and then summed per array: one program of a few large
+    operations (three reductions of each of a 1B model's outputs compiled for seconds;
+    a histogram and a heatmap of each for longer). The full summary of a row
+    (`_reduced`) is made when it is selected."""
+    rows, seg = [], []
+    for n, x in enumerate(outs):
+        k = max(1, -(-x.size // CHUNK))
+        rows.append(jnp.pad(_floats(x).ravel(), (0, k * CHUNK - x.size)).reshape(k, CHUNK))
+        seg += [n] * k
+    n = len(outs)
+    if not n:
+        return jnp.zeros((0, 3), jnp.float32)
+    f = jnp.concatenate(rows)  # the padding is zeros: finite, counted as zeros and taken off on the host
+    ids = np.asarray(seg, np.int32)
+    fin = jnp.isfinite(f)
+    big = jnp.max(jnp.where(fin, jnp.abs(f), 0.0), axis=1)
+    top = jax.ops.segment_max(big, ids, n, indices_are_sorted=True)
+    scale = jnp.where(top > 0, top, 1.0)[ids][:, None]  # sums scaled by the largest |value|: they do not overflow
+    sq = jax.ops.segment_sum(jnp.sum(jnp.square(jnp.where(fin, f, 0.0) / scale), axis=1), ids, n,
+                             indices_are_sorted=True)
+    zeros = jax.ops.segment_sum((f == 0).sum(axis=1, dtype=jnp.int32), ids, n, indices_are_sorted=True)
+    bad = jax.ops.segment_sum((~fin).sum(axis=1, dtype=jnp.int32), ids, n, indices_are_sorted=True)
+    return jnp.stack([jnp.where(top > 0, top, 1.0) * jnp.sqrt(sq), zeros.astype(jnp.float32),
+                      bad.astype(jnp.float32)], axis=1)
 
 
 def _floats(x: Any) -> Any:
     return (jnp.abs(x) if jnp.iscomplexobj(x) else x).astype(jnp.float32)
 
 
-def _reduce(groups: list[Any]) -> tuple[Any, Any, Any, list[tuple[Any, Any]]]:
-    """The summaries of every output in ``groups`` (stacks of outputs of one shape and dtype),
-    in order, and each group's heatmaps (vmapped `_heat`)."""
-    n = sum(g.shape[0] for g in groups)
-    if not n:
-        return jnp.zeros((0, 5), jnp.int32), jnp.zeros((0, 5)), jnp.zeros((0, HIST_BINS), jnp.int32), []
-    counts, stats, hist = _summaries(*_chunked([_floats(g) for g in groups]), n)
-    return counts, stats, hist, [jax.vmap(_heat)(g) for g in groups]
-
-
-_summarize = jax.jit(_reduced)  # for an equation's outputs, compiled once per shape and dtype
-_pick = jax.jit(lambda group, i: tuple(a[i] for a in group))  # one row's heatmap of a group, on the device
+_summarize = jax.jit(_reduced)  # one output summarised on the device: compiled once per shape and dtype
 
 
 class _Program:
-    """Two jitted programs per model, so the values stay on the device: ``capture``
-    brings out every capturable call's outputs, stacked in groups of one shape and
-    dtype, and ``reduce`` summarises all of them (`_reduce`). One compile of each
-    serves every call row.
+    """One jitted program per model, so the values stay on the device: it brings out
+    every capturable call's outputs and what the colouring needs of each (`_light`).
+    One compile serves every call row; a row's full summary is made when it is selected.
 
-    ``where`` (set while tracing) maps a row id to its outputs: ``(name, group,
-    index in the group, type, shape, scan steps)``; ``reduce`` returns every
-    output's counts, statistics and histogram (in group order) and, per group,
-    the stacked heatmaps and slices."""
+    ``where`` (set while tracing) maps a row id to its outputs: ``(name, index in the
+    program's outputs, type, shape, scan steps)``."""
 
     def __init__(self, mox: yax.Mox):
         self.where: dict[int, list[tuple]] = {}
@@ -150,7 +132,7 @@ class _Program:
         self.rows = [ids[id(c)] for c in calls]
         ref = weakref.ref(mox)  # the cache must not keep its own key alive
 
-        def program(dyn: list, template: tuple) -> list:
+        def program(dyn: list, template: tuple) -> tuple[list, list]:
             leaves, tree = template
             m = ref()
             leaves = list(leaves)
@@ -158,24 +140,22 @@ class _Program:
                 leaves[i] = x
             args, kwargs = jax.tree_util.tree_unflatten(tree, leaves)
             _, got = yax.capture(calls, m, *args, **kwargs) if calls else (None, {})
-            groups: dict[tuple, list] = {}
+            outs: list[Any] = []
             for rid, c in zip(self.rows, calls):
                 found = [(p, x) for p, x in jax.tree_util.tree_flatten_with_path(got[keys[id(c)]])[0]
                          if hasattr(x, "dtype")]
                 self.more[rid] = max(0, len(found) - MAX_OUTPUTS)
                 entries = []
                 for k, (path, x) in enumerate(found[:MAX_OUTPUTS]):
-                    g = groups.setdefault((x.shape, x.dtype), [])
                     # a call inside a scan gives its values stacked along the scan axes: those lead
                     nd = len(c.outputs[k].shape) if len(c.outputs) == len(found) else x.ndim
-                    entries.append(("out" + jax.tree_util.keystr(path), list(groups).index((x.shape, x.dtype)),
-                                    len(g), type_str(x), tuple(x.shape), tuple(x.shape[:x.ndim - nd])))
-                    g.append(x)
+                    entries.append(("out" + jax.tree_util.keystr(path), len(outs), type_str(x), tuple(x.shape),
+                                    tuple(x.shape[:x.ndim - nd])))
+                    outs.append(x)
                 self.where[rid] = entries
-            return [jnp.stack(g) for g in groups.values()]
+            return outs, _light(outs)
 
         self.capture = jax.jit(program, static_argnums=1)
-        self.reduce = jax.jit(_reduce)  # the captured outputs are let go once summarised
 
 
 class _Static:
@@ -201,56 +181,42 @@ _programs: weakref.WeakKeyDictionary[yax.Mox, _Program] = weakref.WeakKeyDiction
 
 
 class _Boundaries:
-    """Every capturable call's summarised outputs, of one model on one batch, on the device."""
+    """Every capturable call's outputs, of one model on one batch, kept on the device,
+    and what the colouring needs of each (only that crosses to the host)."""
 
     def __init__(self, mox: yax.Mox, args: tuple, kwargs: dict):
         prog = _programs.get(mox)
         if prog is None:
             prog = _programs[mox] = _Program(mox)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-        counts, stats, hist, self.heats = prog.reduce(
-            prog.capture([leaves[i] for i in mox.dyn_in], _Static(leaves, tree, mox)))
-        self.summaries = (counts, stats, hist)  # per output, in group order: small, fetched once
-        sizes = [k.shape[0] for _, k in self.heats]
-        self.offsets = [sum(sizes[:g]) for g in range(len(sizes))]  # the first output of each group
-        for h in self.heats:  # compile each group's pick now: every later selection only runs one
-            # (one at a time: XLA's CPU client deadlocks with dozens of sharded programs in flight)
-            jax.block_until_ready(_pick(h, 0))
+        self.outs, light = prog.capture([leaves[i] for i in mox.dyn_in], _Static(leaves, tree, mox))
+        self.light = jax.device_get(light)  # per output: [norm, zeros, NaN or Inf]
         self.program = prog
-        self.overlay: Any = None  # per row: [norm, fraction of zeros, fraction non-finite], fetched once
-        self._host: Any = None
-
-    def _small(self) -> tuple[Any, Any, Any]:
-        """The counts, statistics and histograms of every output, on the host."""
-        if self._host is None:
-            self._host = jax.device_get(self.summaries)
-        return self._host
+        self.overlay: Any = None  # per row: [norm, fraction of zeros, fraction non-finite]
 
     def entries(self, rid: int) -> tuple[list[dict], int] | None:
         """The values pane's entries of call row ``rid`` (only its summary crosses to the host)."""
         at = self.program.where.get(rid)
         if at is None:
             return None
-        counts, stats, hist = self._small()
         out = []
-        for name, g, i, type_, shape, steps in at:
-            j = self.offsets[g] + i
-            heat, k = jax.device_get(_pick(self.heats[g], i))
-            out.append(_entry(name, type_, shape, steps, counts[j], stats[j], hist[j], heat, k))
+        for name, i, type_, shape, steps in at:
+            # one at a time: XLA's CPU client deadlocks with dozens of sharded programs in flight
+            out.append(_entry(name, type_, shape, steps, *jax.device_get(_summarize(self.outs[i]))))
         return out, self.program.more[rid]
 
     def stats(self) -> dict[int, list[float]]:
         """Row id -> ``[norm, fraction of zeros, fraction non-finite]`` of all its outputs."""
         if self.overlay is None:
-            all_counts, all_stats, _ = self._small()
             self.overlay = {}
             for rid, at in self.program.where.items():
                 sq = zeros = bad = size = finite = 0.0
-                for _, g, i, _, shape, _ in at:
-                    counts, stats = all_counts[self.offsets[g] + i], all_stats[self.offsets[g] + i]
-                    sq += float(stats[4]) ** 2 if counts[0] else 0.0
-                    finite += counts[0]
-                    zeros, bad, size = zeros + counts[4], bad + counts[1] + counts[2] + counts[3], size + np.prod(shape)
+                for _, i, _, shape, _ in at:
+                    norm, z, nf = (float(v) for v in self.light[i])
+                    n = math.prod(shape)
+                    z -= max(1, -(-n // CHUNK)) * CHUNK - n  # the padding of its last chunk: zeros, not its own
+                    sq += norm ** 2 if nf < n else 0.0
+                    finite, zeros, bad, size = finite + n - nf, zeros + z, bad + nf, size + n
                 # the norm of the finite values: none when there are none
                 norm = math.sqrt(sq) if finite else math.nan
                 self.overlay[rid] = [norm, zeros / size, bad / size] if size else [math.nan] * 3

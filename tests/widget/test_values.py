@@ -84,7 +84,7 @@ def test_selecting_again_is_served_from_the_cache_and_one_program_serves_every_c
     assert prog.capture._cache_size() == traces == 1  # one compile for every call row
     # again: nothing runs on the device, the entry is the one kept
     kept = ex._values
-    monkeypatch.setattr(values_module, "_pick", lambda *a: pytest.fail("ran again"))
+    monkeypatch.setattr(values_module, "_summarize", lambda *a: pytest.fail("ran again"))
     ask(ex, rid=3, type="values", id=ids[id(calls[-1])])
     assert ex._values is kept
 
