@@ -68,7 +68,8 @@ class YaxCaptureError(YaxError):
     account of where it stopped matching), when a matched node runs where its
     values cannot be brought out (inside a ``while`` loop, one branch of a
     ``cond``, or a custom derivative rule), or when a patch does not fit the
-    node it replaces (which key, expected vs found shape and dtype).
+    node it replaces (which key, expected vs found shape and dtype), or when
+    ``grad_of`` does not return a real scalar (`LossNotScalar`).
     """
 
 
@@ -191,6 +192,18 @@ class NothingToRewrite(NothingMatched, YaxRewriteError):
     def __init__(self, pattern: object, explained: str = ""):
         super().__init__(pattern, explained, "sub", "would change nothing",
                          ", or pass `must_match=False` to accept a rewrite that changes nothing.")
+
+
+class LossNotScalar(YaxCaptureError):
+    """``grad_of`` of `capture` or `first_nonfinite` (``tool``) returned something other
+    than a real floating scalar, so there is no single gradient to take."""
+
+    def __init__(self, tool: str, found: str):
+        super().__init__(
+            f"`{tool}` differentiates `grad_of(out)`, which must return a real floating scalar (shape `()`), "
+            f"but it returned {found}. Reduce it to one number, e.g. `grad_of=lambda out: jnp.mean(out ** 2)`, "
+            "or take the sum of a per-example loss."
+        )
 
 
 class NothingToCapture(NothingMatched, YaxCaptureError):

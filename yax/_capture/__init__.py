@@ -1,10 +1,12 @@
-"""Seeing inside a model: `capture` the values at matched nodes, `patch` them,
-and find the `first_nonfinite` value.
+"""Seeing inside a model: `capture` the values (and gradients) at matched nodes,
+`patch` them, and find the `first_nonfinite` value or gradient.
 
 One module a concern: `plan` (which nodes, where, their keys), `hooks`
 (evaluation that watches or replaces values, inside jit/remat/scan bodies),
-`programs` (jitted once per MoX, pattern and mode), `functions` (`capture`,
-`patch`), `stats` (`ValueStats`, `NonFinite`) and `nonfinite` (the NaN search).
+`programs` (jitted once per MoX, pattern and mode; the ``"grad"`` mode adds a
+zero at each target and differentiates the loss with respect to it),
+`functions` (`capture`, `patch`), `stats` (`ValueStats`, `NonFinite`),
+`nonfinite` (the NaN search) and `backward` (its backward-pass twin).
 
 All three evaluate the MoX with `_eval.run` and a `Hooks` subclass that looks
 at (or replaces) values as calls and equations finish. Matched nodes may sit
@@ -20,8 +22,9 @@ values come out:
 Everything else is bound as traced, so a program that captures nothing extra
 is the original one. Loops of unknown length (``while``), branches
 (``cond``) and custom derivative rules cannot give values out; a match inside
-them is refused with the reason. The NaN search is forward only, so it also
-looks inside custom derivative rules.
+them is refused with the reason. The forward NaN search also looks inside
+custom derivative rules; the backward one takes them (and ``cond``, ``while``)
+as wholes, since JAX runs their rules, not their bodies' derivatives.
 
 Programs are jitted once per MoX, pattern and mode, and kept while the MoX
 lives (like `compare`'s): a sweep over patch values compiles once.

@@ -9,11 +9,13 @@ from .._eval import flatten_inputs, unflatten_outputs
 from .._ir import Mox
 from ..errors import YaxCaptureError
 from .hooks import fitted
-from .programs import cached_plan, check_root, program_for, values_of
+from .programs import cached_plan, check_root, grads_of, program_for, values_of
 
 
-def capture(pattern: Any, mox: Mox, *args: Any, with_inputs: bool = False, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-    """Run ``mox`` and bring out the values at the nodes ``pattern`` selects.
+def capture(pattern: Any, mox: Mox, *args: Any, with_inputs: bool = False, grad_of: Callable[[Any], Any] | None = None,
+            **kwargs: Any) -> tuple[Any, ...]:
+    """Run ``mox`` and bring out the values at the nodes ``pattern`` selects
+    (and, with ``grad_of``, the gradient of a loss at each of them).
 
     Nothing is changed: ``out`` is what `eval_mox` returns. The program is
     jitted once per MoX and pattern (and kept while the MoX lives); `capture`
@@ -25,6 +27,11 @@ def capture(pattern: Any, mox: Mox, *args: Any, with_inputs: bool = False, **kwa
       mox: the root MoX.
       *args, **kwargs: the arguments, as for ``eval_mox(mox, *args, **kwargs)``.
       with_inputs: also give each node's inputs.
+      grad_of: a function of the model's output (what `eval_mox` returns)
+        returning a real scalar, the loss. Its gradient at every matched node
+        comes out too, computed in the same program as the values (one
+        forward and one backward pass, compiled once per function: pass the
+        same function each time, not a new ``lambda``).
 
     Returns:
       ``(out, values)``. ``values`` maps each matched node's key to its output,
@@ -39,10 +46,17 @@ def capture(pattern: Any, mox: Mox, *args: Any, with_inputs: bool = False, **kwa
       ``inputs`` being the tuple of arrays the node received (a call's traced
       arguments in order, an equation's operands).
 
+      With ``grad_of``: ``(out, values, grads)``. ``grads`` has the keys and
+      structure of ``values`` (without inputs): at each node, the cotangent of
+      ``grad_of(out)`` with respect to the node's output, i.e. the gradient with
+      respect to a zero added to that output; stacked per step inside scans,
+      float0 zeros for integer outputs (as ``jax.grad(allow_int=True)``).
+
     Raises:
       YaxCaptureError: the pattern matches nothing (with `yax.explain`'s
         account), or a matched node runs inside a ``while`` loop, a ``cond``
-        branch or a custom derivative rule, whose values cannot come out.
+        branch or a custom derivative rule, whose values cannot come out; or
+        ``grad_of`` does not return a real scalar.
 
     Example:
       >>> import jax, jax.numpy as jnp, flax.linen as nn, yax
@@ -54,12 +68,26 @@ def capture(pattern: Any, mox: Mox, *args: Any, with_inputs: bool = False, **kwa
       {'Sequential/layers_0': (3, 4), 'Sequential/relu': (3, 4), 'Sequential/layers_2': (3, 2)}
       >>> float((values['Sequential/relu'] == 0).mean()) <= 1.0   # the fraction of dead units
       True
+      >>> def loss(out): return jnp.mean(out ** 2)
+      >>> out, values, grads = yax.capture('//activation', mox, p, x, grad_of=loss)
+      >>> grads['Sequential/relu'].shape                       # d loss / d relu output
+      (3, 4)
+      >>> w = p["params"]["layers_2"]["kernel"]                 # by hand: d/dh mean((h @ w + b) ** 2)
+      >>> bool(jnp.allclose(grads['Sequential/relu'], (2 * out / out.size) @ w.T))
+      True
     """
     check_root(mox, "capture")
+    if grad_of is not None and not callable(grad_of):
+        raise YaxCaptureError(
+            f"`grad_of` must be a function of the model's output returning a scalar loss, but got a "
+            f"`{type(grad_of).__name__}`. Pass e.g. `grad_of=lambda out: jnp.mean(out ** 2)`."
+        )
     plan = cached_plan(pattern, mox, "capture")
-    prog = program_for(mox, pattern, plan, "capture", bool(with_inputs))
-    outs, got = prog(flatten_inputs(mox, args, kwargs), {}, None)
-    return unflatten_outputs(mox, outs), values_of(plan, got, bool(with_inputs))
+    mode = "capture" if grad_of is None else "grad"
+    prog = program_for(mox, pattern, plan, mode, bool(with_inputs), repl=grad_of)
+    res = prog(flatten_inputs(mox, args, kwargs), {}, None)
+    out, values = unflatten_outputs(mox, res[0]), values_of(plan, res[1], bool(with_inputs))
+    return (out, values) if grad_of is None else (out, values, grads_of(plan, res[2]))
 
 
 def patch(pattern: Any, mox: Mox, repl: Callable[..., Any] | None = None) -> Callable[..., Any]:
@@ -67,7 +95,10 @@ def patch(pattern: Any, mox: Mox, repl: Callable[..., Any] | None = None) -> Cal
     selects replaced: activation patching, ablation, steering.
 
     The replacement values are an argument of the returned function, so a
-    sweep over them (layers, positions, scales) compiles once.
+    sweep over them (layers, positions, scales) compiles once. ``jax.vmap``
+    over that argument runs the whole sweep as one call (one trace, one
+    compile), and ``jax.grad`` goes through it; notebooks/inside.ipynb builds a
+    layer × position heatmap this way.
 
     Args:
       pattern: an XPath, a node, or a list of nodes of ``mox`` (as for `capture`).
@@ -104,6 +135,8 @@ def patch(pattern: Any, mox: Mox, repl: Callable[..., Any] | None = None) -> Cal
       >>> steer = yax.patch('//*[@path="Sequential/layers_0"]', mox, lambda path, h, v: h + v)
       >>> steer(jnp.zeros(4), p, x).shape                       # the vector is an argument
       (3, 2)
+      >>> jax.vmap(lambda v: steer(v, p, x))(jnp.zeros((5, 4))).shape   # five vectors, one call
+      (5, 3, 2)
     """
     check_root(mox, "patch")
     if repl is not None and not callable(repl):

@@ -60,6 +60,10 @@ class Watch(Hooks):
         if self.mode == "measure_shaped":  # `compare` of sharded values: float32, each as laid out
             self.got[t.key] = {"out": [v.astype(jnp.float32) for v in values]}
             return values
+        if self.mode == "grad":  # `capture(grad_of=)`: the value, and a zero delta added for its cotangent
+            self.got.setdefault(t.key, {})["out"] = list(values)
+            deltas = self.patches[t.key]
+            return [v if d is None else v + d for v, d in zip(values, deltas)]
         if self.mode == "arrays":
             new = self.patches.get(t.key)
             return values if new is None else list(new)

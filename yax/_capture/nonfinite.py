@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -13,6 +14,7 @@ from .. import errors
 from .._eval import Hooks, bind, flatten_inputs, run
 from .._ir import CALL_KINDS, Equation, Mox
 from .._sharding import any_spread, spread
+from .backward import first_backward
 from .plan import how_reached
 from .programs import cached_plan, check_root, program_for
 from .stats import NonFinite, ValueStats
@@ -197,8 +199,10 @@ def _bad_argument(mox: Mox, i: int, value: Any, name: str) -> NonFinite:
                      reader=reader)
 
 
-def first_nonfinite(mox: Mox, *args: Any, **kwargs: Any) -> NonFinite | None:
-    """Find where a NaN or an Inf first appears when ``mox`` runs on these arguments.
+def first_nonfinite(mox: Mox, *args: Any, grad_of: Callable[[Any], Any] | None = None, argnums: int | Sequence[int] = 0,
+                    **kwargs: Any) -> NonFinite | None:
+    """Find where a NaN or an Inf first appears when ``mox`` runs on these
+    arguments, or, with ``grad_of``, when its gradient is taken.
 
     Runs ``mox`` once (jitted, compiled once per MoX), flagging every floating
     output of every equation, inside ``jit``, ``remat``, custom-derivative and
@@ -208,14 +212,32 @@ def first_nonfinite(mox: Mox, *args: Any, **kwargs: Any) -> NonFinite | None:
     module; ``jax_debug_nans``/``jax_debug_infs`` are switched off while it runs.
     ``while`` loops and ``cond`` branches are looked at from outside only.
 
+    With ``grad_of``, it walks the backward pass of ``jax.grad(lambda *a:
+    grad_of(eval_mox(mox, *a)), argnums)`` in the order JAX runs it (the
+    reverse of evaluation order, scan steps from the last) and names the first
+    forward equation whose derivative rule turned finite cotangents into a NaN
+    or an Inf: the classic ``jnp.where(x > 0, jnp.log(x), 0)`` at ``x = 0``,
+    ``sqrt`` at 0, an overflow in float16. One jitted program flags the
+    cotangent every equation sends to every floating input (inside ``jit``,
+    ``remat`` and ``scan`` bodies, per step; custom derivative rules, ``cond``
+    and ``while`` as wholes), only where ``jax.grad`` computes one (values that
+    do not depend on the differentiated arguments get none); a second brings
+    out the cotangents and forward values at that equation, and its rule is
+    run alone to name the primitive that went non-finite.
+
     Args:
       mox: the root MoX.
       *args, **kwargs: the arguments, as for `eval_mox`.
+      grad_of: a function of the model's output returning a real scalar (the
+        loss): search the backward pass instead of the forward one.
+      argnums: with ``grad_of``, the positional arguments differentiated, as
+        for ``jax.grad`` (the first, the parameters, by default).
 
     Returns:
       A `NonFinite` (printed, it shows the equation, the module, the scan step,
-      statistics of the inputs and the MoX around it), or ``None`` when every
-      value is finite.
+      statistics of the inputs and the MoX around it; with ``grad_of``, its
+      ``direction`` is ``"backward"`` and it shows the cotangents), or ``None``
+      when every value is finite.
 
     Example:
       >>> import jax, jax.numpy as jnp, flax.linen as nn, yax
@@ -228,9 +250,22 @@ def first_nonfinite(mox: Mox, *args: Any, **kwargs: Any) -> NonFinite | None:
       >>> found = yax.first_nonfinite(mox, p, x)
       >>> found.equation.name, found.path, found.inputs[0].min < 0
       ('log', 'Net', True)
+      >>> def safe_log(w, x):   # the where trap: a finite result, a NaN gradient at x = 0
+      ...     h = x * w
+      ...     return jnp.where(h > 0, jnp.log(h), 0.0).sum()
+      >>> w, x = jnp.asarray(1.0), jnp.array([0.0, 1.0])
+      >>> mox = yax.make_mox(safe_log)(w, x)
+      >>> yax.eval_mox(mox, w, x)           # finite: `where` dropped log(0) = -inf
+      Array(0., dtype=float32)
+      >>> back = yax.first_nonfinite(mox, w, x, grad_of=lambda out: out)   # d/dw, like jax.grad
+      >>> back.direction, back.equation.name, back.backward, back.output.nan
+      ('backward', 'log', 'div', 1)
     """
     check_root(mox, "first_nonfinite")
     flat = flatten_inputs(mox, args, kwargs)
+    if grad_of is not None:
+        with jax.debug_nans(False), jax.debug_infs(False):
+            return first_backward(mox, flat, args, kwargs, grad_of, argnums)
     search = _searches.get(mox)
     if search is None:
         search = _searches[mox] = _Search(mox)

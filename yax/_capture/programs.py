@@ -7,9 +7,13 @@ import weakref
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
+from .. import errors
 from .._eval import run
 from .._ir import Kind, Mox
+from .._vocab import type_str
 from ..errors import YaxInputError
 from .hooks import Watch
 from .plan import Plan, make_plan
@@ -25,9 +29,11 @@ class _Program:
 
         def program(flat: list[Any], patches: dict[str, Any], arg: Any) -> tuple[Any, ...]:
             self.traces += 1
-            w = Watch(plan, mode, inputs, patches, repl, arg, ())
             root = ref()
             assert root is not None  # the program is cached with its MoX and dies with it
+            if mode == "grad":
+                return _with_grads(root, plan, inputs, repl, flat)
+            w = Watch(plan, mode, inputs, patches, repl, arg, ())
             return run(root, flat, hooks=w), w.got
 
         self.jitted = jax.jit(program)
@@ -35,6 +41,33 @@ class _Program:
     def __call__(self, flat: list[Any], patches: dict[str, Any], arg: Any) -> tuple[Any, ...]:
         out: tuple[Any, ...] = self.jitted(flat, patches, arg)
         return out
+
+
+def _with_grads(root: Mox, plan: Plan, inputs: bool, grad_of: Any, flat: list[Any]) -> tuple[Any, ...]:
+    """``(flat outputs, got, cotangents)``: one evaluation under `jax.grad`, a
+    zero delta added at each target's floating outputs (stacked per scan step,
+    entering scans as the patches do), so that the gradient of ``grad_of(out)``
+    with respect to a delta is the cotangent at that node."""
+    deltas = {t.key: [jnp.zeros(s.shape, s.dtype) if jnp.issubdtype(s.dtype, jnp.inexact) else None
+                      for s in t.expected()] for t in plan.targets.values()}
+
+    def loss(deltas: dict[str, Any]) -> tuple[Any, Any]:
+        w = Watch(plan, "grad", inputs, deltas, None, None, ())
+        outs = run(root, flat, hooks=w)
+        return scalar_loss(grad_of, root.sig.results(outs), "capture"), (outs, w.got)
+
+    (_, (outs, got)), cts = jax.value_and_grad(loss, has_aux=True)(deltas)
+    return outs, got, cts
+
+
+def scalar_loss(grad_of: Any, out: Any, what: str) -> Any:
+    """``grad_of(out)``, refused unless a real floating scalar."""
+    loss = grad_of(out)
+    shape, dtype = getattr(loss, "shape", None), getattr(loss, "dtype", None)
+    if shape != () or dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise errors.LossNotScalar(what, type_str(loss) if shape is not None and dtype is not None
+                                   else f"a `{type(loss).__name__}`")
+    return loss
 
 
 def watched(mox: Mox, plan: Plan, mode: str, flat: list[Any]) -> tuple[list[Any], dict[str, Any]]:
@@ -90,6 +123,16 @@ def check_root(mox: Any, what: str) -> None:
             f"`{what}` expected the root MoX returned by `yax.make_mox(fn)(...)`, but got {got}. "
             "Pass the whole MoX and select nodes with the pattern."
         )
+
+
+def grads_of(plan: Plan, cts: dict[str, list[Any]]) -> dict[str, Any]:
+    """Each target's cotangents shaped as its value; an integer output's is
+    float0 zeros, as ``jax.grad(..., allow_int=True)`` gives."""
+    out = {}
+    for t in plan.targets.values():
+        flat = [np.zeros(s.shape, jax.dtypes.float0) if c is None else c for c, s in zip(cts[t.key], t.expected())]
+        out[t.key] = t.results(flat)
+    return out
 
 
 def values_of(plan: Plan, got: dict[str, Any], inputs: bool) -> dict[str, Any]:

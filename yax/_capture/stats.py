@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .._ir import Equation, Mox
@@ -39,7 +40,7 @@ class ValueStats:
             dtype = np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
         except TypeError:  # an extended dtype (a PRNG key's): no statistics
             dtype = np.dtype(object)
-        if not (np.issubdtype(dtype, np.number) or dtype == np.bool_):
+        if not (jnp.issubdtype(dtype, jnp.number) or dtype == np.bool_):  # jnp's knows bfloat16 and float8
             return cls(type_str(x), np.nan, np.nan, np.nan, np.nan, 0, 0, 0, 0, size)
         if spread(x):
             stats, counts = jax.device_get(reduced_stats(x))
@@ -86,6 +87,14 @@ class NonFinite:
       reader: when an argument holds the NaN or Inf: the first equation that reads it
         (``call`` is the call it runs in, ``step`` the layers of a stacked argument that
         hold non-finite values, when a scan slices it per step).
+      direction: ``"forward"``, or ``"backward"`` for the first non-finite
+        gradient (`first_nonfinite` with ``grad_of``). Then ``equation`` is the
+        forward equation whose derivative rule produced it (``None`` when the
+        loss's own gradient is non-finite, ``path`` then naming the output),
+        ``output`` the cotangent it sent to its input ``input_index``,
+        ``inputs`` the forward values the rule used, ``cotangents`` the
+        cotangents that came in at its outputs (finite), and ``backward`` the
+        first primitive of the rule whose result is non-finite.
     """
 
     equation: Equation | None
@@ -97,8 +106,14 @@ class NonFinite:
     call_inputs: tuple[ValueStats, ...] = ()
     window: str = dataclasses.field(default="", repr=False)
     reader: Equation | None = dataclasses.field(default=None, repr=False)
+    direction: str = "forward"
+    cotangents: tuple[ValueStats, ...] = ()
+    backward: str = ""
+    input_index: int = 0
 
     def __str__(self) -> str:
+        if self.direction == "backward":
+            return self._backward_str()
         at = f" at scan step {', '.join(map(str, self.step))}" if self.step else ""
         if self.equation is None:
             head = f"The argument `{self.path}` already holds non-finite values: {self.output}"
@@ -112,6 +127,32 @@ class NonFinite:
         lines = [f"The first non-finite value comes from `{self.equation.name}` in `{self.path or 'the root'}`{at}.",
                  f"  output   {self.output}"]
         lines += [f"  input {i}  {s}" for i, s in enumerate(self.inputs)]
+        if self.call is not None:
+            lines.append(f"  inputs of `{self.call.path}` ({self.call.type}):")
+            lines += [f"    {i}  {s}" for i, s in enumerate(self.call_inputs)]
+        if self.window:
+            lines += ["", self.window]
+        return "\n".join(lines)
+
+    def _backward_str(self) -> str:
+        at = f" at scan step {', '.join(map(str, self.step))}" if self.step else ""
+        if self.equation is None:
+            return (f"The first non-finite gradient comes from the loss itself: the gradient of `grad_of` with "
+                    f"respect to the model's output `{self.path}` is {self.output}")
+        rule = f" (its `{self.backward}`)" if self.backward else ""
+        where = f"`{self.path}`" if self.path else "the root"
+        lines = [f"The first non-finite gradient comes from the backward pass of `{self.equation.name}` in "
+                 f"{where}{at}: its derivative rule{rule} sent a non-finite cotangent to "
+                 f"input {self.input_index}.",
+                 f"  cotangent sent to input {self.input_index}  {self.output}"]
+        lines += [f"  cotangent in {i}  {s}" for i, s in enumerate(self.cotangents)]
+        lines += [f"  input {i} (forward)  {s}" for i, s in enumerate(self.inputs)]
+        if any(s.nonfinite for s in self.cotangents):
+            lines.append("  The cotangent that came in is not finite, though every reader of the output sent a "
+                         "finite one: adding them up overflowed.")
+        if any(s.nonfinite for s in self.inputs):
+            lines.append("  Its forward inputs already hold non-finite values: the forward pass went wrong first "
+                         "(`first_nonfinite` without `grad_of` finds where).")
         if self.call is not None:
             lines.append(f"  inputs of `{self.call.path}` ({self.call.type}):")
             lines += [f"    {i}  {s}" for i, s in enumerate(self.call_inputs)]

@@ -1,0 +1,165 @@
+"""yax.first_nonfinite(..., grad_of=loss): the first NaN or Inf of the backward pass,
+on planted cases (the ``where`` trap around ``log``, ``sqrt`` at 0, a division
+whose gradient overflows in float16/bfloat16, a NaN gradient at one step of an
+``nn.scan``), checked against ``jax_debug_nans``/``jax_debug_infs`` running
+``jax.grad`` of the same function: both name the same primitive."""
+
+from __future__ import annotations
+
+import re
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from models import CASES, KEY
+
+import yax
+
+pytestmark = pytest.mark.core
+
+
+def debug_names(f, *args, flag="jax_debug_nans"):
+    """The primitive ``jax_debug_nans`` (or ``_infs``) names running ``jax.grad(f)``, or ``None``."""
+    with jax.debug_nans(flag == "jax_debug_nans"), jax.debug_infs(flag == "jax_debug_infs"):
+        try:
+            jax.block_until_ready(jax.grad(f)(*args))
+        except FloatingPointError as e:
+            return re.search(r"encountered in (\w+)", str(e)).group(1)
+    return None
+
+
+def trap(w, x):
+    h = x * w
+    y = jnp.where(h > 0, jnp.log(h), 0.0)  # the forward drops log(0); its gradient does not
+    scale = jnp.sqrt(jnp.arange(x.shape[0], dtype=x.dtype))  # sqrt at 0, but no gradient reaches it
+    return jnp.sum(y * scale + y)
+
+
+def test_the_where_trap_names_log_and_agrees_with_jax_debug_nans():
+    w, x = jnp.asarray(1.5), jnp.array([0.0, 1.0, 2.0])
+    mox = yax.make_mox(trap)(w, x)
+    assert bool(jnp.isfinite(trap(w, x))) and not bool(jnp.isfinite(jax.grad(trap)(w, x)))
+    found = yax.first_nonfinite(mox, w, x, grad_of=lambda out: out)
+    assert found.direction == "backward" and found.equation.name == "log" and found.input_index == 0
+    assert found.backward == debug_names(trap, w, x) == "div"
+    assert found.output.nan == 1 and found.cotangents[0].nonfinite == 0  # finite in, NaN out
+    assert found.inputs[0].zeros == 1 and found.step == () and found.call is None
+    text = str(found)
+    assert text.startswith("The first non-finite gradient comes from the backward pass of `log`")
+    assert "its `div`" in text and ">>>" in text and "direction='backward'" in repr(found)
+    # the forward search, by contrast, names the -inf that `where` drops
+    fwd = yax.first_nonfinite(mox, w, x)
+    assert fwd.direction == "forward" and fwd.equation.name == "log" and fwd.output.neginf == 1
+    # every gradient finite: nothing to report
+    assert yax.first_nonfinite(mox, w, x + 1.0, grad_of=lambda out: out) is None
+
+
+class SqrtNet(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        h = nn.relu(nn.Dense(4)(x))
+        return nn.Dense(2)(jnp.sqrt(h))  # sqrt at the dead units' 0: an infinite derivative
+
+
+def test_sqrt_at_zero_names_the_module_and_agrees_with_jax_debug_infs():
+    m, x = SqrtNet(), jnp.linspace(-1, 1, 6).reshape(2, 3)
+    params = m.init(KEY, x)
+    mox = yax.make_mox(m.apply)(params, x)
+
+    def loss(out):
+        return jnp.mean(out ** 2)
+
+    found = yax.first_nonfinite(mox, params, x, grad_of=loss)
+    assert (found.equation.name, found.path, found.call.path) == ("sqrt", "SqrtNet", "SqrtNet")
+    assert found.output.posinf + found.output.neginf > 0 and found.inputs[0].zeros > 0
+    # JAX's infinity check stops where the rule's `0.5 / sqrt(x)` is computed, a `div`
+    assert found.backward == debug_names(lambda p: loss(m.apply(p, x)), params, flag="jax_debug_infs") == "div"
+    with jax.debug_nans(True):  # switched off while it runs: still an answer, not an exception
+        assert yax.first_nonfinite(mox, params, x, grad_of=loss).equation is found.equation
+
+
+@pytest.mark.parametrize("dtype, tiny", [(jnp.float16, 1e-3), (jnp.bfloat16, 1e-20)])
+def test_a_division_whose_gradient_overflows_in_low_precision(dtype, tiny):
+    def f(w, x):
+        return jnp.sum(1.0 / (x * w)).astype(jnp.float32)
+
+    w, x = jnp.asarray(1.0, dtype), jnp.array([tiny, 1.0], dtype)
+    mox = yax.make_mox(f)(w, x)
+    assert bool(jnp.isfinite(f(w, x)))
+    assert not bool(jnp.isfinite(jax.grad(f)(w, x)))
+    found = yax.first_nonfinite(mox, w, x, grad_of=lambda out: out)
+    assert found.equation.name == "div" and found.input_index == 1  # the denominator's cotangent
+    assert found.output.neginf == 1 and found.output.type == ("f16[2]" if dtype == jnp.float16 else "bf16[2]")
+    assert debug_names(f, w, x) is None  # -inf, no NaN: jax_debug_nans sees nothing
+    assert found.backward == debug_names(f, w, x, flag="jax_debug_infs")
+    if dtype == jnp.float16:  # in float32 the same gradient is finite (bfloat16 has float32's range)
+        w32, x32 = w.astype(jnp.float32), x.astype(jnp.float32)
+        assert yax.first_nonfinite(yax.make_mox(f)(w32, x32), w32, x32, grad_of=lambda out: out) is None
+
+
+class Step(nn.Module):
+    @nn.compact
+    def __call__(self, x, _):
+        scale = self.param("scale", nn.initializers.ones, ())
+        h = jnp.tanh(nn.Dense(x.shape[-1])(x)) ** 2 * scale  # 0 where scale is 0
+        return x + jnp.where(h > 0, jnp.log(h), 0.0), None
+
+
+class ScanTrap(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        x, _ = nn.scan(Step, variable_axes={"params": 0}, split_rngs={"params": True}, length=4)(name="layers")(x, None)
+        return nn.Dense(2)(x)
+
+
+def test_the_trap_inside_an_nn_scan_names_the_step():
+    m, x = ScanTrap(), jnp.linspace(-1, 1, 6).reshape(2, 3)
+    params = m.init(KEY, x)
+    params["params"]["layers"]["scale"] = jnp.array([1.0, 0.0, 0.0, 1.0])  # steps 1 and 2
+    mox = yax.make_mox(m.apply)(params, x)
+
+    def loss(out):
+        return jnp.mean(out ** 2)
+
+    assert bool(jnp.isfinite(loss(m.apply(params, x))))
+    found = yax.first_nonfinite(mox, params, x, grad_of=loss)
+    # the backward pass runs the steps from the last: step 2 is the first to go wrong
+    assert (found.equation.name, found.path, found.step) == ("log", "ScanTrap/layers", (2,))
+    assert found.backward == "div" and found.output.nan == 6 and found.inputs[0].zeros == 6
+    assert "at scan step 2" in str(found)
+    names = debug_names(lambda p: loss(m.apply(p, x)), params)
+    assert names in ("scan", "while", found.backward)  # jax_debug_nans stops at the loop as a whole
+    found_x = yax.first_nonfinite(mox, params, x, grad_of=loss, argnums=(0, 1))
+    assert found_x.step == (2,)
+
+
+def test_a_healthy_scanned_transformer_has_none_and_compiles_once():
+    fn, (params, ids), kwargs = CASES["transformer_scan"]()
+    mox = yax.make_mox(fn)(params, ids, **kwargs)
+
+    def loss(out):
+        return jnp.mean(out ** 2)
+
+    for s in (1.0, 2.0):
+        p = jax.tree_util.tree_map(lambda a, s=s: a * s, params)
+        assert yax.first_nonfinite(mox, p, ids, grad_of=loss, **kwargs) is None
+    from yax._capture.backward import _searches
+
+    assert [s.traces for s in _searches[mox].values()] == [1]
+
+
+def test_a_non_finite_gradient_of_the_loss_itself_and_refusals():
+    w, x = jnp.asarray(1.5), jnp.array([0.0, 1.0, 2.0])
+    mox = yax.make_mox(lambda w, x: {"y": x * w})(w, x)
+    found = yax.first_nonfinite(mox, w, x, grad_of=lambda out: jnp.sum(jnp.sqrt(out["y"])))
+    assert found.equation is None and found.path == "out['y']" and found.output.posinf == 1
+    assert "the gradient of `grad_of` with respect to the model's output `out['y']`" in str(found)
+    with pytest.raises(yax.YaxCaptureError, match=r"must return a real floating scalar .* returned f32\[3\]"):
+        yax.first_nonfinite(mox, w, x, grad_of=lambda out: out["y"])
+    with pytest.raises(yax.YaxCaptureError, match="traced no floating array there"):
+        yax.first_nonfinite(yax.make_mox(lambda w, x: x * w)(1.5, x), 1.5, x, grad_of=jnp.sum)
+    with pytest.raises(yax.YaxCaptureError, match="not one of the 2 given"):
+        yax.first_nonfinite(mox, w, x, grad_of=lambda out: jnp.sum(out["y"]), argnums=2)
+    np.testing.assert_equal(yax.first_nonfinite(mox, w, x, grad_of=lambda out: jnp.sum(out["y"]), argnums=1), None)
