@@ -18,7 +18,9 @@ and Debian's chromium. Measured:
 * colouring the tree by norm; target <= its first compile + 1 s, against the
   plain-JAX compile + run of the same model;
 * the values of one row, the NaN search, undo;
-* peak host memory of the kernel; target <= 2.5 × the parameter bytes.
+* peak host memory of the kernel from opening the explorer to the end (Linux's
+  ``VmHWM``, reset after the set-up; the weights count); target <= 2.5 × the
+  parameter bytes. The set-up's own peak is reported beside it.
 
 Baselines (same kernel, same run): ``jax.jit(model.module.apply)``'s compile
 and one run.
@@ -40,7 +42,7 @@ from bench._report import report  # noqa: E402
 from bench.bench_widget import KEYSTROKE  # noqa: E402
 from tests.e2e.lab import Notebook, browser, jupyterlab, write_notebook  # noqa: E402
 
-SETUP = """import time, resource, jax, jax.numpy as jnp, transformers, yax
+SETUP = """import time, jax, jax.numpy as jnp, transformers, yax
 from yax_widget import Explorer
 DT = jnp.{dtype}
 cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hidden_layers={layers},
@@ -48,15 +50,20 @@ cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_
 model = transformers.FlaxLlamaForCausalLM(cfg, _do_init=False, dtype=DT)
 ids = (jnp.arange(128, dtype=jnp.int32) * 7 % 32000)[None]
 mask, pos = jnp.ones_like(ids), jnp.arange(128)[None]
-params = jax.jit(lambda k: jax.tree_util.tree_map(lambda x: x.astype(DT), model.module.init(k, ids, mask, pos)))(
-    jax.random.key(0))
-jax.block_until_ready(params)
+# random weights leaf by leaf (N(0, 0.02)): the set-up holds the parameters once, not init's temporaries too
+shapes = jax.eval_shape(lambda k: model.module.init(k, ids, mask, pos), jax.random.key(0))
+flat, tree = jax.tree_util.tree_flatten(shapes)
+params = jax.tree_util.tree_unflatten(tree, [jax.block_until_ready(
+    (0.02 * jax.random.normal(jax.random.key(i), s.shape, jnp.float32)).astype(DT)) for i, s in enumerate(flat)])
 NBYTES = sum(x.nbytes for x in jax.tree_util.tree_leaves(params))
 NPARAMS = sum(x.size for x in jax.tree_util.tree_leaves(params))
 f = jax.jit(model.module.apply)
 t0 = time.time(); c = f.lower(params, ids, mask, pos).compile(); t1 = time.time()
 jax.block_until_ready(c(params, ids, mask, pos)); t2 = time.time()
-print("NPARAMS", NPARAMS, "NBYTES", NBYTES, "BASECOMPILE", t1 - t0, "BASERUN", t2 - t1)"""
+def hwm():  # the kernel's peak resident memory (MiB) since the last reset
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) / 1024
+print("NPARAMS", NPARAMS, "NBYTES", NBYTES, "BASECOMPILE", t1 - t0, "BASERUN", t2 - t1, "SETUPPEAK", hwm())
+open("/proc/self/clear_refs", "w").write("5")  # the peak from here on is the explorer's (parameters included)"""
 
 OPEN = """mox = yax.make_mox(model.module.apply)(params, ids, mask, pos)
 t0 = time.time(); ex = Explorer(mox, params, ids, mask, pos); print("BUILT", time.time() - t0, "AT", time.time())
@@ -80,7 +87,7 @@ t2 = time.time(); s.inspector.show(row); t3 = time.time()
 t4 = time.time(); found = s.inspector.nonfinite(); t5 = time.time()
 t6 = time.time(); ex.undo(); t7 = time.time()
 print("PAINT", t1 - t0, "VALUES", t3 - t2, "NAN", t5 - t4, "UNDO", t7 - t6, "FOUND", int(found["found"]),
-      "PEAKMB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"""
+      "PEAKMB", hwm())"""
 
 
 def numbers(text: str) -> dict[str, float]:
@@ -146,8 +153,10 @@ def main() -> None:
         {"what": "values of one row (cached boundaries)", "seconds": inspect["VALUES"], "target": None},
         {"what": "NaN search", "seconds": inspect["NAN"], "target": None},
         {"what": "undo (tree, diff, comparison with the original)", "seconds": inspect["UNDO"], "target": None},
-        {"what": "peak host memory of the kernel (GiB)", "seconds": round(inspect["PEAKMB"] / 1024, 2),
-         "target": round(2.5 * gib, 2)},
+        {"what": "peak host memory, set-up (model, weights, baseline) (GiB)",
+         "seconds": round(base["SETUPPEAK"] / 1024, 2), "target": None},
+        {"what": "peak host memory, explorer open to undo, weights included (GiB)",
+         "seconds": round(inspect["PEAKMB"] / 1024, 2), "target": round(2.5 * gib, 2)},
     ]
     report(rows, ["what", "seconds", "target"], f"bench/results/llama1b_{a.dtype}.json", runs=1,
            layers=a.layers, dtype=a.dtype, keystrokes_ms=keys, console_errors=errors)

@@ -63,7 +63,10 @@ def main() -> None:
 
     queries = ['//module_call[@name="q_proj"]', '//module_call[@type="FlaxLlamaDecoderLayer"]',
                '//module_call[@name="v_proj"][@params > 1000000]', '//*[@name="silu"]', "//dot_general"]
+    t_first, _ = timed(lambda: ex.query(queries[0]))  # builds the XML document the queries run on
     ts = [timed(lambda q=q: ex.query(q))[0] for q in queries * 3]
+    rows.append({"what": "first query (builds the XML document: not part of opening)", "seconds": t_first,
+                 "target": None})
     rows.append({"what": "query (XPath + selection, median of 15)", "seconds": statistics.median(ts), "target": 0.15})
     rows.append({"what": "summary()", "seconds": timed(lambda: yax.summary(ex.mox))[0], "target": None})
     rows.append({"what": "graph, depth 1", "seconds": timed(lambda: yax.to_dot(ex.mox, depth=1))[0], "target": None})
