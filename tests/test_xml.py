@@ -11,6 +11,7 @@ from helpers import check_golden, mox_of, traced
 from lxml import etree
 
 import yax
+import yax.internal
 
 pytestmark = pytest.mark.core
 
@@ -66,3 +67,11 @@ def test_dump_of_rewritten_mox_roundtrips():
     assert [e.get("path") for e in yax.query("//function", doc)] == ["MLP/relu"]
     d = yax.diff(mox, new)
     assert "MLP/relu" in repr(d)
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer_scan", "transformer_remat", "control_flow", "custom_grads",
+                                  "lifted", "shared"])
+def test_element_ids_number_nodes_as_the_document_does_without_building_it(name):
+    mox = mox_of(name)
+    ids = yax.internal.element_ids(mox)  # before the view exists: the walk
+    assert ids == yax.internal.view(mox).ids and len(ids) == len(yax.internal.view(mox).nodes)

@@ -118,13 +118,13 @@ class _Converter:
                 n = len(info.sig.ins.dyn)
                 inputs = tuple(self.atom(a) for a in eqn.invars[:n])
                 formals = tuple(self.var(v) for v in eqn.outvars[:n])
-                frames.append([cid, info, [], (inputs, formals), info.path])
+                frames.append([cid, info, [], (inputs, formals, eqn.source_info), info.path])
             else:
                 if len(frames) <= 1 or frames[-1][0] != cid:
                     raise YaxTraceError(
                         f"Internal error: the call of `{info.path}` ended inside another call. Please report this."
                     )
-                _, _, children, (inputs, formals), _ = frames.pop()
+                _, _, children, (inputs, formals, entry), _ = frames.pop()
                 n = len(info.sig.outs.dyn)
                 frames[-1][2].append(
                     Mox(
@@ -138,6 +138,7 @@ class _Converter:
                         name=info.name,
                         info=info.info,
                         sig=info.sig,
+                        source_info=entry,  # its traceback runs through the caller's line (`yax._source`)
                     )
                 )
         if len(frames) != 1:

@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any
 
 from ._ir import CALL_KINDS
-from ._view import tree_of
+from ._view import SOURCE_ATTRS, tree_of
 
 _CALLS = CALL_KINDS
 
@@ -26,7 +26,9 @@ def keyed(x: Any) -> dict[tuple[Any, ...], Any]:
 
 
 def _calls(x: Any) -> dict[tuple[Any, ...], dict[str, str]]:
-    return {k: {a: v for a, v in el.attrib.items() if a != "id"} for k, el in keyed(x).items()}
+    # where the code sits is no difference between models (nor what a document dumped without it lacks)
+    return {k: {a: v for a, v in el.attrib.items() if a != "id" and a not in SOURCE_ATTRS}
+            for k, el in keyed(x).items()}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,13 +34,16 @@ import enum
 import math
 import types
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 
 from ._vocab import Shaped as Shaped
 from ._vocab import type_str
+
+if TYPE_CHECKING:
+    from ._source import Location
 
 __all__ = ["Symbol", "Var", "Literal", "Equation", "Mox", "Kind", "CALL_KINDS", "FN_KINDS", "Packing",
            "Signature", "ModuleInfo", "holds_mox"]
@@ -299,6 +302,14 @@ class Equation(_Typed):
                 out.extend((f"{k}[{i}]", x) for i, x in enumerate(v))
         return out
 
+    @property
+    def source(self) -> Location | None:
+        """Where the user's code made this equation: a ``Location(path, line)``
+        (``str()``: ``model.py:12``), or ``None`` where JAX recorded no line of it."""
+        from ._source import location
+
+        return location(self)
+
     def __repr__(self) -> str:
         return f"Equation({self.name}, path={self.path!r})"
 
@@ -331,6 +342,8 @@ class Mox(_Typed):
       shardings: on a root traced on arrays laid out over several devices (a
         ``jax.sharding.NamedSharding`` on a mesh), ``(var, PartitionSpec)`` of each
         such input; empty when no input splits an axis (`yax._sharding`).
+      source_info: on a call, JAX's source info of the call's entry (its
+        traceback runs through the line that called it); read as `source`.
     """
 
     kind: str
@@ -349,6 +362,7 @@ class Mox(_Typed):
     frontend: str | None = None
     origin: Any = None
     shardings: tuple[tuple[Var, Any], ...] = dataclasses.field(default=(), repr=False)
+    source_info: Any = dataclasses.field(default=None, repr=False)
 
     # -- module facts and call signature, by their short names ---------------
     module_type = property(lambda self: self.info.type, doc="The module class (``None`` for other kinds).")
@@ -367,6 +381,15 @@ class Mox(_Typed):
     module_ty = property(lambda self: self.info.type, doc="The earlier prototype's name for `module_type`.")
     graphdef = property(lambda self: self.origin,
                         doc="On a root traced from an ``nnx.Module``: the ``nnx.GraphDef`` (the frontend's origin).")
+
+    @property
+    def source(self) -> Location | None:
+        """Where the user's code called this module (or function): a
+        ``Location(path, line)`` (``str()``: ``model.py:12``), or ``None`` (the
+        root, a nested computation, a node built by hand)."""
+        from ._source import location
+
+        return location(self)
 
     # -- identity ---------------------------------------------------------
     @property
@@ -435,6 +458,12 @@ class Mox(_Typed):
         from ._serial import to_json
 
         return to_json(self, **kwargs)
+
+    def pprint(self, *, source: bool = False) -> str:
+        """`yax.pprint` of this node; ``source=True`` ends each line with the user's ``# file.py:line``."""
+        from ._print import pprint
+
+        return pprint(self, source=source)
 
     def summary(self) -> str:
         """A table of module calls: path, type, shapes, parameters, FLOPs."""

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ._ir import FN_KINDS, Equation, Kind, Literal, Mox, Symbol, Var, holds_mox
+from ._source import location
 from ._vocab import type_str, value_str
 
 _ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -97,10 +98,16 @@ class _Printer:
     left is a stack of tasks, and names are given in the order of the text
     (a node's inputs, then its outputs, then its body; a block's results last)."""
 
-    def __init__(self) -> None:
+    def __init__(self, source: bool = False) -> None:
         self.name = Names()
         self.lines: list[str] = []
         self.at: dict[int, int] = {}  # id(child node) -> its line
+        self.source = source  # end each call's and equation's line with the user's `# file.py:line`
+
+    def where(self, node: Equation | Mox) -> str:
+        """``  # model.py:12``: where the user's code made ``node`` (``source=True``), or nothing."""
+        loc = location(node) if self.source else None
+        return f"  # {loc}" if loc is not None else ""
 
     def atom(self, a: Symbol) -> str:
         if isinstance(a, Literal):
@@ -135,14 +142,14 @@ class _Printer:
             elif isinstance(node, Mox):
                 self.at[id(node)] = len(self.lines)
                 args = " ".join(self.atom(a) for a in node.inputs)
-                self.lines.append(f"{pad}{self.lhs(node.outputs)} = {call_header(node)} {args}")
+                self.lines.append(f"{pad}{self.lhs(node.outputs)} = {call_header(node)} {args}{self.where(node)}")
                 todo.append(("block", node, indent + 2, ""))
             else:
                 self.at[id(node)] = len(self.lines)
                 simple = [f"{k}={value_str(v)}" for k, v in shown_params(node)]
                 params = f"[{' '.join(simple)}]" if simple else ""
                 args = " ".join(self.atom(a) for a in node.inputs)
-                self.lines.append(f"{pad}{self.lhs(node.outputs)} = {node.name}{params} {args}".rstrip())
+                self.lines.append(f"{pad}{self.lhs(node.outputs)} = {node.name}{params} {args}".rstrip() + self.where(node))
                 blocks = []
                 for k, v in sorted(node.params.items()):
                     if holds_mox(v):
@@ -151,9 +158,12 @@ class _Printer:
                 todo.extend(reversed(blocks))
 
 
-def pprint(mox: Mox) -> str:
+def pprint(mox: Mox, *, source: bool = False) -> str:
     """The jaxpr-like text of a MoX: one block per call, headed by its path,
-    type and key attributes.
+    type and key attributes. With ``source=True``, each call and equation ends
+    with where the user's code made it, ``# model.py:12`` (the file's base
+    name; ``node.source`` has the whole path), as ``jax.make_jaxpr(f)(x)
+    .pretty_print(source_info=True)`` does; a node with no such line gets none.
 
     Example:
       >>> import jax.numpy as jnp, yax
@@ -163,7 +173,7 @@ def pprint(mox: Mox) -> str:
           c:f32[3] = mul b 2.0:f32[]
         in (c) }
     """
-    p = _Printer()
+    p = _Printer(source)
     if mox.kind in (Kind.ROOT, Kind.JAXPR):
         p.block(mox, 0)
     else:

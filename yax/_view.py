@@ -12,6 +12,11 @@ equation, with ``param`` naming the parameter), ``module_call``,
 ``method_call``, ``activation``, and one element per equation named after its
 primitive (``dot_general``, ``jit``, ``scan`` …).
 
+Where the user's code made a node (`yax._source`), its element has ``file``
+(the base name, ``model.py``) and ``line``: ``//dot_general[@file="model.py"]``.
+`dump_xml` leaves them out unless asked (``source=True``): a dumped document
+then reads the same wherever the model's files are.
+
 Text XML cannot hold (a control character in a module name, which Flax
 accepts; a lone surrogate in the name of a replacement function) is escaped
 reversibly in attributes and comments, as Python writes it: ``name='a\\x01b'``
@@ -35,9 +40,12 @@ from ._ir import CALL_KINDS, FN_KINDS, Equation, Kind, Mox
 from ._precision import precisions
 from ._print import pprint, shown_params
 from ._sharding import call_specs
+from ._source import location
 from ._vocab import dtype_str, type_str, value_str
 from .errors import YaxQueryError
 
+#: The attributes saying where the user's code made a node (only the view has them; `dump_xml` on request).
+SOURCE_ATTRS = ("file", "line")
 _NAME_OK = re.compile(r"^[A-Za-z_][\w.-]*$")
 _tokens = itertools.count(1)
 
@@ -66,9 +74,13 @@ class Queryable:
 class View(Queryable):
     """An lxml document of a MoX and the node each element stands for."""
 
-    def __init__(self, tree: etree._ElementTree, nodes: list[Any]):
+    def __init__(self, tree: etree._ElementTree, nodes: list[Any], sourced: bool = False,
+                 own_source_names: tuple[int, ...] = ()):
         self.tree = tree
         self.nodes = nodes
+        self.sourced = sourced  #: whether any element has ``file`` and ``line`` (`SOURCE_ATTRS`)
+        #: ids of the elements whose own fields hold those names (a module field `line`): kept in a dump
+        self.own_source_names = own_source_names
 
     def node(self, el: etree._Element) -> Any:
         return self.nodes[int(el.get("id"))]
@@ -151,9 +163,31 @@ def calls_below(mox: Mox) -> set[int]:
     return out
 
 
+def _source_attrs(el: etree._Element, node: Any) -> str | None:
+    """Set ``@file``/``@line`` of ``node`` where it has a location and no field
+    of its own took those names. Returns ``"set"``, ``"own"`` (its own field
+    holds one of the names) or None."""
+    if any(a in el.attrib for a in SOURCE_ATTRS):
+        return "own"
+    loc = location(node)
+    if loc is None:
+        return None
+    el.set("file", to_xml_text(loc.file))
+    el.set("line", str(loc.line))
+    return "set"
+
+
+def _note(outcome: str | None, i: int, outcomes: set[str | None], own: list[int]) -> None:
+    outcomes.add(outcome)
+    if outcome == "own":
+        own.append(i)
+
+
 def build_view(mox: Mox) -> View:
     """The XML view of ``mox``, built without recursion (any depth)."""
     nodes: list[Any] = []
+    sourced: set[str | None] = set()
+    own: list[int] = []
     with_calls = calls_below(mox)
     policies = precisions(mox)
     laid_out = call_specs(mox) if mox.kind == Kind.ROOT else {}  # `@sharding`: only where a parameter is split
@@ -182,6 +216,7 @@ def build_view(mox: Mox) -> View:
                 t = _num(v)
                 if t is not None and _NAME_OK.match(k) and k not in el.attrib:
                     el.set(k, to_xml_text(t))
+            _note(_source_attrs(el, node), len(nodes) - 1, sourced, own)
             below = [(sub, Kind.JAXPR, k) for k, sub in node.subs]
         else:
             el.set("primitive", node.kind)
@@ -206,6 +241,7 @@ def build_view(mox: Mox) -> View:
                     t = _num(v)
                     if t is not None and _NAME_OK.match(k) and k not in el.attrib:
                         el.set(k, to_xml_text(t))
+                _note(_source_attrs(el, node), len(nodes) - 1, sourced, own)
             if not texted and node.children and id(node) not in with_calls:
                 # the outermost leaf computation: its jaxpr text shows the dataflow elements leave out
                 text = pprint(node)
@@ -221,7 +257,7 @@ def build_view(mox: Mox) -> View:
                     below.append((c, c.kind, None))
         for n, t, k in reversed(below):
             stack.append((el, n, t, k, texted))
-    return View(etree.ElementTree(root), nodes)
+    return View(etree.ElementTree(root), nodes, "set" in sourced, tuple(own))
 
 
 def view(mox: Mox) -> View:
@@ -246,3 +282,26 @@ def tree_of(x: Any, caller: str) -> tuple[etree._ElementTree, View | None]:
     """The document of a MoX (with its view) or of a loaded Document (no view)."""
     t = target_of(x, caller)
     return t.tree, t if isinstance(t, View) else None
+
+
+_ids: weakref.WeakKeyDictionary[Mox, dict[int, int]] = weakref.WeakKeyDictionary()
+
+
+def element_ids(mox: Mox) -> dict[int, int]:
+    """``id(node)`` -> the node's element id in the view of ``mox``, without
+    building the document when it is not built yet: the same pre-order walk
+    (a call's children, an equation's nested computations), so opening a
+    model does not wait for the XML of every equation (on a 70B structure the
+    document took seconds; the first query builds it)."""
+    v = _views.get(mox)
+    if v is not None:
+        return v.ids
+    out = _ids.get(mox)
+    if out is None:
+        out, stack = {}, [mox]
+        while stack:
+            node = stack.pop()
+            out[id(node)] = len(out)
+            stack.extend(reversed(_below(node)))
+        _ids[mox] = out
+    return out

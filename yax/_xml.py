@@ -16,7 +16,7 @@ from typing import IO, Any, NoReturn
 from lxml import etree
 
 from ._ir import Mox
-from ._view import Queryable, view
+from ._view import SOURCE_ATTRS, Queryable, view
 from .errors import YaxError, YaxXMLError, unexpected
 
 MAX_BYTES = 256 * 2**20
@@ -50,11 +50,13 @@ class Document(Queryable):
         return f"Document(<{self.root.tag}>, {sum(1 for _ in self.root.iter(etree.Element))} elements)"
 
 
-def to_xml(mox: Mox, indent: int | bool = True) -> str:
+def to_xml(mox: Mox, indent: int | bool = True, *, source: bool = False) -> str:
     """The XML text of the view `yax.query` runs on, indented by ``indent``
     spaces per level (``True``: 2; ``False`` or 0: on one line). Text XML
     cannot hold (a control character in a module name) is escaped as
-    `yax.internal.to_xml_text` does."""
+    `yax.internal.to_xml_text` does. ``source=True`` keeps each node's
+    ``@file`` and ``@line`` (the user's code that made it); left out by
+    default, so that the text is the same wherever the model's files are."""
     if not isinstance(mox, Mox):
         raise YaxXMLError(f"`dump_xml` and `to_xml` write a MoX (from `yax.make_mox` or `yax.sub`), but got a "
                           f"`{type(mox).__name__}`.")
@@ -62,34 +64,50 @@ def to_xml(mox: Mox, indent: int | bool = True) -> str:
         indent = False
     if not isinstance(indent, int) or indent < 0:
         raise YaxXMLError(f"`indent` must be a number of spaces (or True for 2, False for none), but got {indent!r}.")
+    if not isinstance(source, bool):
+        raise YaxXMLError(f"`source` must be True or False, but got {source!r}.")
     try:
-        return _text(mox, indent)
+        return _text(mox, indent, source)
     except YaxError:
         raise
     except Exception as e:
         raise unexpected("Writing the XML view of a MoX", e, YaxXMLError) from e
 
 
-def _text(mox: Mox, indent: int | bool) -> str:
-    tree = view(mox).tree
+def _text(mox: Mox, indent: int | bool, source: bool) -> str:
+    v = view(mox)
+    tree: Any = v.tree
     text: str
+    if not source and v.sourced:
+        tree = copy.deepcopy(tree.getroot())  # the cached view stays as queries see it
+        etree.strip_attributes(tree, *SOURCE_ATTRS)
+        if v.own_source_names:  # a module's own field named `file` or `line`: put back
+            own = set(v.own_source_names)
+            for el, orig in zip(tree.iter(etree.Element), v.tree.getroot().iter(etree.Element)):
+                if int(orig.get("id")) in own:
+                    for a in SOURCE_ATTRS:
+                        if a in orig.attrib:
+                            el.set(a, orig.get(a))
     if indent is True or indent == 2:
         text = etree.tostring(tree, pretty_print=True, encoding="unicode")
         return text
     if not indent:
         text = etree.tostring(tree, encoding="unicode")
         return text
-    root = copy.deepcopy(tree.getroot())  # the cached view stays as queries see it
+    root = copy.deepcopy(tree.getroot()) if tree is v.tree else tree  # the cached view stays as queries see it
     etree.indent(root, space=" " * int(indent))
     text = etree.tostring(root, encoding="unicode")
     return text + "\n"
 
 
-def dump_xml(mox: Mox, fileobj: IO[Any], *, indent: int | bool = True) -> None:
+def dump_xml(mox: Mox, fileobj: IO[Any], *, indent: int | bool = True, source: bool = False) -> None:
     """Write the XML view of ``mox`` (the same document queries run against),
     indented by ``indent`` spaces (the earlier prototype's option; default 2),
     to a binary or text file object, so a query can be debugged with any
-    XPath tool. `load_xml` reads back whatever this writes.
+    XPath tool. `load_xml` reads back whatever this writes. The view's
+    ``@file`` and ``@line`` (where the user's code made each node) are
+    written only with ``source=True``: without them the document does not
+    depend on where the model's files are.
 
     Example:
       >>> import io, jax.numpy as jnp, yax
@@ -106,7 +124,7 @@ def dump_xml(mox: Mox, fileobj: IO[Any], *, indent: int | bool = True) -> None:
       </mox>
       <BLANKLINE>
     """
-    text = to_xml(mox, indent)
+    text = to_xml(mox, indent, source=source)
     if not callable(getattr(fileobj, "write", None)):
         raise YaxXMLError(f"`dump_xml` writes to a file object (`open(path, 'wb')`, `io.StringIO()`), but got a "
                           f"`{type(fileobj).__name__}`.")

@@ -22,6 +22,8 @@ Contents:
   values           `ValueStats` (statistics of one array), `capture_programs` (the jitted
                    programs `capture`/`patch` keep per MoX, with their trace counts),
                    `capturable_calls` (the calls whose values `capture` can bring out)
+  source lines     `Location` (what ``node.source`` gives), `lines_around` (the lines of a file around one,
+                   read from the disk or Python's line cache)
   tracing          `trace_target` (a MoX and the arguments it is evaluated with),
                    `variables_argument` (which of them `yax.sub`'s ``params=`` takes)
   frontends        `Frontend`, `register`, `frontends` (all, in order), `frontend_named`,
@@ -61,8 +63,11 @@ from ._record import marked_call as marked_call
 from ._record import recorder as recorder
 from ._sharding import call_specs as call_specs
 from ._sharding import spread as spread
+from ._source import Location as Location
+from ._source import lines_around as lines_around
 from ._trace import trace_target as trace_target
 from ._view import build_view as build_view
+from ._view import element_ids as element_ids
 from ._view import from_xml_text as from_xml_text
 from ._view import to_xml_text as to_xml_text
 from ._view import view as view
@@ -77,7 +82,7 @@ from .rewrite import misfit as misfit
 
 def node_ids(mox: Any) -> dict[int, int]:
     """``id(node)`` -> the node's element id in the XML view of ``mox``."""
-    return view(mox).ids
+    return element_ids(mox)
 
 
 def variables_argument(mox: Any, args: tuple[Any, ...]) -> Any:

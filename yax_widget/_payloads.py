@@ -25,6 +25,7 @@ from yax.internal import (
     is_mixed,
     key_attrs,
     keyed,
+    lines_around,
     node_ids,
     param_copies,
     precisions,
@@ -91,6 +92,7 @@ def call_row(node: yax.Mox, ids: Mapping[int, int], parent: int, copies: int = 1
         policy,                               # 12 policy: params/compute/output dtypes, "" where all calls agree
         fold,                                 # 13 fold: structure key, equal for calls of the same structure
         sharding,                             # 14 sharding: its parameters' PartitionSpecs, "" where none is split
+        _where(node),                         # 15 source: the user's line calling it, "model.py:12" ("": none)
     ]
 
 
@@ -130,7 +132,36 @@ def equation_rows(call: yax.Mox, ids: Mapping[int, int]) -> list[list]:
         _types(e.inputs),                     # 2 in
         _types(e.outputs),                    # 3 out
         short(" ".join(f"{k}={value_str(v)}" for k, v in shown_params(e)), 120),  # 4 params
+        _where(e),                            # 5 source: the user's line making it, "model.py:12" ("": none)
     ] for e in call.children if isinstance(e, yax.Equation)]
+
+
+def _where(node: yax.Mox | yax.Equation) -> str:
+    loc = node.source
+    return "" if loc is None else str(loc)
+
+
+#: Lines shown before and after a node's own line in the Source tab.
+SOURCE_RADIUS = 8
+
+
+def source(node: yax.Mox | yax.Equation, node_id: int) -> dict:
+    """The ``source`` reply: the lines of the user's code around the line that
+    made ``node`` (`SOURCE_RADIUS` either side), read now from the file or from
+    Python's line cache (which holds IPython's cells); where there are none,
+    ``lines`` is empty and ``note`` says why in a sentence."""
+    loc = node.source
+    if loc is None:
+        return {"id": node_id, "file": "", "path": "", "line": 0, "lines": [], "note": (
+            "JAX recorded no line of your code for this node (the model's outermost call, which yax itself "
+            "makes, or an equation JAX made inside its own or a library's code).")}
+    lines = lines_around(loc, SOURCE_RADIUS)
+    reply = {"id": node_id, "file": loc.file, "path": loc.path, "line": loc.line,
+             "lines": [[n, text] for n, text in lines or ()], "note": ""}
+    if not lines:
+        reply["note"] = (f"{loc} is where this node comes from, but the kernel cannot read that file now (code run "
+                         f"from a string, or a file moved or deleted since), so its lines cannot be shown.")
+    return reply
 
 
 _owner_maps: weakref.WeakKeyDictionary[yax.Mox, dict[int, int]] = weakref.WeakKeyDictionary()

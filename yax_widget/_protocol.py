@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import yax
 from yax.internal import CALL_KINDS, view
 
-from ._payloads import equation_rows
+from ._payloads import equation_rows, source
 from ._session import PartialFit
-from ._values import STATS
+from ._values import SCALARS, STATS
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -254,6 +254,17 @@ class Code(Request):
 
 
 @dataclasses.dataclass(frozen=True)
+class Source(Request):
+    """The lines of the user's code around the line that made node ``id`` (the Source tab)."""
+
+    type = "source"
+    id: Any
+
+    def run(self, s: Session) -> dict:
+        return source(s.node(self.id), self.id)
+
+
+@dataclasses.dataclass(frozen=True)
 class Graph(Request):
     """`yax.to_dot` of a call (``id``; None: the whole model) from ``depth``, repeated layers
     folded (``fold``), and the calls ``open`` (the boxes double-clicked) opened whatever the depth."""
@@ -288,17 +299,32 @@ class Values(Request):
         return {"id": entry["id"], "seconds": entry["seconds"]}
 
 
+def _check_scalar(scalar: Any, index: Any) -> None:
+    """``scalar``/``index`` of a request naming the scalar a gradient is taken of (`_values.Scalar`)."""
+    if scalar is not None and scalar not in SCALARS:
+        raise RequestError(f"`scalar` must be one of {', '.join(SCALARS)}, not {str(scalar)[:40]!r}.")
+    if index is not None and (scalar != "logit" or not _int(index) or not 0 <= index < 2 ** 31):
+        raise RequestError(f"`index` must go with `scalar` \"logit\" and be a whole number from 0, "
+                           f"not {str(index)[:40]!r}.")
+
+
 @dataclasses.dataclass(frozen=True)
 class Overlay(Request):
+    """Colour the rows by ``stat``; a gradient statistic (``grad``, ``gxa``) by the gradient
+    of ``scalar`` (``loss``, ``logit``, ``sum``; its default when None) with ``index`` (a logit's)."""
+
     type = "overlay"
     stat: Any
+    scalar: Any = None
+    index: Any = None
 
     def check(self) -> None:
         if self.stat not in ("off", *STATS):
             raise RequestError(f"`stat` must be one of off, {', '.join(STATS)}; not {str(self.stat)[:40]!r}.")
+        _check_scalar(self.scalar, self.index)
 
     def run(self, s: Session) -> dict:
-        s.inspector.paint(self.stat)
+        s.inspector.paint(self.stat, self.scalar, self.index)
         return {"stat": self.stat}
 
 
@@ -316,18 +342,27 @@ class Batch(Request):
 
 @dataclasses.dataclass(frozen=True)
 class NonFinite(Request):
+    """The first NaN or Inf of the forward pass, or (``scalar`` given) of the backward pass
+    of that scalar's gradient (with ``index``, as for `Overlay`)."""
+
     type = "nonfinite"
+    scalar: Any = None
+    index: Any = None
+
+    def check(self) -> None:
+        _check_scalar(self.scalar, self.index)
 
     def run(self, s: Session) -> dict:
-        return s.inspector.nonfinite()
+        scalar = None if self.scalar is None else s.inspector.scalar(self.scalar, self.index)
+        return s.inspector.nonfinite(scalar)
 
 
 REQUESTS: dict[str, type[Request]] = {r.type: r for r in (
     Query, Expand, Equations, Fits, Substitute, Undo, Redo, Goto, CompareBase, Export, Snapshot, Code, Graph,
-    Values, Overlay, Batch, NonFinite)}
+    Values, Overlay, Batch, NonFinite, Source)}
 
 # What a closed session still answers: reading its history changes nothing.
-_READ_ONLY = {"code", "expand", "equations", "graph"}
+_READ_ONLY = {"code", "expand", "equations", "graph", "source"}
 
 
 def parse(content: Any) -> Request:

@@ -143,7 +143,7 @@ INITIAL_STATE: dict[str, Any] = {
     "tree": {}, "original_tree": {}, "query": "", "query_error": "", "matches": [], "query_result": {},
     "match_owners": {}, "palette": [], "history": {}, "diff": {}, "comparison": {},
     "status": {"busy": False, "message": ""}, "compare_base": "original",
-    "batches": {}, "values": {}, "overlay": {},
+    "batches": {}, "values": {}, "overlay": {}, "scalars": [],
 }
 
 
@@ -217,6 +217,7 @@ class Session:
         self._refs: dict[str, Measured | None] = {}  # the original's measured values on each batch used so far
         self._batch = EXAMPLE
         self.inspector = Inspector(self)
+        self._set(scalars=self.inspector.scalars())  # what the gradient colouring may differentiate
         self._init_batches(batches)
         for name, repl in default_palette():
             self.add_replacement(name, repl)

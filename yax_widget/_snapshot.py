@@ -8,7 +8,7 @@ reports. The built front-end (``static/widget.js`` and ``widget.css``) is
 inlined once, and renders the page from a read-only stand-in for the
 anywidget model (``js/src/snapshot.js``): it serves the traits recorded here
 and answers the requests recorded here (the equations of the calls, the
-selected row's values, its graph, the code) with the replies the kernel
+selected row's values, its graph and source lines, the code) with the replies the kernel
 gave; any other request is answered with a sentence saying that the page is
 a snapshot and that this needs the live kernel, and the controls that would
 send one are disabled. The page shows only numbers the kernel computed.
@@ -171,7 +171,10 @@ def snapshot_data(s: Session, v: View) -> dict:
     state["_values"] = values
     replies += _equations(s, v)
     call = v.selected if v.selected is not None and not isinstance(s.node(v.selected), yax.Equation) else None
-    for request in ({"type": "graph", "id": call, "depth": v.depth}, {"type": "code"}):
+    requests: list[dict] = [{"type": "graph", "id": call, "depth": v.depth}, {"type": "code"}]
+    if v.selected is not None:  # the Source tab of the selected row (another row's needs the kernel)
+        requests.append({"type": "source", "id": v.selected})
+    for request in requests:
         replies.append({"request": request, "reply": _reply(s, request)})
     now = datetime.datetime.now(datetime.UTC)
     meta = {"model": model_name(s), "version": yax.__version__, "saved": now.strftime("%Y-%m-%d %H:%M UTC"),

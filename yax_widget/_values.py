@@ -34,7 +34,10 @@ if TYPE_CHECKING:
     from ._session import Session
 
 MAX_OUTPUTS = 8  # outputs of one row shown (a call returning a long tuple shows its first ones)
-STATS = {"norm": "norm of the outputs", "zeros": "fraction of zeros", "nonfinite": "fraction of NaN or Inf"}
+STATS = {"norm": "norm of the outputs", "zeros": "fraction of zeros", "nonfinite": "fraction of NaN or Inf",
+         "grad": "gradient norm", "gxa": "gradient × activation"}
+GRAD_STATS = ("grad", "gxa")  # the colourings by the gradient of a scalar of the output (`Scalar`)
+SCALARS = {"loss": "the loss (`grad_of`)", "logit": "a logit", "sum": "the sum of the output"}
 EXAMPLE = "example"  # the name of the batch the explorer was opened with, unless `batches` names it
 
 
@@ -113,6 +116,22 @@ def _floats(x: Any) -> Any:
     return (jnp.abs(x) if jnp.iscomplexobj(x) else x).astype(jnp.float32)
 
 
+def _dots(gs: list[Any], xs: list[Any]) -> Any:
+    """``sum(g * x)`` over the finite products of each pair of ``gs`` and ``xs`` (float32),
+    chunked like `_light`: one program of a few large operations."""
+    rows, seg = [], []
+    for n, (g, x) in enumerate(zip(gs, xs)):
+        k = max(1, -(-x.size // CHUNK))
+        p = g.astype(jnp.float32) * x.astype(jnp.float32)
+        p = jnp.where(jnp.isfinite(p), p, 0.0)
+        rows.append(jnp.pad(p.ravel(), (0, k * CHUNK - x.size)).reshape(k, CHUNK))
+        seg += [n] * k
+    if not rows:
+        return jnp.zeros((0,), jnp.float32)
+    return jax.ops.segment_sum(jnp.concatenate(rows).sum(axis=1), np.asarray(seg, np.int32), len(gs),
+                               indices_are_sorted=True)
+
+
 _summarize = jax.jit(_reduced)  # one output summarised on the device: compiled once per shape and dtype
 
 
@@ -178,6 +197,222 @@ class _Static:
 
 
 _programs: weakref.WeakKeyDictionary[yax.Mox, _Program] = weakref.WeakKeyDictionary()
+
+
+# -- gradients of a scalar of the output ------------------------------------------------
+
+class Scalar:
+    """A real scalar of the model's output, which the gradient colouring, the gradient in
+    the Values tab and the backward NaN search differentiate (the ``grad_of`` of
+    `yax.capture` and `yax.first_nonfinite`). ``kind``: ``"loss"`` (the explorer's
+    ``grad_of``), ``"logit"`` (``out[0, ..., -1, index]`` of the output's logits, the
+    argmax at that position when ``index`` is None) or ``"sum"`` (the sum of the logits).
+    The logits are the output's ``.logits`` (Hugging Face), else its first floating array.
+
+    One object per kind and index (`Inspector.scalar`): yax compiles once per function."""
+
+    def __init__(self, kind: str, index: int | None = None, loss: Any = None):
+        self.kind, self.index, self.loss = kind, index, loss
+
+    @property
+    def key(self) -> tuple:
+        return (self.kind, self.index)
+
+    @staticmethod
+    def logits(out: Any) -> tuple[str, Any]:
+        """The array the logit and the sum are taken of, and its name."""
+        found = getattr(out, "logits", None)
+        if hasattr(found, "dtype") and jnp.issubdtype(found.dtype, jnp.floating):
+            return "logits", found
+        for path, x in jax.tree_util.tree_flatten_with_path(out)[0]:
+            if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating):
+                return "out" + jax.tree_util.keystr(path), x
+        raise yax.YaxInputError("The model's output holds no floating array, so it has no logit or sum to "
+                                "differentiate. Open the explorer with `grad_of=` a function of the output "
+                                "giving a scalar, and colour by the gradient of the loss.")
+
+    @staticmethod
+    def position(x: Any) -> tuple[int, ...]:
+        """Where the logit is read before its last axis: the first example, the last position."""
+        return () if x.ndim <= 1 else (0,) if x.ndim == 2 else (0,) * (x.ndim - 2) + (-1,)
+
+    def chosen(self, out: Any) -> Any:
+        """The logit's index: the one given, else the argmax at `position` (jittable); -1 for a sum or loss."""
+        if self.kind != "logit":
+            return jnp.int32(-1)
+        _, x = self.logits(out)
+        if not x.ndim:
+            return jnp.int32(-1)
+        if self.index is not None:
+            if not 0 <= self.index < x.shape[-1]:
+                raise yax.YaxInputError(f"The logit index {self.index} is out of range: the output's logits have "
+                                        f"{x.shape[-1]} entries along their last axis. Give an index from 0 to "
+                                        f"{x.shape[-1] - 1}, or leave it empty for the argmax.")
+            return jnp.int32(self.index)
+        return jnp.argmax(jax.lax.stop_gradient(x[self.position(x)])).astype(jnp.int32)
+
+    def __call__(self, out: Any) -> Any:
+        if self.kind == "loss":
+            return self.loss(out)
+        _, x = self.logits(out)
+        if self.kind == "sum":
+            return x.sum(dtype=jnp.float32)
+        if not x.ndim:
+            return x.astype(jnp.float32)
+        return x[self.position(x)][self.chosen(out)].astype(jnp.float32)
+
+    def describe(self, leaf: tuple[str, int] | None = None, index: int = -1) -> str:
+        """What is differentiated, as the legend says it: ``logits[0, -1, 1234] (argmax)``.
+        ``leaf``: the name and rank of the output's logits; ``index``: the logit's (-1: not known)."""
+        if self.kind == "loss":
+            name = getattr(self.loss, "__name__", "")
+            return f"{name if name.isidentifier() else 'grad_of'}(output)"
+        name, ndim = leaf or ("logits", 3)
+        if self.kind == "sum":
+            return f"sum({name})"
+        if not ndim:
+            return name
+        pos = () if ndim <= 1 else (0,) if ndim == 2 else (0,) * (ndim - 2) + (-1,)
+        at = [*map(str, pos), str(index) if index >= 0 else "argmax"]
+        return f"{name}[{', '.join(at)}]" + (" (argmax)" if self.index is None and index >= 0 else "")
+
+
+class _GradProgram:
+    """One jitted program per model and `Scalar`: the gradient of the scalar at every
+    capturable call's outputs (`yax.capture` with ``grad_of``: one forward and one
+    backward pass), kept on the device, and what the colouring needs of each: their
+    norm, zeros and NaN or Inf (`_light`), ``sum(gradient × output)`` (`_dots`), the
+    logit's index and the scalar's value.
+
+    ``where`` (set while tracing) maps a row id to its outputs: ``(name, index in the
+    program's gradients or None, type, shape, scan steps, why none)``."""
+
+    def __init__(self, mox: yax.Mox, scalar: Scalar):
+        self.where: dict[int, list[tuple]] = {}
+        self.leaf: tuple[str, int] | None = None  # the logits' name and rank (set while tracing)
+        calls = capturable_calls(mox)
+        keys, ids = capture_keys(mox), node_ids(mox)
+        rows = [ids[id(c)] for c in calls]
+        ref = weakref.ref(mox)
+
+        def program(dyn: list, template: tuple) -> tuple:
+            leaves, tree = template
+            m = ref()
+            leaves = list(leaves)
+            for i, x in zip(m.dyn_in, dyn):
+                leaves[i] = x
+            args, kwargs = jax.tree_util.tree_unflatten(tree, leaves)
+            out, got, grads = yax.capture(calls, m, *args, grad_of=scalar, **kwargs) if calls else \
+                (yax.eval_mox(m, *args, **kwargs), {}, {})
+            gs: list[Any] = []
+            xs: list[Any] = []
+            for rid, c in zip(rows, calls):
+                given = dict(jax.tree_util.tree_flatten_with_path(grads[keys[id(c)]])[0])
+                found = [(p, x) for p, x in jax.tree_util.tree_flatten_with_path(got[keys[id(c)]])[0]
+                         if hasattr(x, "dtype")]
+                entries = []
+                for k, (path, x) in enumerate(found[:MAX_OUTPUTS]):
+                    nd = len(c.outputs[k].shape) if len(c.outputs) == len(found) else x.ndim
+                    g = given.get(path)
+                    why = "" if g is not None and jnp.issubdtype(x.dtype, jnp.floating) and \
+                        jnp.issubdtype(g.dtype, jnp.floating) else \
+                        f"a {type_str(x)} output has no gradient" if not jnp.issubdtype(x.dtype, jnp.inexact) else \
+                        f"a {type_str(x)} output: its gradient is not shown"
+                    entries.append(("out" + jax.tree_util.keystr(path), None if why else len(gs), type_str(x),
+                                    tuple(x.shape), tuple(x.shape[:x.ndim - nd]), why))
+                    if not why:
+                        gs.append(g)
+                        xs.append(x)
+                self.where[rid] = entries
+            chosen = scalar.chosen(out)
+            if scalar.kind != "loss":
+                name, x = scalar.logits(out)
+                self.leaf = (name, x.ndim)
+            return gs, _light(gs), _dots(gs, xs), chosen, scalar(out)
+
+        self.run = jax.jit(program, static_argnums=1)
+
+
+_grad_programs: weakref.WeakKeyDictionary[yax.Mox, dict] = weakref.WeakKeyDictionary()
+
+
+class _Gradients:
+    """The gradient of one `Scalar` at every capturable call's outputs, of one model on
+    one batch, kept on the device; what the colouring needs crosses to the host."""
+
+    def __init__(self, mox: yax.Mox, scalar: Scalar, args: tuple, kwargs: dict, batch: str):
+        progs = _grad_programs.setdefault(mox, {})
+        prog = progs.get(scalar.key)
+        if prog is None:
+            prog = progs[scalar.key] = _GradProgram(mox, scalar)
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        self.grads, light, dots, chosen, value = prog.run([leaves[i] for i in mox.dyn_in], _Static(leaves, tree, mox))
+        self.light, self.dots, chosen, value = jax.device_get((light, dots, chosen, value))
+        self.program, self.scalar, self.batch = prog, scalar, batch
+        self.index = int(chosen)
+        self.value = _number(value)
+        self.overlay: dict[str, Any] | None = None
+
+    def what(self) -> str:
+        """The scalar differentiated: ``logits[0, -1, 1234] (argmax)``."""
+        return self.scalar.describe(self.program.leaf, self.index)
+
+    def label(self) -> str:
+        """What was differentiated: ``d logits[0, -1, 1234] (argmax) / d output of each row, batch `example```."""
+        return f"d {self.what()} / d output of each row, batch `{self.batch}`"
+
+    def rows(self) -> tuple[dict[int, float | None], dict[int, float | None], dict[int, str]]:
+        """Per row id: the norm of its outputs' gradient, ``sum(gradient × output)``, and why a
+        row has no colour (or what its numbers leave out)."""
+        if self.overlay is None:
+            norms: dict[int, float | None] = {}
+            gxa: dict[int, float | None] = {}
+            why: dict[int, str] = {}
+            for rid, at in self.program.where.items():
+                sq = dot = zeros = bad = size = 0.0
+                reasons = []
+                for _, i, _, shape, _, reason in at:
+                    if i is None:
+                        reasons.append(reason)
+                        continue
+                    norm, z, nf = (float(v) for v in self.light[i])
+                    n = math.prod(shape)
+                    z -= max(1, -(-n // CHUNK)) * CHUNK - n  # the padding of its last chunk (see `_light`)
+                    sq += norm ** 2 if nf < n else 0.0
+                    dot += float(self.dots[i])
+                    zeros, bad, size = zeros + z, bad + nf, size + n
+                if not size:
+                    norms[rid] = gxa[rid] = None
+                    why[rid] = "; ".join(dict.fromkeys(reasons)) or "this call has no array outputs"
+                elif bad == size:
+                    norms[rid] = gxa[rid] = None
+                    why[rid] = "every value of its gradient is NaN or Inf"
+                elif zeros == size:
+                    norms[rid] = gxa[rid] = None
+                    why[rid] = "its gradient is zero everywhere: the scalar does not depend on its outputs"
+                else:
+                    norms[rid], gxa[rid] = _number(math.sqrt(sq)), _number(dot)
+                    notes = [f"{int(bad):,} NaN or Inf in its gradient left out"] if bad else []
+                    notes += [f"{r} (left out)" for r in dict.fromkeys(reasons)]
+                    if notes:
+                        why[rid] = "; ".join(notes)
+            self.overlay = {"norms": norms, "gxa": gxa, "why": why}
+        o = self.overlay
+        return o["norms"], o["gxa"], o["why"]
+
+    def entries(self, rid: int) -> list[dict] | None:
+        """The Values tab's gradient entries of call row ``rid`` (summaries of its outputs' gradients)."""
+        at = self.program.where.get(rid)
+        if at is None:
+            return None
+        out = []
+        for name, i, type_, shape, steps, why in at:
+            if i is None:
+                out.append({"name": name, "type": type_, "shape": list(shape), "why": why})
+            else:
+                g = self.grads[i]
+                out.append(_entry(name, type_str(g), shape, steps, *jax.device_get(_summarize(g))))
+        return out
 
 
 class _Boundaries:
@@ -278,16 +513,44 @@ def _entries(node: Any, value: Any) -> tuple[list[dict], int]:
 
 class Inspector:
     """The values pane and the colouring of one `Session`: each row's values on the
-    batch in use, computed on the device and kept per model, batch and row."""
+    batch in use, computed on the device and kept per model, batch and row; with a
+    gradient colouring, the gradient of its `Scalar` at each row too."""
 
     def __init__(self, session: Session):
         self._session = session
         self._bounds: tuple[Any, str, _Boundaries] | None = None  # (model, batch, its boundaries): the latest
         self._shown: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(batch, id): entry}
+        self._grads: tuple[Any, str, tuple, _Gradients] | None = None  # (model, batch, scalar key, gradients)
+        self._gshown: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(batch, key, id): grad}
+        self._scalars: dict[tuple, Scalar] = {}
+        self.active: Scalar | None = None  # the scalar a gradient colouring differentiates: the Values tab shows it
 
     def clear(self) -> None:
         """Let go of every value held."""
         self._bounds, self._shown = None, weakref.WeakKeyDictionary()
+        self._grads, self._gshown = None, weakref.WeakKeyDictionary()
+
+    def scalars(self) -> list[dict]:
+        """The scalars the UI offers to differentiate, the default first."""
+        kinds = ["loss", "logit", "sum"] if self._session._grad_of is not None else ["logit", "sum"]
+        return [{"name": k, "label": SCALARS[k]} for k in kinds]
+
+    def scalar(self, kind: Any, index: Any = None) -> Scalar:
+        """The `Scalar` of ``kind`` and ``index``: one object each, so that each compiles once."""
+        if kind not in SCALARS or (kind == "loss" and self._session._grad_of is None):
+            offered = ", ".join(s["name"] for s in self.scalars())
+            raise yax.YaxInputError(f"The gradient is taken of one of {offered}; not {str(kind)[:40]!r}"
+                                    + (" (the explorer was opened without `grad_of`)" if kind == "loss" else "")
+                                    + ".")
+        if index is not None and (kind != "logit" or not isinstance(index, int) or isinstance(index, bool)
+                                  or index < 0):
+            raise yax.YaxInputError(f"A logit's index is a whole number from 0, not {str(index)[:40]!r}; "
+                                    "only `logit` takes one.")
+        key = (kind, index)
+        found = self._scalars.get(key)
+        if found is None:
+            found = self._scalars[key] = Scalar(kind, index, self._session._grad_of)
+        return found
 
     def values(self, target: Any) -> dict[str, ValueStats]:
         """Statistics of the outputs of ``target`` (a node of the current model,
@@ -310,8 +573,20 @@ class Inspector:
             self._bounds = (mox, s.batch, _Boundaries(mox, args, kwargs))
         return self._bounds[2]
 
+    def gradients(self, scalar: Scalar) -> _Gradients:
+        """The gradient of ``scalar`` at every call row of the current model on the batch in use."""
+        s = self._session
+        mox = s.mox
+        g = self._grads
+        if g is None or g[0] is not mox or g[1] != s.batch or g[2] != scalar.key:
+            self._grads = None  # let go of the previous gradients first
+            args, kwargs = s.call_args()
+            self._grads = (mox, s.batch, scalar.key, _Gradients(mox, scalar, args, kwargs, s.batch))
+        return self._grads[3]
+
     def row(self, node: Any) -> dict:
-        """The values pane's state for ``node`` (cached per model, batch and node)."""
+        """The values pane's state for ``node`` (cached per model, batch and node), with
+        the gradient of the `active` scalar at its outputs when a gradient colouring is on."""
         s = self._session
         mox = s.mox
         args, kwargs = s.call_args()
@@ -320,19 +595,41 @@ class Inspector:
             raise yax.YaxInputError(f"{where(node).capitalize()} is not part of the current model. "
                                     "Query `explorer.mox` for it.")
         cache = self._shown.setdefault(mox, {})
-        hit = cache.get((s.batch, rid))
+        entry = cache.get((s.batch, rid))
+        if entry is None:
+            t = time.perf_counter()
+            found = self.boundaries().entries(rid) if isinstance(node, yax.Mox) else None
+            if found is None:  # an equation (or a call inside a loop or branch: refused, saying why)
+                _, got = yax.capture(node, mox, *args, **kwargs)
+                found = _entries(node, got[capture_keys(mox)[id(node)]])
+            outputs, more = found
+            cache[(s.batch, rid)] = entry = {
+                "id": rid, "key": capture_keys(mox)[id(node)], "batch": s.batch, "outputs": outputs, "more": more,
+                "seconds": round(time.perf_counter() - t, 3)}
+        if self.active is None:
+            return entry
+        return {**entry, "grad": self.grad_row(node, rid, self.active)}
+
+    def grad_row(self, node: Any, rid: int, scalar: Scalar) -> dict:
+        """The gradient of ``scalar`` at ``node``'s outputs, summarised as its values are."""
+        s = self._session
+        mox = s.mox
+        cache = self._gshown.setdefault(mox, {})
+        hit = cache.get((s.batch, scalar.key, rid))
         if hit is not None:
             return hit
         t = time.perf_counter()
-        found = self.boundaries().entries(rid) if isinstance(node, yax.Mox) else None
-        if found is None:  # an equation (or a call inside a loop or branch: refused, saying why)
-            _, got = yax.capture(node, mox, *args, **kwargs)
-            found = _entries(node, got[capture_keys(mox)[id(node)]])
-        outputs, more = found
-        cache[(s.batch, rid)] = entry = {
-            "id": rid, "key": capture_keys(mox)[id(node)], "batch": s.batch, "outputs": outputs, "more": more,
+        grads = self.gradients(scalar)
+        outputs = grads.entries(rid) if isinstance(node, yax.Mox) else None
+        if outputs is None:  # an equation: its own capture with the gradient
+            args, kwargs = s.call_args()
+            _, got, gs = yax.capture(node, mox, *args, grad_of=scalar, **kwargs)
+            k = capture_keys(mox)[id(node)]
+            outputs = _grad_entries(node, got[k], gs[k])
+        cache[(s.batch, scalar.key, rid)] = found = {
+            "label": grads.label(), "what": grads.what(), "scalar": grads.value, "outputs": outputs,
             "seconds": round(time.perf_counter() - t, 3)}
-        return entry
+        return found
 
     def show(self, node: Any) -> dict:
         """Show ``node``'s values in the pane."""
@@ -340,27 +637,57 @@ class Inspector:
         self._session.show(values=entry)
         return entry
 
-    def paint(self, stat: str) -> None:
-        """Paint every call row by ``stat`` ("off": nothing)."""
+    def paint(self, stat: str, scalar: Any = None, index: Any = None) -> None:
+        """Paint every call row by ``stat`` ("off": nothing); a gradient statistic
+        (`GRAD_STATS`) by the gradient of the scalar ``scalar`` (`Scalar`; its default:
+        the loss when the explorer has `grad_of`, else the logit) with ``index``."""
         if stat not in ("off", *STATS):
             raise yax.YaxInputError(f"The tree is painted by one of off, {', '.join(STATS)}; not {str(stat)[:40]!r}.")
-        if stat == "off":
-            self._session.show(overlay={})
-            return
-        t = time.perf_counter()
-        col = list(STATS).index(stat)
-        vals = {str(rid): _number(v[col]) for rid, v in self.boundaries().stats().items()}
-        shown = [v for v in vals.values() if v is not None]
-        self._session.show(overlay={
-            "stat": stat, "label": STATS[stat], "batch": self._session.batch, "values": vals,
-            "lo": min(shown) if shown else None, "hi": max(shown) if shown else None,
-            "rows": len(vals), "seconds": round(time.perf_counter() - t, 3)})
+        before = self.active
+        if stat not in GRAD_STATS:
+            self.active = None
+            if stat == "off":
+                self._session.show(overlay={})
+            else:
+                t = time.perf_counter()
+                col = list(STATS).index(stat)
+                vals = {str(rid): _number(v[col]) for rid, v in self.boundaries().stats().items()}
+                shown = [v for v in vals.values() if v is not None]
+                self._session.show(overlay={
+                    "stat": stat, "label": STATS[stat], "batch": self._session.batch, "values": vals,
+                    "lo": min(shown) if shown else None, "hi": max(shown) if shown else None,
+                    "rows": len(vals), "seconds": round(time.perf_counter() - t, 3)})
+        else:
+            t = time.perf_counter()
+            sc = self.scalar(scalar or self.scalars()[0]["name"], index)
+            grads = self.gradients(sc)
+            norms, gxa, why = grads.rows()
+            got = norms if stat == "grad" else gxa
+            vals = {str(rid): v for rid, v in got.items()}
+            shown = [v for v in vals.values() if v is not None]
+            self.active = sc
+            self._session.show(overlay={
+                "stat": stat, "label": STATS[stat], "batch": self._session.batch, "values": vals,
+                "why": {str(rid): w for rid, w in why.items()},
+                "scalar": {"name": sc.kind, "index": sc.index, "chosen": grads.index if grads.index >= 0 else None,
+                           "label": grads.label(), "what": grads.what(), "value": grads.value},
+                "lo": min(shown) if shown else None, "hi": max(shown) if shown else None,
+                "rows": len(vals), "seconds": round(time.perf_counter() - t, 3)})
+        if self.active is not before:  # the Values tab shows the gradient with the values, or no more
+            rid = self._session.state["values"].get("id")
+            if rid is not None:
+                try:
+                    self.show(self._session.node(rid))
+                except yax.YaxError:
+                    self._session.show(values={})
 
     def batch_changed(self) -> None:
         """The batch in use changed: paint and show the selected row's values on it."""
         s = self._session
-        if s.state["overlay"].get("stat"):
-            self.paint(s.state["overlay"]["stat"])
+        o = s.state["overlay"]
+        if o.get("stat"):
+            sc = o.get("scalar") or {}
+            self.paint(o["stat"], sc.get("name"), sc.get("index"))
         rid = s.state["values"].get("id")
         if rid is not None:
             try:
@@ -368,14 +695,23 @@ class Inspector:
             except Exception:  # the row is another model's: the pane waits for a selection
                 s.show(values={})
 
-    def nonfinite(self) -> dict:
-        """Where the first NaN or Inf of the current model on the batch in use is:
+    def nonfinite(self, scalar: Scalar | None = None) -> dict:
+        """Where the first NaN or Inf of the current model on the batch in use is (with
+        ``scalar``: of the gradient of that scalar, with respect to the parameters):
         the reply the front-end selects a row by."""
         s = self._session
         args, kwargs = s.call_args()
-        found = yax.first_nonfinite(s.mox, *args, **kwargs)
+        if scalar is None:
+            found = yax.first_nonfinite(s.mox, *args, **kwargs)
+        else:
+            found = yax.first_nonfinite(s.mox, *args, grad_of=scalar, **kwargs)
+        what = "" if scalar is None else f", gradient of {scalar.describe(self._leaf(scalar))}"
         if found is None:
-            return {"found": False, "message": f"No NaN or Inf: every value is finite on the batch `{s.batch}`."}
+            if scalar is None:
+                return {"found": False, "message": f"No NaN or Inf: every value is finite on the batch `{s.batch}`."}
+            return {"found": False, "message": f"No NaN or Inf in the gradient: every gradient of "
+                                               f"{scalar.describe(self._leaf(scalar))} is finite on the batch "
+                                               f"`{s.batch}`."}
         ids = node_ids(s.mox)
         # the first line (an equation's) or paragraph (an argument's: its layer and first reader)
         head = str(found).split("\n")[0] if found.equation is not None else \
@@ -383,7 +719,35 @@ class Inspector:
         first = found.equation or found.reader
         return {"found": True, "id": ids.get(id(found.call)) if found.call is not None else None,
                 "eq": ids.get(id(first)) if first is not None else None,
-                "step": list(found.step), "message": f"{head} (batch `{s.batch}`)", "detail": str(found.output)}
+                "step": list(found.step), "message": f"{head} (batch `{s.batch}`{what})", "detail": str(found.output)}
+
+    def _leaf(self, scalar: Scalar) -> tuple[str, int] | None:
+        """The logits' name and rank for ``scalar``'s description, read off the model's traced outputs."""
+        if scalar.kind == "loss":
+            return None
+        mox = self._session.mox
+        name, x = scalar.logits(mox.sig.results([jax.ShapeDtypeStruct(o.shape, o.dtype) for o in mox.outputs]))
+        return name, len(x.shape)
+
+
+def _grad_entries(node: Any, value: Any, grad: Any) -> list[dict]:
+    """The gradient entries of an equation's captured ``value`` and its gradient ``grad``."""
+    given = dict(jax.tree_util.tree_flatten_with_path(grad)[0])
+    leaves = [(p, x) for p, x in jax.tree_util.tree_flatten_with_path(value)[0] if hasattr(x, "dtype")]
+    traced = list(node.outputs)
+    out = []
+    for k, (path, x) in enumerate(leaves[:MAX_OUTPUTS]):
+        g = given.get(path)
+        name = "out" + jax.tree_util.keystr(path)
+        if g is None or not jnp.issubdtype(x.dtype, jnp.floating) or not jnp.issubdtype(g.dtype, jnp.floating):
+            why = f"a {type_str(x)} output has no gradient" if not jnp.issubdtype(x.dtype, jnp.inexact) else \
+                f"a {type_str(x)} output: its gradient is not shown"
+            out.append({"name": name, "type": type_str(x), "shape": list(x.shape), "why": why})
+            continue
+        nd = len(traced[k].shape) if len(traced) == len(leaves) else x.ndim
+        out.append(_entry(name, type_str(g), tuple(g.shape), tuple(g.shape[:g.ndim - nd]),
+                          *jax.device_get(_summarize(g))))
+    return out
 
 
 # -- batches -------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import { renderCompare } from "./panes/compare.js";
 import { renderDiff } from "./panes/diff.js";
 import { createGraphPane } from "./panes/graph.js";
 import { renderHistory } from "./panes/history.js";
+import { createSourcePane } from "./panes/source.js";
 import { paletteItems } from "./panes/palette.js";
 import { createTabs } from "./panes/tabs.js";
 import { createValues } from "./panes/values.js";
@@ -44,6 +45,7 @@ function sidePanes() {
     History: h("div", { class: "yax-history-pane" }),
     Graph: h("div", { class: "yax-graph" }),
     Code: h("div", { class: "yax-code-pane" }),
+    Source: h("div", { class: "yax-source-pane" }),
   };
 }
 
@@ -129,7 +131,7 @@ function connectButtons({ buttons, request, failed, change, tabs, panes, view, c
 
 /** What each trait's change updates: {trait: handler}. */
 function traitHandlers({ model, view, query, status, panes, buttons, palette, root, controls, refreshCode, graph, tabs,
-  values, request, failed, change }) {
+  values, source, request, failed, change }) {
   const matches = () => {
     controls.at.textContent = "";
     return view.showMatches(model.get("_matches") || [], model.get("_match_owners") || {});
@@ -155,6 +157,8 @@ function traitHandlers({ model, view, query, status, panes, buttons, palette, ro
       matches();
       diff();
       if (tabs.current() === "Graph") graph.show(selectedCall(view)); // by the new model's ids
+      source.reset(); // ids change with the model: asked again
+      if (tabs.current() === "Source") source.show(view.selected);
       values.rowsChanged();
     },
     _matches: matches,
@@ -227,6 +231,7 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS, snapshot = n
       graph.show(selectedCall(view));
     }
     if (title === "Values") values.shown();
+    if (title === "Source") source.show(view.selected);
     if (title === "Code" && !code.shown) {
       code.shown = true;
       refreshCode();
@@ -237,6 +242,7 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS, snapshot = n
     onMatchesShown: (ids) => { root.dataset.matchIds = ids.join(","); },
     onSelect: () => {
       if (tabs.current() === "Graph") graph.show(selectedCall(view));
+      if (tabs.current() === "Source") source.show(view.selected);
       values.select(view.selected);
     } });
   const look = () => {
@@ -246,6 +252,7 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS, snapshot = n
   };
   const graph = createGraphPane({ el: panes.Graph, request, look,
     onPick: (id) => view.reveal(id) });
+  const source = createSourcePane({ el: panes.Source, request });
   const query = createQueryBox({ model, request, onFailure: failed, onDrop: (name) => substitute("query", name) });
   const controls = treeControls();
   const buttons = toolbarButtons();
@@ -279,7 +286,7 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS, snapshot = n
   connectControls({ controls, view });
   connectButtons({ buttons, request, failed, change, tabs, panes, view, code, graph, controls });
   const sync = traitHandlers({ model, view, query, status, tabs, panes, buttons, palette, root, controls, refreshCode, graph,
-    values, request, failed, change });
+    values, source, request, failed, change });
   for (const [trait, f] of Object.entries(sync)) on(`change:${trait}`, f);
 
   view.setRows(treeRows(model.get("_tree")), "");

@@ -1,7 +1,7 @@
 // The explorer as a snapshot (`Explorer.save_html`, yax_widget/_snapshot.py): the page renders
 // the same front-end from a read-only stand-in for the anywidget model, which serves the traits
 // the kernel recorded and answers the requests it recorded (the equations of the calls, the
-// selected row's values, its graph, the code) with the kernel's replies. Any other request is
+// selected row's values, its graph and source lines, the code) with the kernel's replies. Any other request is
 // answered with a sentence saying the page is a snapshot and this needs the live kernel, and the
 // controls that would send one are disabled, with that sentence as their tooltip. Also here: what
 // the Save HTML button tells the kernel of the view (`viewState`), and how the page puts that view
@@ -14,7 +14,7 @@ const DOES = {
   substitute: "make a change", undo: "undo a change", redo: "redo a change", goto: "go to another state of the history",
   compare_base: "compare with another state", export: "export the model", snapshot: "save another snapshot",
   equations: "list the equations of these calls", code: "write the code", graph: "draw this graph",
-  values: "show the values of this row",
+  values: "show the values of this row", source: "show the source lines of this row",
   overlay: "colour the rows by another statistic", batch: "use another batch", nonfinite: "search for NaN and Inf",
 };
 
@@ -30,6 +30,8 @@ const LOCKED = [
   [".yax-undo", DOES.undo], [".yax-redo", DOES.redo], [".yax-export", DOES.export],
   [".yax-save-html", DOES.snapshot], [".yax-replace", DOES.fits],
   ["select.yax-batch", DOES.batch], ["select.yax-colour", DOES.overlay], [".yax-find-nan", DOES.nonfinite],
+  ["select.yax-scalar", "take the gradient of another scalar"], [".yax-logit-index", "take the gradient of another logit"],
+  [".yax-find-grad-nan", "search the gradient for NaN and Inf"],
   [".yax-compare-base", DOES.compare_base], [".yax-graph-depth", "draw the graph at another depth"],
   [".yax-palette-item", "replace a layer"], [".yax-history-item", DOES.goto],
 ];
@@ -165,6 +167,13 @@ export async function restoreView({ model, root, view, tabs, controls, panes, sh
   const colour = root.querySelector("select.yax-colour");
   if (overlay.stat && colour) {
     colour.value = overlay.stat;
+    const scalar = root.querySelector("select.yax-scalar");
+    const index = root.querySelector(".yax-logit-index");
+    if (overlay.scalar && scalar && index) { // the scalar a gradient colouring took, as chosen then
+      scalar.value = overlay.scalar.name;
+      index.value = overlay.scalar.index ?? "";
+      index.hidden = overlay.scalar.name !== "logit";
+    }
     model.emit("change:_overlay"); // painted as when the kernel sent it
   }
   if (v.selected !== null && v.selected !== undefined) view.select(v.selected, false);

@@ -85,6 +85,7 @@ export function rowElement(node, i, look, offs = null) {
     : h("span", { class: "yax-toggle yax-leaf" }, "");
   const title = [node.type && node.fields ? `${node.type}(${node.fields})` : node.fields,
     node.sharding && `sharding: ${node.sharding}`,  // its parameters' PartitionSpecs (a sharded model)
+    node.source && `source: ${node.source}`,  // the user's line calling it (an equation: making it)
     b && boundaryTitle(b) + (t && t.n > 1 ? ` (the most diverging of ${t.n})` : ""),
     t && foldTitle(node, offs)].filter(Boolean).join("\n") || undefined;
   return h("div", {

@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { ramp } from "../src/format.js";
-import { heatPixels, overlayColor, valuesCaption } from "../src/panes/values.js";
+import { diverging, heatPixels, overlayColor, overlayEntry, scalarChoice, valuesCaption } from "../src/panes/values.js";
 
 test("the histogram's caption says the real range, one value, or none", () => {
   assert.equal(valuesCaption({ lo: -1.5, hi: 2, n: 1000 }), "values from -1.50 to 2.00 (1,000 finite)");
@@ -31,4 +31,36 @@ test("a heatmap paints NaN and Inf apart from the smallest value", () => {
   assert.deepEqual([...px.slice(4, 7)], ramp(1));
   assert.deepEqual([...px.slice(8, 11)], [230, 30, 60]);
   assert.deepEqual([...px.slice(12, 15)], [230, 30, 60]);
+});
+
+test("gradient norms are on the norm's log scale; gradient × activation on a signed diverging scale", () => {
+  const rgb = (t) => `rgb(${ramp(t).join(", ")})`;
+  assert.equal(overlayColor("grad", 10, 1, 100), rgb(0.5));
+  assert.equal(overlayColor("gxa", 2, -4, 1), `rgb(${diverging(0.5).join(", ")})`); // scaled by max |x| = 4
+  assert.equal(overlayColor("gxa", -4, -4, 1), `rgb(${diverging(-1).join(", ")})`);
+  assert.deepEqual(diverging(0), [236, 236, 236]);
+  assert.deepEqual(diverging(1), [200, 40, 40]);
+  assert.deepEqual(diverging(-1), [40, 90, 200]);
+  assert.equal(overlayColor("gxa", 0, 0, 0), `rgb(${diverging(0).join(", ")})`); // all zero: the middle, no NaN
+  assert.equal(overlayColor("grad", null, 0, 1), null);
+});
+
+test("a row without a gradient gets a hollow mark saying why, never a number", () => {
+  const o = { stat: "grad", label: "gradient norm", lo: 1, hi: 4, why: { 3: "its gradient is zero everywhere" },
+    scalar: { label: "d logits[0, -1, 7] (argmax) / d output of each row, batch `example`" } };
+  assert.deepEqual(overlayEntry(o, "3", null), { color: "transparent", title: "no gradient: its gradient is zero everywhere",
+    x: -Infinity });
+  assert.equal(overlayEntry({ ...o, why: {} }, "5", null), null); // nothing said: nothing drawn
+  const e = overlayEntry(o, "4", 2);
+  assert.match(e.title, /^gradient norm: 2\.00 \(d logits\[0, -1, 7\] \(argmax\)/);
+  const s = overlayEntry({ ...o, stat: "gxa", label: "gradient × activation", lo: -3, hi: 1 }, "4", -3);
+  assert.equal(s.x, 3); // a folded run shows the largest magnitude
+});
+
+test("the scalar chosen: a logit's index is a whole number or empty for the argmax", () => {
+  assert.deepEqual(scalarChoice("logit", ""), { scalar: "logit", index: null });
+  assert.deepEqual(scalarChoice("logit", " 12 "), { scalar: "logit", index: 12 });
+  assert.deepEqual(scalarChoice("sum", "3"), { scalar: "sum", index: null }); // only a logit takes one
+  assert.throws(() => scalarChoice("logit", "-1"), /whole number from 0/);
+  assert.throws(() => scalarChoice("logit", "1.5"), /whole number from 0/);
 });

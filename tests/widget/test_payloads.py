@@ -155,3 +155,36 @@ def test_a_lora_row_shows_the_layer_it_adapts_not_its_internals():
     (row,) = [r for r in tree(mox, 1)["rows"] if r[4] == "LoRA"]
     assert row[5] == "alpha=4.0 base=Conv(in_features=3, out_features=8, kernel_size=(3, 3)) rank=2"  # no in_axes
     assert "partial" not in row[10] and "0x" not in row[10]
+
+
+def test_rows_carry_the_users_line_and_the_source_request_reads_it(model):
+    """Column 15 of a call row (5 of an equation row) is where the user's code made it, the
+    `source` reply the lines around it as the file reads (the Source tab)."""
+    import os
+    import re
+
+    ex = explorer(model)
+    nodes = view(ex.mox).nodes
+    rows = ex._tree["rows"]
+    for r in rows:
+        loc = nodes[r[0]].source
+        assert r[15] == ("" if loc is None else str(loc))
+    dense = next(r for r in rows if r[4] == "Dense")
+    assert re.fullmatch(r"models\.py:\d+", dense[15])
+    eqs = ask(ex, rid=1, type="expand", id=dense[0])["rows"]
+    assert eqs and all(e[5] == str(nodes[e[0]].source) for e in eqs)
+    reply = ask(ex, rid=2, type="source", id=dense[0])
+    loc = nodes[dense[0]].source
+    assert reply["type"] == "ok" and (reply["file"], reply["path"], reply["line"]) == ("models.py", loc.path, loc.line)
+    assert os.path.basename(loc.path) == "models.py" and reply["note"] == ""
+    with open(loc.path) as f:
+        text = f.read().splitlines()
+    numbers = [n for n, _ in reply["lines"]]
+    assert numbers == list(range(max(1, loc.line - 8), min(len(text), loc.line + 8) + 1))
+    assert all(t == text[n - 1] for n, t in reply["lines"])
+    # a node with no line of the user's: no lines, one sentence saying why
+    bare = next((i for i, n in enumerate(nodes) if n is not ex.mox and n.source is None), None)
+    if bare is not None:
+        reply = ask(ex, rid=3, type="source", id=bare)
+        assert reply["lines"] == [] and reply["note"].startswith("JAX recorded no line") and reply["note"].endswith(".")
+    assert ask(ex, rid=4, type="source", id=10**9)["type"] == "error"  # an id the model does not have

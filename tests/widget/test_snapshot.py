@@ -79,6 +79,10 @@ def test_the_file_holds_the_state_the_kernel_computed_and_the_bundle_once(change
                                                            if k != "rid"}
     assert replies(data)[key(type="code")]["code"] == ex.code()
     assert "digraph" in replies(data)[key(type="graph", id=block, depth=1)]["dot"]
+    # the selected row's source lines (the Source tab), as `source` answers them; another row's need the kernel
+    assert replies(data)[key(type="source", id=block)] == {k: v for k, v in ask(ex, rid=8, type="source", id=block).items()
+                                                           if k != "rid"}
+    assert not any(r["request"]["type"] == "source" and r["request"]["id"] != block for r in data["replies"])
     # the banner's facts; the bundle and its style inlined once; a page that may reach nothing
     assert data["meta"]["model"] == "Transformer" and data["meta"]["version"] == yax.__version__
     bundle = (STATIC / "widget.js").read_text(encoding="utf-8")
