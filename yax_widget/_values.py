@@ -389,7 +389,7 @@ class _Gradients:
                     why[rid] = "every value of its gradient is NaN or Inf"
                 elif zeros == size:
                     norms[rid] = gxa[rid] = None
-                    why[rid] = "its gradient is zero everywhere: the scalar does not depend on its outputs"
+                    why[rid] = "its gradient is zero everywhere: to first order the scalar does not change with its outputs here"
                 else:
                     norms[rid], gxa[rid] = _number(math.sqrt(sq)), _number(dot)
                     notes = [f"{int(bad):,} NaN or Inf in its gradient left out"] if bad else []

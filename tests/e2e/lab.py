@@ -58,7 +58,11 @@ def jupyterlab(root: pathlib.Path, app: str = "jupyterlab") -> Iterator[str]:
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(json.dumps(value))
     port = _free_port()
-    env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(settings), "JAX_PLATFORMS": "cpu",
+    # the kernels compile as a user's do: without the unit tests' fast-compile flags (tests/conftest.py),
+    # which change what XLA:CPU computes where a value overflows (a LayerNorm of 1e20 gives NaN with them)
+    xla = [f for f in os.environ.get("XLA_FLAGS", "").split()
+           if not f.startswith(("--xla_backend_optimization_level", "--xla_llvm_disable_expensive_passes"))]
+    env = {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(settings), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(xla),
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", app, "--no-browser", "--ip=127.0.0.1", f"--port={port}",
            "--ServerApp.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",

@@ -93,13 +93,14 @@ def test_a_closed_session_refuses_every_command_and_starts_no_thread():
         "export": ask(s, type="export"), "snapshot": ask(s, type="snapshot"), "values": ask(s, type="values", id=1),
         "overlay": ask(s, type="overlay", stat="norm"), "batch": ask(s, type="batch", name="example"),
         "nonfinite": ask(s, type="nonfinite")}
-    assert set(replies) | {"code", "expand", "equations", "graph"} == set(REQUESTS)
+    assert set(replies) | {"code", "expand", "equations", "graph", "source"} == set(REQUESTS)
     for kind, reply in replies.items():
         assert reply["type"] == "error" and "closed" in reply["message"], (kind, reply)
     # reading what was done still answers
     assert ask(s, type="code")["type"] == "ok" and "yax.sub" in ask(s, type="code")["code"]
     assert ask(s, type="graph", depth=1)["type"] == "ok"
     assert ask(s, type="equations", ids=[1])["type"] == "ok"
+    assert ask(s, type="source", id=1)["type"] == "ok"
     for call in (lambda: s.undo(), lambda: s.query("//*"), lambda: s.substitute("//activation", "GELU"),
                  lambda: s.use_batch("example"), lambda: s.values("//activation"), lambda: s.export("x"),
                  lambda: s.add_replacement("x", jax.nn.relu), lambda: s.compare_with("previous")):
