@@ -295,7 +295,7 @@ def test_lora_on_modules_mapped_by_nn_vmap(in_axes, shape):
     m = Ensemble(in_axes=in_axes)
     params = m.init(KEY, x)
     mox = yax.make_mox(m.apply)(params, x)
-    np.testing.assert_allclose(yax.eval_mox(mox, params, x), m.apply(params, x), rtol=1e-6)
+    np.testing.assert_allclose(yax.eval_mox(mox, params, x), m.apply(params, x), rtol=1e-5, atol=1e-7)  # float32, evaluated in another order
     assert yax.internal.misfit(yax.LoRA(rank=2), yax.query('//module_call[@name="heads"]', mox)[0], mox, params=params) is None
     new, lp = yax.sub('//module_call[@name="heads"]', yax.LoRA(rank=2), mox, params=params, key=KEY)
     heads = lp["params"]["heads"]
