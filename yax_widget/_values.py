@@ -82,13 +82,14 @@ CHUNK = 4096  # values per chunk of `_light`
 
 
 def _light(outs: list[Any]) -> Any:
-    """What the colouring needs of each array of ``outs``: ``[norm of the finite values,
-    zeros, NaN or Inf]`` (float32; the zeros count the padding, see below).
+    """What the colouring needs of each array of ``outs``: ``[sum of the squares of the
+    finite values, zeros, NaN or Inf]`` (float32; the zeros count the padding, see below;
+    the sum may overflow: `_norm`).
 
     The arrays are flattened and padded with zeros into chunks of `CHUNK` values,
-    reduced along the chunks and then summed per array: one program of a few large
-    operations (three reductions of each of a 1B model's outputs compiled for seconds;
-    a histogram and a heatmap of each for longer). The full summary of a row
+    reduced along the chunks in one pass and then summed per array: one program of a
+    few large operations (three reductions of each of a 1B model's outputs compiled for
+    seconds; a histogram and a heatmap of each for longer). The full summary of a row
     (`_reduced`) is made when it is selected."""
     rows, seg = [], []
     for n, x in enumerate(outs):
@@ -101,15 +102,18 @@ def _light(outs: list[Any]) -> Any:
     f = jnp.concatenate(rows)  # the padding is zeros: finite, counted as zeros and taken off on the host
     ids = np.asarray(seg, np.int32)
     fin = jnp.isfinite(f)
-    big = jnp.max(jnp.where(fin, jnp.abs(f), 0.0), axis=1)
-    top = jax.ops.segment_max(big, ids, n, indices_are_sorted=True)
-    scale = jnp.where(top > 0, top, 1.0)[ids][:, None]  # sums scaled by the largest |value|: they do not overflow
-    sq = jax.ops.segment_sum(jnp.sum(jnp.square(jnp.where(fin, f, 0.0) / scale), axis=1), ids, n,
-                             indices_are_sorted=True)
-    zeros = jax.ops.segment_sum((f == 0).sum(axis=1, dtype=jnp.int32), ids, n, indices_are_sorted=True)
-    bad = jax.ops.segment_sum((~fin).sum(axis=1, dtype=jnp.int32), ids, n, indices_are_sorted=True)
-    return jnp.stack([jnp.where(top > 0, top, 1.0) * jnp.sqrt(sq), zeros.astype(jnp.float32),
-                      bad.astype(jnp.float32)], axis=1)
+    per = jnp.stack([jnp.where(fin, f * f, 0.0).sum(axis=1), (f == 0).sum(axis=1, dtype=jnp.float32),
+                     (~fin).sum(axis=1, dtype=jnp.float32)], axis=1)
+    return jax.ops.segment_sum(per, ids, n, indices_are_sorted=True)
+
+
+def _norm(squares: float, x: Any) -> float:
+    """The norm of the finite values of ``x`` from their sum of squares (`_light`); where
+    that overflowed, from ``x``'s full summary, whose sums are scaled (made for these
+    outputs alone)."""
+    if math.isfinite(squares):
+        return math.sqrt(squares)
+    return float(jax.device_get(_summarize(x))[1][4])
 
 
 def _floats(x: Any) -> Any:
@@ -375,10 +379,10 @@ class _Gradients:
                     if i is None:
                         reasons.append(reason)
                         continue
-                    norm, z, nf = (float(v) for v in self.light[i])
+                    squares, z, nf = (float(v) for v in self.light[i])
                     n = math.prod(shape)
                     z -= max(1, -(-n // CHUNK)) * CHUNK - n  # the padding of its last chunk (see `_light`)
-                    sq += norm ** 2 if nf < n else 0.0
+                    sq += _norm(squares, self.grads[i]) ** 2 if nf < n else 0.0
                     dot += float(self.dots[i])
                     zeros, bad, size = zeros + z, bad + nf, size + n
                 if not size:
@@ -447,10 +451,10 @@ class _Boundaries:
             for rid, at in self.program.where.items():
                 sq = zeros = bad = size = finite = 0.0
                 for _, i, _, shape, _ in at:
-                    norm, z, nf = (float(v) for v in self.light[i])
+                    squares, z, nf = (float(v) for v in self.light[i])
                     n = math.prod(shape)
                     z -= max(1, -(-n // CHUNK)) * CHUNK - n  # the padding of its last chunk: zeros, not its own
-                    sq += norm ** 2 if nf < n else 0.0
+                    sq += _norm(squares, self.outs[i]) ** 2 if nf < n else 0.0
                     finite, zeros, bad, size = finite + n - nf, zeros + z, bad + nf, size + n
                 # the norm of the finite values: none when there are none
                 norm = math.sqrt(sq) if finite else math.nan

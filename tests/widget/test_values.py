@@ -137,6 +137,29 @@ def test_colouring_paints_every_call_from_one_program(model):
     assert ask(ex, rid=3, type="overlay", stat="mean")["type"] == "error" and ex._overlay == {}
 
 
+class _Scaled(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(4)(x) * 1e20  # finite, but their squares overflow float32
+
+
+class _Huge(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(2, name="small")(_Scaled(name="big")(x) / 1e20)
+
+
+def test_the_norm_of_huge_finite_values_is_their_norm_not_inf():
+    m, x = _Huge(), jnp.linspace(-1, 1, 12).reshape(3, 4)
+    v = m.init(jax.random.key(0), x)
+    ex = Explorer(m, v, x, warm=False)
+    ex.session.inspector.paint("norm")
+    _, got = yax.capture('//module_call[@name="big"]', ex.mox, v, x)
+    want = np.sqrt((np.asarray(got["_Huge/big"], np.float64) ** 2).sum())
+    big = node_ids(ex.mox)[id(yax.query('//module_call[@name="big"]', ex.mox)[0])]
+    assert want > 1e20 and ex._overlay["values"][str(big)] == pytest.approx(want, rel=1e-5)
+
+
 class _LogNet(nn.Module):
     @nn.compact
     def __call__(self, x):
