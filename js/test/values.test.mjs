@@ -45,7 +45,7 @@ test("gradient norms are on the norm's log scale; gradient × activation on a si
   assert.equal(overlayColor("grad", null, 0, 1), null);
 });
 
-test("a row without a gradient gets a hollow mark saying why, never a number", () => {
+test("a row without a gradient gets a hatched mark saying why, never a number", () => {
   const o = { stat: "grad", label: "gradient norm", lo: 1, hi: 4, why: { 3: "its gradient is zero everywhere" },
     scalar: { label: "d logits[0, -1, 7] (argmax) / d output of each row, batch `example`" } };
   assert.deepEqual(overlayEntry(o, "3", null), { color: "transparent", title: "no gradient: its gradient is zero everywhere",

@@ -111,10 +111,12 @@ def _steps(nb: Notebook, lab) -> None:
         r = rows.nth(i)
         chip = r.locator(".yax-ov")
         value = overlay["values"].get(r.get_attribute("data-id"))
-        if value is None:  # no gradient: a hollow mark at most, its tooltip saying why
+        if value is None:  # no gradient: a hatched mark at most, its tooltip saying why
             if chip.count():
                 assert chip.get_attribute("title").startswith("no gradient: ")
+                assert "yax-ov-none" in chip.get_attribute("class")
             continue
+        assert "yax-ov-none" not in chip.get_attribute("class")
         coloured += 1
         title = chip.get_attribute("title")
         assert float(title.split(": ")[1].split(" ")[0]) == pytest.approx(value, rel=6e-3), title

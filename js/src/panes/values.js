@@ -187,7 +187,7 @@ export function overlayLegend(o) {
 function gradLegend(o, n) {
   const none = Object.values(o.values).filter((x) => x === null).length;
   const tail = h("span", { class: "yax-hint" },
-    ` · ${n} of ${o.rows} calls${none ? `; ${none} without a gradient (hollow: hover for why)` : ""}`);
+    ` · ${n} of ${o.rows} calls${none ? `; ${none} without a gradient (hatched: hover for why)` : ""}`);
   const head = h("span", { class: "yax-ov-what" }, `${o.label} of ${o.scalar.label}:`);
   if (o.stat === "gxa") {
     const m = Math.max(Math.abs(o.lo ?? 0), Math.abs(o.hi ?? 0));
@@ -217,7 +217,7 @@ export function scalarChoice(kind, text) {
 }
 
 /** A row's entry in the view's overlay map for the colouring `o`: its colour and tooltip, or, for
- * a row of a gradient colouring with no gradient, a hollow mark whose tooltip says why. */
+ * a row of a gradient colouring with no gradient, a hatched mark whose tooltip says why. */
 export function overlayEntry(o, id, x) {
   const why = (o.why || {})[id];
   if (x === null) return why ? { color: "transparent", title: `no gradient: ${why}`, x: -Infinity } : null;
