@@ -62,6 +62,7 @@ from ._record import CallInfo as CallInfo
 from ._record import marked_call as marked_call
 from ._record import recorder as recorder
 from ._sharding import call_specs as call_specs
+from ._sharding import reduced_stats as reduced_stats
 from ._sharding import spread as spread
 from ._source import Location as Location
 from ._source import lines_around as lines_around

@@ -26,7 +26,7 @@ import numpy as np
 
 import yax
 from yax.errors import arg_name, where
-from yax.internal import ValueStats, capturable_calls, capture_keys, node_ids, type_str
+from yax.internal import ValueStats, capturable_calls, capture_keys, node_ids, reduced_stats, type_str
 
 from ._payloads import HIST_BINS, floats, heat_slice
 
@@ -49,22 +49,15 @@ def _reduced(x: Any) -> tuple[Any, Any, Any, Any, Any]:
     the finite values over ``[min, max]``, the heatmap (`heat_slice` of a 2-D slice)
     and which slice: the first holding a NaN or an Inf, else the first (a flat index
     over the leading axes)."""
+    stats, counts = reduced_stats(x)  # what `yax.compare` and `first_nonfinite` report of an array
+    lo, hi = stats[0], stats[1]
     f = _floats(x)
     fin = jnp.isfinite(f)
-    n = fin.sum(dtype=jnp.int32)
-    nan = jnp.isnan(f).sum(dtype=jnp.int32)
-    posinf = (f == jnp.inf).sum(dtype=jnp.int32)
-    zeros = (f == 0).sum(dtype=jnp.int32)
-    lo = jnp.min(jnp.where(fin, f, jnp.inf), initial=jnp.inf)
-    hi = jnp.max(jnp.where(fin, f, -jnp.inf), initial=-jnp.inf)
-    # sums of values scaled by the largest |value|: the mean, std and norm of large values do not overflow
+    # the norm and the histogram of values scaled by the largest |value|, as those statistics are
     big = jnp.maximum(-lo, hi)
-    big = jnp.where((n > 0) & (big > 0), big, 1.0)
+    big = jnp.where((counts[0] > 0) & (big > 0), big, 1.0)
     s = jnp.where(fin, f, 0.0) / big
-    mean = s.sum() / jnp.maximum(n, 1)
-    std = big * jnp.sqrt(jnp.where(fin, (s - mean) ** 2, 0.0).sum() / jnp.maximum(n, 1))
     norm = big * jnp.sqrt((s * s).sum())
-    counts = jnp.stack([n, nan, posinf, f.size - n - nan - posinf, zeros])
     width = hi / big - lo / big  # scaled too: at most 2
     at = jnp.floor((s - lo / big) / jnp.where(width > 0, width, 1.0) * HIST_BINS)
     at = jnp.where(fin, jnp.clip(at, 0, HIST_BINS - 1), 0).astype(jnp.int32)
@@ -75,36 +68,40 @@ def _reduced(x: Any) -> tuple[Any, Any, Any, Any, Any]:
         k = jnp.argmax(~fin.reshape(slices.shape[0], -1).all(axis=1)).astype(jnp.int32)
         f = slices[k]
     heat = heat_slice(f, "")[0] if f.ndim and f.size else jnp.zeros((0, 0), jnp.float32)
-    return counts, jnp.stack([lo, hi, big * mean, std, norm]), hist, heat, k
+    return counts, jnp.concatenate([stats, norm[None]]), hist, heat, k
 
 
 CHUNK = 4096  # values per chunk of `_light`
 
 
+def _chunked(arrays: list[Any]) -> tuple[Any, Any, Any]:
+    """``arrays`` (float32) flattened and padded with zeros into chunks of `CHUNK`
+    values, stacked: the chunks ``[K, CHUNK]``, the array each chunk belongs to, and
+    each array's padding. Reductions along the chunks, then summed per array, make one
+    program of a few large operations (three reductions of each of a 1B model's
+    outputs compiled for seconds; a histogram and a heatmap of each for longer)."""
+    rows, seg, pad = [], [], []
+    for n, x in enumerate(arrays):
+        k = max(1, -(-x.size // CHUNK))
+        rows.append(jnp.pad(x.ravel(), (0, k * CHUNK - x.size)).reshape(k, CHUNK))
+        seg += [n] * k
+        pad.append(k * CHUNK - x.size)
+    return jnp.concatenate(rows), np.asarray(seg, np.int32), np.asarray(pad, np.float32)
+
+
 def _light(outs: list[Any]) -> Any:
     """What the colouring needs of each array of ``outs``: ``[sum of the squares of the
-    finite values, zeros, NaN or Inf]`` (float32; the zeros count the padding, see below;
-    the sum may overflow: `_norm`).
-
-    The arrays are flattened and padded with zeros into chunks of `CHUNK` values,
-    reduced along the chunks in one pass and then summed per array: one program of a
-    few large operations (three reductions of each of a 1B model's outputs compiled for
-    seconds; a histogram and a heatmap of each for longer). The full summary of a row
-    (`_reduced`) is made when it is selected."""
-    rows, seg = [], []
-    for n, x in enumerate(outs):
-        k = max(1, -(-x.size // CHUNK))
-        rows.append(jnp.pad(_floats(x).ravel(), (0, k * CHUNK - x.size)).reshape(k, CHUNK))
-        seg += [n] * k
-    n = len(outs)
-    if not n:
+    finite values, zeros, NaN or Inf]`` (float32; the sum may overflow: `_norm`), in
+    one pass over `_chunked` outputs. The full summary of a row (`_reduced`) is made
+    when it is selected."""
+    if not outs:
         return jnp.zeros((0, 3), jnp.float32)
-    f = jnp.concatenate(rows)  # the padding is zeros: finite, counted as zeros and taken off on the host
-    ids = np.asarray(seg, np.int32)
+    f, ids, pad = _chunked([_floats(x) for x in outs])
     fin = jnp.isfinite(f)
     per = jnp.stack([jnp.where(fin, f * f, 0.0).sum(axis=1), (f == 0).sum(axis=1, dtype=jnp.float32),
                      (~fin).sum(axis=1, dtype=jnp.float32)], axis=1)
-    return jax.ops.segment_sum(per, ids, n, indices_are_sorted=True)
+    sums = jax.ops.segment_sum(per, ids, len(outs), indices_are_sorted=True)
+    return sums.at[:, 1].add(-pad)  # the padding's zeros are not the array's
 
 
 def _norm(squares: float, x: Any) -> float:
@@ -122,21 +119,48 @@ def _floats(x: Any) -> Any:
 
 def _dots(gs: list[Any], xs: list[Any]) -> Any:
     """``sum(g * x)`` over the finite products of each pair of ``gs`` and ``xs`` (float32),
-    chunked like `_light`: one program of a few large operations."""
-    rows, seg = [], []
-    for n, (g, x) in enumerate(zip(gs, xs)):
-        k = max(1, -(-x.size // CHUNK))
-        p = g.astype(jnp.float32) * x.astype(jnp.float32)
-        p = jnp.where(jnp.isfinite(p), p, 0.0)
-        rows.append(jnp.pad(p.ravel(), (0, k * CHUNK - x.size)).reshape(k, CHUNK))
-        seg += [n] * k
-    if not rows:
+    `_chunked` as `_light`'s."""
+    if not gs:
         return jnp.zeros((0,), jnp.float32)
-    return jax.ops.segment_sum(jnp.concatenate(rows).sum(axis=1), np.asarray(seg, np.int32), len(gs),
-                               indices_are_sorted=True)
+    products = [g.astype(jnp.float32) * x.astype(jnp.float32) for g, x in zip(gs, xs)]
+    f, ids, _ = _chunked([jnp.where(jnp.isfinite(p), p, 0.0) for p in products])
+    return jax.ops.segment_sum(f.sum(axis=1), ids, len(gs), indices_are_sorted=True)
 
 
 _summarize = jax.jit(_reduced)  # one output summarised on the device: compiled once per shape and dtype
+
+
+def _rebuilt(mox: yax.Mox, dyn: list, template: tuple) -> tuple[tuple, dict]:
+    """The arguments of a program jitted with a `_Static` ``template``: its static
+    leaves, with the dynamic ones (``dyn``, at ``mox.dyn_in``) put back."""
+    leaves, tree = template
+    leaves = list(leaves)
+    for i, x in zip(mox.dyn_in, dyn):
+        leaves[i] = x
+    args, kwargs = jax.tree_util.tree_unflatten(tree, leaves)
+    return args, kwargs
+
+
+def _arrays(node: Any, value: Any) -> list[tuple[Any, str, Any, tuple]]:
+    """The array outputs in ``value`` (what ``node`` returned, as `yax.capture` gives
+    it): each one's pytree path, name (``out[0]``), array and scan steps (a node inside
+    a scan gives its values stacked along the scan axes: those lead)."""
+    found = [(p, x) for p, x in jax.tree_util.tree_flatten_with_path(value)[0] if hasattr(x, "dtype")]
+    traced = node.outputs
+    out = []
+    for k, (path, x) in enumerate(found):
+        nd = len(traced[k].shape) if len(traced) == len(found) else x.ndim
+        out.append((path, "out" + jax.tree_util.keystr(path), x, tuple(x.shape[:x.ndim - nd])))
+    return out
+
+
+def _no_gradient(x: Any, g: Any) -> str:
+    """Why the output ``x`` shows no gradient ``g`` ("" when it shows one)."""
+    if g is not None and jnp.issubdtype(x.dtype, jnp.floating) and jnp.issubdtype(g.dtype, jnp.floating):
+        return ""
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return f"a {type_str(x)} output has no gradient"
+    return f"a {type_str(x)} output: its gradient is not shown"
 
 
 class _Program:
@@ -156,24 +180,16 @@ class _Program:
         ref = weakref.ref(mox)  # the cache must not keep its own key alive
 
         def program(dyn: list, template: tuple) -> tuple[list, list]:
-            leaves, tree = template
             m = ref()
-            leaves = list(leaves)
-            for i, x in zip(m.dyn_in, dyn):
-                leaves[i] = x
-            args, kwargs = jax.tree_util.tree_unflatten(tree, leaves)
+            args, kwargs = _rebuilt(m, dyn, template)
             _, got = yax.capture(calls, m, *args, **kwargs) if calls else (None, {})
             outs: list[Any] = []
             for rid, c in zip(self.rows, calls):
-                found = [(p, x) for p, x in jax.tree_util.tree_flatten_with_path(got[keys[id(c)]])[0]
-                         if hasattr(x, "dtype")]
+                found = _arrays(c, got[keys[id(c)]])
                 self.more[rid] = max(0, len(found) - MAX_OUTPUTS)
                 entries = []
-                for k, (path, x) in enumerate(found[:MAX_OUTPUTS]):
-                    # a call inside a scan gives its values stacked along the scan axes: those lead
-                    nd = len(c.outputs[k].shape) if len(c.outputs) == len(found) else x.ndim
-                    entries.append(("out" + jax.tree_util.keystr(path), len(outs), type_str(x), tuple(x.shape),
-                                    tuple(x.shape[:x.ndim - nd])))
+                for _, name, x, steps in found[:MAX_OUTPUTS]:
+                    entries.append((name, len(outs), type_str(x), tuple(x.shape), steps))
                     outs.append(x)
                 self.where[rid] = entries
             return outs, _light(outs)
@@ -300,30 +316,19 @@ class _GradProgram:
         ref = weakref.ref(mox)
 
         def program(dyn: list, template: tuple) -> tuple:
-            leaves, tree = template
             m = ref()
-            leaves = list(leaves)
-            for i, x in zip(m.dyn_in, dyn):
-                leaves[i] = x
-            args, kwargs = jax.tree_util.tree_unflatten(tree, leaves)
+            args, kwargs = _rebuilt(m, dyn, template)
             out, got, grads = yax.capture(calls, m, *args, grad_of=scalar, **kwargs) if calls else \
                 (yax.eval_mox(m, *args, **kwargs), {}, {})
             gs: list[Any] = []
             xs: list[Any] = []
             for rid, c in zip(rows, calls):
                 given = dict(jax.tree_util.tree_flatten_with_path(grads[keys[id(c)]])[0])
-                found = [(p, x) for p, x in jax.tree_util.tree_flatten_with_path(got[keys[id(c)]])[0]
-                         if hasattr(x, "dtype")]
                 entries = []
-                for k, (path, x) in enumerate(found[:MAX_OUTPUTS]):
-                    nd = len(c.outputs[k].shape) if len(c.outputs) == len(found) else x.ndim
+                for path, name, x, steps in _arrays(c, got[keys[id(c)]])[:MAX_OUTPUTS]:
                     g = given.get(path)
-                    why = "" if g is not None and jnp.issubdtype(x.dtype, jnp.floating) and \
-                        jnp.issubdtype(g.dtype, jnp.floating) else \
-                        f"a {type_str(x)} output has no gradient" if not jnp.issubdtype(x.dtype, jnp.inexact) else \
-                        f"a {type_str(x)} output: its gradient is not shown"
-                    entries.append(("out" + jax.tree_util.keystr(path), None if why else len(gs), type_str(x),
-                                    tuple(x.shape), tuple(x.shape[:x.ndim - nd]), why))
+                    why = _no_gradient(x, g)
+                    entries.append((name, None if why else len(gs), type_str(x), tuple(x.shape), steps, why))
                     if not why:
                         gs.append(g)
                         xs.append(x)
@@ -381,7 +386,6 @@ class _Gradients:
                         continue
                     squares, z, nf = (float(v) for v in self.light[i])
                     n = math.prod(shape)
-                    z -= max(1, -(-n // CHUNK)) * CHUNK - n  # the padding of its last chunk (see `_light`)
                     sq += _norm(squares, self.grads[i]) ** 2 if nf < n else 0.0
                     dot += float(self.dots[i])
                     zeros, bad, size = zeros + z, bad + nf, size + n
@@ -453,7 +457,6 @@ class _Boundaries:
                 for _, i, _, shape, _ in at:
                     squares, z, nf = (float(v) for v in self.light[i])
                     n = math.prod(shape)
-                    z -= max(1, -(-n // CHUNK)) * CHUNK - n  # the padding of its last chunk: zeros, not its own
                     sq += _norm(squares, self.outs[i]) ** 2 if nf < n else 0.0
                     finite, zeros, bad, size = finite + n - nf, zeros + z, bad + nf, size + n
                 # the norm of the finite values: none when there are none
@@ -504,15 +507,10 @@ def value_stats(entry: dict) -> ValueStats:
 def _entries(node: Any, value: Any) -> tuple[list[dict], int]:
     """The entries of an equation's captured ``value``, reduced on the device, at
     most `MAX_OUTPUTS`, and how many outputs were left out."""
-    leaves = [(p, x) for p, x in jax.tree_util.tree_flatten_with_path(value)[0] if hasattr(x, "dtype")]
-    traced = list(node.outputs)
-    out = []
-    for k, (path, x) in enumerate(leaves[:MAX_OUTPUTS]):
-        nd = len(traced[k].shape) if len(traced) == len(leaves) else x.ndim  # scan axes lead
-        summary = jax.device_get(_summarize(x))
-        out.append(_entry("out" + jax.tree_util.keystr(path), type_str(x), tuple(x.shape),
-                          tuple(x.shape[:x.ndim - nd]), *summary))
-    return out, len(leaves) - len(out)
+    found = _arrays(node, value)
+    out = [_entry(name, type_str(x), tuple(x.shape), steps, *jax.device_get(_summarize(x)))
+           for _, name, x, steps in found[:MAX_OUTPUTS]]
+    return out, len(found) - len(out)
 
 
 class Inspector:
@@ -737,20 +735,12 @@ class Inspector:
 def _grad_entries(node: Any, value: Any, grad: Any) -> list[dict]:
     """The gradient entries of an equation's captured ``value`` and its gradient ``grad``."""
     given = dict(jax.tree_util.tree_flatten_with_path(grad)[0])
-    leaves = [(p, x) for p, x in jax.tree_util.tree_flatten_with_path(value)[0] if hasattr(x, "dtype")]
-    traced = list(node.outputs)
     out = []
-    for k, (path, x) in enumerate(leaves[:MAX_OUTPUTS]):
+    for path, name, x, steps in _arrays(node, value)[:MAX_OUTPUTS]:
         g = given.get(path)
-        name = "out" + jax.tree_util.keystr(path)
-        if g is None or not jnp.issubdtype(x.dtype, jnp.floating) or not jnp.issubdtype(g.dtype, jnp.floating):
-            why = f"a {type_str(x)} output has no gradient" if not jnp.issubdtype(x.dtype, jnp.inexact) else \
-                f"a {type_str(x)} output: its gradient is not shown"
-            out.append({"name": name, "type": type_str(x), "shape": list(x.shape), "why": why})
-            continue
-        nd = len(traced[k].shape) if len(traced) == len(leaves) else x.ndim
-        out.append(_entry(name, type_str(g), tuple(g.shape), tuple(g.shape[:g.ndim - nd]),
-                          *jax.device_get(_summarize(g))))
+        why = _no_gradient(x, g)
+        out.append({"name": name, "type": type_str(x), "shape": list(x.shape), "why": why} if why else
+                   _entry(name, type_str(g), tuple(g.shape), steps, *jax.device_get(_summarize(g))))
     return out
 
 
