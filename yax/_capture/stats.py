@@ -127,12 +127,7 @@ class NonFinite:
         lines = [f"The first non-finite value comes from `{self.equation.name}` in `{self.path or 'the root'}`{at}.",
                  f"  output   {self.output}"]
         lines += [f"  input {i}  {s}" for i, s in enumerate(self.inputs)]
-        if self.call is not None:
-            lines.append(f"  inputs of `{self.call.path}` ({self.call.type}):")
-            lines += [f"    {i}  {s}" for i, s in enumerate(self.call_inputs)]
-        if self.window:
-            lines += ["", self.window]
-        return "\n".join(lines)
+        return self._ending(lines)
 
     def _backward_str(self) -> str:
         at = f" at scan step {', '.join(map(str, self.step))}" if self.step else ""
@@ -153,6 +148,10 @@ class NonFinite:
         if any(s.nonfinite for s in self.inputs):
             lines.append("  Its forward inputs already hold non-finite values: the forward pass went wrong first "
                          "(`first_nonfinite` without `grad_of` finds where).")
+        return self._ending(lines)
+
+    def _ending(self, lines: list[str]) -> str:
+        """``lines``, then the inputs of the call the equation ran in and the printed MoX around it."""
         if self.call is not None:
             lines.append(f"  inputs of `{self.call.path}` ({self.call.type}):")
             lines += [f"    {i}  {s}" for i, s in enumerate(self.call_inputs)]
