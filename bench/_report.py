@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import resource
+import statistics
 import time
 
 import jax
@@ -14,6 +15,16 @@ import jax
 def peak_mb() -> float:
     """This process's peak resident memory so far, in MB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def median_time(f, runs: int) -> float:
+    """Median seconds of ``runs`` calls of ``f`` (its result waited for)."""
+    ts = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        jax.block_until_ready(f())
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
 
 
 def timed(f):

@@ -34,7 +34,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from models import Transformer  # noqa: E402
 
 import yax  # noqa: E402
-from bench._report import report  # noqa: E402
+from bench._report import median_time, report  # noqa: E402
 from yax.internal import capturable_calls, node_ids  # noqa: E402
 from yax_widget import Explorer, _values  # noqa: E402
 
@@ -45,15 +45,6 @@ def build(layers: int):
     v = jax.jit(m.init)(jax.random.key(0), ids)
     return m, v, ids, yax.make_mox(m.apply)(v, ids)
 
-
-def timed(f, runs: int) -> float:
-    """Median seconds of ``runs`` calls of ``f`` (its result waited for)."""
-    out = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        jax.block_until_ready(f())
-        out.append(time.perf_counter() - t)
-    return statistics.median(out)
 
 
 def host_bytes(entry: dict) -> int:
@@ -99,7 +90,7 @@ def explorer_rows(layers: int) -> list[dict]:
     ex2 = Explorer(yax.make_mox(Transformer(num_layers=layers, vocab=1024, d_model=768, num_heads=12,
                                             d_mlp=3072).apply)(v, ids), v, ids, warm=False)
     t = time.perf_counter()
-    ex2._paint("norm")
+    ex2.session.inspector.paint("norm")
     rows.append({"case": "colour the tree by norm, a model not seen before (compile included)", "layers": layers,
                  "ms": 1000 * (time.perf_counter() - t), "target": ""})
     del first
@@ -117,8 +108,8 @@ def capture_rows(layers: int, runs: int) -> list[dict]:
     t = time.perf_counter()
     jax.block_until_ready(yax.capture(calls, mox, v, ids))  # compiles
     compile_cap = time.perf_counter() - t
-    forward = timed(lambda: fwd(v, ids), runs)
-    capture = timed(lambda: yax.capture(calls, mox, v, ids), runs)
+    forward = median_time(lambda: fwd(v, ids), runs)
+    capture = median_time(lambda: yax.capture(calls, mox, v, ids), runs)
     _, got = yax.capture(calls, mox, v, ids)
     mib = sum(x.nbytes for x in jax.tree_util.tree_leaves(got)) / 2**20
     ex = Explorer(mox, v, ids, warm=False)
@@ -128,7 +119,7 @@ def capture_rows(layers: int, runs: int) -> list[dict]:
     prog = _values._programs[mox]
     leaves, tree = jax.tree_util.tree_flatten((ex.session.call_args()[0], {}))
     static = _values._Static(leaves, tree, mox)
-    summary = timed(lambda: prog.reduce(prog.capture([leaves[i] for i in mox.dyn_in], static)), runs)
+    summary = median_time(lambda: prog.capture([leaves[i] for i in mox.dyn_in], static), runs)
     ids_ = node_ids(mox)
     assert len(prog.where) == len(calls) and all(ids_[id(c)] in prog.where for c in calls)
     return [

@@ -19,12 +19,11 @@ import pathlib
 import re
 import statistics
 import sys
-import time
 import tracemalloc
 
 import jax
 import jax.numpy as jnp
-from _report import report
+from _report import median_time, report
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 
@@ -45,14 +44,6 @@ def zoo(quick: bool):
     yield f"transformer_{layers[1]}", Transformer(num_layers=layers[1], **d), (ids,), {}
     yield f"transformer_{layers[0]}_scan", Transformer(num_layers=layers[0], scan=True, **d), (ids,), {}
 
-
-def median_time(f, n):
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        jax.block_until_ready(f())
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 
 
 def hlo_ops(f, *args):

@@ -40,8 +40,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._report import report  # noqa: E402
-from bench.bench_widget import KEYSTROKE  # noqa: E402
 from tests.e2e.lab import Notebook, browser, jupyterlab, write_notebook  # noqa: E402
+from tests.e2e.scale import HIGHLIGHT  # noqa: E402
 
 SETUP = """import time, jax, jax.numpy as jnp, transformers, yax
 from yax_widget import Explorer
@@ -130,7 +130,7 @@ def main() -> None:
             warm = numbers(nb.run(2, timeout=1800))["WARM"]
             keys = []
             for i in range(a.rounds):
-                keys += page.evaluate(KEYSTROKE, ['//module_call[@name="q_proj"]',
+                keys += page.evaluate(HIGHLIGHT, ['//module_call[@name="q_proj"]',
                                                   f'//module_call[@name="{i % a.layers}"]//module_call'])
             texts = [nb.run(3, timeout=1800), nb.run(4, timeout=1800), nb.run(5, timeout=1800)]
             paint, change, inspect = map(numbers, texts)

@@ -20,11 +20,10 @@ import pathlib
 import re
 import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
-from _report import report
+from _report import median_time, report
 from flax import nnx
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
@@ -43,14 +42,6 @@ def zoo(quick: bool):
     yield f"transformer_{layers[0]}", lambda r: Transformer(num_layers=layers[0], **d, rngs=r), (ids,), False
     yield f"transformer_{layers[1]}", lambda r: Transformer(num_layers=layers[1], **d, rngs=r), (ids,), True
 
-
-def median_time(f, n):
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        jax.block_until_ready(f())
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts)
 
 
 def hlo_ops(f, *args):

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import statistics
 import sys
 import time
 
@@ -45,7 +44,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import yax  # noqa: E402
-from bench._report import report  # noqa: E402
+from bench._report import median_time, report  # noqa: E402
 
 
 def build(layers: int, embd: int, seq: int):
@@ -84,14 +83,6 @@ def build(layers: int, embd: int, seq: int):
     return one, model.params, clean_values, jnp.asarray(layer), jnp.asarray(pos), len(names), forward, corrupt
 
 
-def median_s(f, runs: int) -> float:
-    out = []
-    for _ in range(runs):
-        t = time.perf_counter()
-        jax.block_until_ready(f())
-        out.append(time.perf_counter() - t)
-    return statistics.median(out)
-
 
 def compiled(f, *args) -> float:
     """Seconds to lower and compile the jitted ``f`` for ``args`` (ahead of time: nothing runs)."""
@@ -122,30 +113,30 @@ def main() -> None:
     loop = jnp.stack([single(params, vals, i, t) for i, t in pairs])
     err = float(jnp.abs(grid - loop).max())
     assert np.allclose(grid, loop, rtol=1e-4, atol=1e-4), err
-    vmapped = median_s(lambda: sweep(params, vals, layer, pos), a.runs)
-    jitted = median_s(lambda: [single(params, vals, i, t) for i, t in pairs], a.runs)
+    vmapped = median_time(lambda: sweep(params, vals, layer, pos), a.runs)
+    jitted = median_time(lambda: [single(params, vals, i, t) for i, t in pairs], a.runs)
 
     # the leanest dispatch: compiled ahead of time, weights and clean values closed over
     lean = jax.jit(lambda i, t: one(params, vals, i, t)).lower(layer[0], pos[0]).compile()
     jax.block_until_ready(lean(layer[0], pos[0]))
-    lean_loop = median_s(lambda: [lean(i, t) for i, t in pairs], a.runs)
+    lean_loop = median_time(lambda: [lean(i, t) for i, t in pairs], a.runs)
 
     t = time.perf_counter()
     jax.block_until_ready(one(params, vals, layer[0], pos[0]))  # the patched program compiles on its first call
     compile_p = time.perf_counter() - t
-    patched_loop = median_s(lambda: [one(params, vals, i, t) for i, t in pairs], a.runs)
+    patched_loop = median_time(lambda: [one(params, vals, i, t) for i, t in pairs], a.runs)
 
     # the ceiling on this machine: the model alone, n prompts as one batch against n jitted calls
     fwd, batch = jax.jit(forward), jnp.tile(ids, (n, 1))
     jax.block_until_ready((fwd(params, ids), fwd(params, batch)))
-    alone_batch = median_s(lambda: fwd(params, batch), a.runs)
-    alone_loop = median_s(lambda: [fwd(params, ids) for _ in range(n)], a.runs)
+    alone_batch = median_time(lambda: fwd(params, batch), a.runs)
+    alone_loop = median_time(lambda: [fwd(params, ids) for _ in range(n)], a.runs)
 
     step = max(1, n // a.eager)
     subset = pairs[::step][: a.eager]
     with jax.disable_jit():
         jax.block_until_ready(one(params, vals, *subset[0]))  # op-by-op caches warmed
-        eager_each = median_s(lambda: [one(params, vals, i, t) for i, t in subset],
+        eager_each = median_time(lambda: [one(params, vals, i, t) for i, t in subset],
                               max(1, a.runs // 2)) / len(subset)
     eager = eager_each * n
 

@@ -67,7 +67,7 @@ def main() -> None:
             opened = float(nb.run(0, timeout=1800).split("OPEN")[1].split()[0])
             nb.page.wait_for_selector('.yax-explorer[data-ready="1"]', timeout=120_000)
             paint = float(nb.page.evaluate(f"() => {NEWEST}.dataset.paintMs"))
-            counts = scale.printed(nb, 1, "COUNTS")
+            counts = nb.printed(1, "COUNTS")
             rows = counts["calls"] + counts["equations"]
             for i in range(a.rounds):
                 fresh(nb)

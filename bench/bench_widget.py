@@ -33,6 +33,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.e2e.lab import Notebook, browser, jupyterlab, write_notebook  # noqa: E402
+from tests.e2e.scale import HIGHLIGHT  # noqa: E402
 
 SETUP = """import time, jax, jax.numpy as jnp, yax
 from models import Transformer
@@ -67,25 +68,6 @@ DROP_TIMER = """(idx) => {
     }
   });
   obs.observe(root, {childList: true, subtree: true});
-}"""
-
-KEYSTROKE = """async ([q1, q2]) => {
-  const root = document.querySelectorAll('.yax-explorer')[document.querySelectorAll('.yax-explorer').length - 1];
-  const input = root.querySelector('.yax-query input');
-  const once = (q) => new Promise((resolve) => {
-    const before = root.dataset.matchIds;
-    const t0 = performance.now();
-    const obs = new MutationObserver(() => {
-      if (root.dataset.matchIds !== before) { obs.disconnect(); resolve(performance.now() - t0); }
-    });
-    obs.observe(root, {attributes: true, attributeFilter: ['data-match-ids']});
-    input.value = q;
-    input.dispatchEvent(new Event('input', {bubbles: true}));
-    setTimeout(() => { obs.disconnect(); resolve(NaN); }, 60000);
-  });
-  const a = await once(q1);
-  const b = await once(q2);
-  return [a, b];
 }"""
 
 SCROLL = """async () => {
@@ -144,7 +126,7 @@ def main() -> None:
             rows.append(("  (kernel: background compile of the original, from opening)", result["warm_48_s"], ""))
             times = []
             for i in range(a.rounds):
-                t = page.evaluate(KEYSTROKE, ['//module_call[@type="Dense"]', f'//module_call[@name="Block_{i % a.layers}"]'])
+                t = page.evaluate(HIGHLIGHT, ['//module_call[@type="Dense"]', f'//module_call[@name="Block_{i % a.layers}"]'])
                 times += t
             result["keystroke_ms"] = times
             rows.append(("keystroke -> highlight, median", statistics.median(times) / 1000, "<= 150 ms"))
@@ -152,7 +134,7 @@ def main() -> None:
 
             print(f"keystroke median {statistics.median(times):.1f} ms", flush=True)
             # expand everything, then scroll top to bottom
-            page.evaluate(KEYSTROKE, ["//module_call", "//*[@primitive='dot_general']"])
+            page.evaluate(HIGHLIGHT, ["//module_call", "//*[@primitive='dot_general']"])
             sc = page.evaluate(SCROLL)
             result["scroll"] = sc
             rows.append((f"scroll, {sc['frames']} frames over {sc['height']} px: median frame", sc["median"] / 1000,
@@ -167,8 +149,7 @@ def main() -> None:
             second = page.locator(".yax-explorer").nth(1)
             second.wait_for()
             page.wait_for_function("() => document.querySelectorAll('.yax-explorer[data-ready=\"1\"]').length === 2")
-            page.evaluate(KEYSTROKE.replace("document.querySelectorAll('.yax-explorer').length - 1", "1"),
-                          ["//activation[@name='gelu']", "//activation[@name='gelu'][1]"])
+            page.evaluate(HIGHLIGHT, ["//activation[@name='gelu']", "//activation[@name='gelu'][1]"])  # the newest
             target = second.get_attribute("data-match-ids").split(",")[0]
             page.evaluate(DROP_TIMER, 1)
             second.locator('.yax-palette-item[data-name="ReLU"]').drag_to(second.locator(f'.yax-row[data-id="{target}"]'))
