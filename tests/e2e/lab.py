@@ -27,6 +27,7 @@ CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic"]
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "artifacts" / "e2e"  # the browser tests' screenshots
 SETTINGS = {
     "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
     "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {
@@ -170,6 +171,30 @@ class Notebook:
             "(el) => /\\[\\d+\\]/.test(el.textContent)", arg=prompt.element_handle(), timeout=timeout * 1000)
         self.idle(timeout)
         return cell.locator(".jp-OutputArea").inner_text()
+
+    def printed(self, index: int, tag: str) -> Any:
+        """Run cell ``index`` and read the JSON it printed after ``TAG=``."""
+        out = self.run(index)
+        line = next((x for x in out.splitlines() if x.startswith(tag + "=")), None)
+        assert line is not None, out
+        return json.loads(line[len(tag) + 1:])
+
+    def shot(self, name: str) -> None:
+        """A screenshot of the page's first explorer: ``artifacts/e2e/<name>.png``."""
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        self.page.locator(".yax-explorer").first.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+    @contextlib.contextmanager
+    def failing(self, name: str) -> Iterator[None]:
+        """On a failure inside: a screenshot of the whole page (``artifacts/e2e/<name>-failure.png``)
+        and the console errors printed, then the failure."""
+        try:
+            yield
+        except BaseException:
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            self.page.screenshot(path=str(ARTIFACTS / f"{name}-failure.png"), full_page=True)
+            print("console errors:", self.errors)
+            raise
 
     def last_output(self, index: int) -> str:
         return self.page.locator(".jp-Notebook .jp-CodeCell").nth(index).locator(".jp-OutputArea").inner_text()

@@ -14,9 +14,7 @@ page with `performance.now()`:
 
 from __future__ import annotations
 
-import json
 import statistics
-from typing import Any
 
 from .lab import Notebook
 
@@ -121,14 +119,6 @@ def cells(layers: int = 80) -> list[str]:
     """Opening the explorer, the counts, and the explorer shown again (a fresh view: nothing expanded or
     loaded yet; the measurements run on the newest view of the page)."""
     return [OPEN.format(layers=layers), COUNTS, "ex"]
-
-
-def printed(nb: Notebook, cell: int, tag: str) -> Any:
-    """The JSON a cell printed after ``TAG=``."""
-    out = nb.run(cell)
-    line = next((x for x in out.splitlines() if x.startswith(tag + "=")), None)
-    assert line is not None, out
-    return json.loads(line[len(tag) + 1:])
 
 
 def expand_all(nb: Notebook, expected_rows: int | None) -> dict:

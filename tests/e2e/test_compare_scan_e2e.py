@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from .lab import ROOT, drag
+from .lab import ARTIFACTS, drag
 
 pytestmark = pytest.mark.e2e
 
-ARTIFACTS = ROOT / "artifacts" / "e2e"
 
 CELLS = [
     """import jax, jax.numpy as jnp, yax

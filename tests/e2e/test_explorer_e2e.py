@@ -8,11 +8,10 @@ import re
 
 import pytest
 
-from .lab import ROOT, Notebook, drag
+from .lab import ARTIFACTS, Notebook, drag
 
 pytestmark = pytest.mark.e2e
 
-ARTIFACTS = ROOT / "artifacts" / "e2e"
 
 CELLS = [
     # 0: open the explorer on a small Transformer
@@ -60,10 +59,6 @@ def notebook(lab):
         yield nb
 
 
-def shot(nb: Notebook, name: str) -> None:
-    nb.page.locator(".yax-explorer").first.screenshot(path=str(ARTIFACTS / f"{name}.png"))
-
-
 def type_query(root, xpath: str) -> list[str]:
     """Type a query that selects other nodes than the current highlight; the ids it highlights."""
     before = root.get_attribute("data-match-ids")
@@ -80,12 +75,8 @@ def ids_of(text: str, tag: str) -> list[str]:
 
 
 def test_explorer_end_to_end(notebook):
-    try:
+    with notebook.failing("explorer"):
         _steps(notebook)
-    except BaseException:
-        notebook.page.screenshot(path=str(ARTIFACTS / "failure.png"), full_page=True)
-        print("console errors:", notebook.errors)
-        raise
 
 
 def _steps(nb: Notebook) -> None:
@@ -95,7 +86,7 @@ def _steps(nb: Notebook) -> None:
     root.wait_for(timeout=60_000)
     page.wait_for_selector('.yax-explorer[data-ready="1"]', timeout=60_000)
     assert root.locator(".yax-row").count() > 10
-    shot(nb, "01-tree")
+    nb.shot("01-tree")
 
     # typing a query highlights exactly what yax.query returns
     want = ids_of(nb.run(1), "IDS")
@@ -106,7 +97,7 @@ def _steps(nb: Notebook) -> None:
         "(ids) => document.querySelector('.yax-explorer').dataset.matchIds === ids", arg=",".join(want))
     assert sorted(root.locator(".yax-row.yax-match").evaluate_all("els => els.map(e => e.dataset.id)")) == sorted(want)
     assert "2" in root.locator(".yax-count").inner_text()
-    shot(nb, "02-query")
+    nb.shot("02-query")
 
     # an invalid query shows its error and keeps the last good highlight
     box.fill("//[@")
@@ -114,7 +105,7 @@ def _steps(nb: Notebook) -> None:
     err.wait_for(state="visible")
     page.wait_for_function("() => document.querySelector('.yax-query-error').textContent.includes('XPath')")
     assert root.get_attribute("data-match-ids") == ",".join(want)
-    shot(nb, "03-invalid-query")
+    nb.shot("03-invalid-query")
 
     # drag a palette item onto a row: the kernel's model changes and the comparison shows
     gelu = type_query(root, "//activation[@name='gelu']")[0]
@@ -124,7 +115,7 @@ def _steps(nb: Notebook) -> None:
     assert "Block_0/gelu" in root.locator(".yax-compare").inner_text()  # the first divergence
     out = nb.run(2)
     assert "'relu'" in out and " 1 False True" in out, out
-    shot(nb, "04-dragged")
+    nb.shot("04-dragged")
 
     # a replacement that does not fit is refused at its row, and nothing changes
     dense = type_query(root, "//module_call[@name='Dense_0']")[0]
@@ -133,7 +124,7 @@ def _steps(nb: Notebook) -> None:
     notice.wait_for(state="visible")
     assert "does not fit" in notice.inner_text()
     assert " 1 False True" in nb.run(2)
-    shot(nb, "05-refused")
+    nb.shot("05-refused")
 
     # click-to-substitute: a click selects the row (no menu), its "replace…" button offers what fits
     drops = type_query(root, "//module_call[@type='Dropout']")
@@ -147,7 +138,7 @@ def _steps(nb: Notebook) -> None:
     menu.wait_for(state="visible")
     assert root.locator(".yax-notice").count() == 0  # the refusal's reason went once another row was chosen
     assert menu.locator('.yax-fit[data-name="identity"]').count() == 1
-    shot(nb, "06-fits")
+    nb.shot("06-fits")
     menu.locator('.yax-fit[data-name="identity"]').click()
     page.wait_for_function("() => !document.querySelector('.yax-status') || "
                            "!document.querySelector('.yax-status').textContent.includes('compiling')")
@@ -155,13 +146,13 @@ def _steps(nb: Notebook) -> None:
         "() => [...document.querySelectorAll('.yax-history li, .yax-history .yax-history-item')].length >= 2")
     out = nb.run(2)
     assert "'identity'" in out and " 2 False True" in out, out
-    shot(nb, "07-clicked")
+    nb.shot("07-clicked")
 
     # the graph of the selected module renders as SVG in the browser
     root.locator(".yax-graph-button").click()
     page.wait_for_selector(".yax-graph svg", timeout=60_000)
     assert root.locator(".yax-graph svg g.node").count() > 2
-    shot(nb, "08-graph")
+    nb.shot("08-graph")
 
     # undo twice restores the original
     root.locator(".yax-undo").click()
@@ -170,7 +161,7 @@ def _steps(nb: Notebook) -> None:
     page.wait_for_function("() => document.querySelector('.yax-undo').disabled")
     out = nb.run(2)
     assert " 0 True False" in out, out
-    shot(nb, "09-undone")
+    nb.shot("09-undone")
 
     # keyboard: arrows move the selection, right/left expand and collapse, enter offers what fits
     tree = root.locator(".yax-tree")
@@ -201,7 +192,7 @@ def _steps(nb: Notebook) -> None:
     row = root.locator(f'.yax-row[data-id="{eq}"]')
     assert row.get_attribute("class").split() >= ["yax-row", "yax-eq", "yax-match"], row.get_attribute("class")
     assert row.locator(".yax-name").inner_text() == "dot_general"
-    shot(nb, "10-equation-match")
+    nb.shot("10-equation-match")
 
     # dropping a palette item on the query box replaces every match; the diff marks them; undo and redo
     type_query(root, "//activation[@name='gelu']")
@@ -213,7 +204,7 @@ def _steps(nb: Notebook) -> None:
     assert root.locator(".yax-diff .yax-diff-row.yax-added").count() == 2
     assert root.locator(".yax-diff .yax-diff-row.yax-added").all_inner_texts() == ["+ silu"] * 2
     assert root.locator(".yax-diff .yax-diff-row.yax-removed").count() == 2
-    shot(nb, "11-query-drop-diff")
+    nb.shot("11-query-drop-diff")
     root.locator(".yax-undo").click()
     page.wait_for_function("() => document.querySelector('.yax-undo').disabled")
     root.locator(".yax-redo").click()

@@ -8,15 +8,12 @@ shows is checked against what the kernel computed; screenshots are saved under
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from .lab import ROOT, Notebook
+from .lab import ARTIFACTS, Notebook
 
 pytestmark = pytest.mark.e2e
 
-ARTIFACTS = ROOT / "artifacts" / "e2e"
 
 CELLS = [
     # 0: a model whose forward pass is finite, but sqrt at relu's zeros gives an infinite derivative
@@ -63,28 +60,13 @@ def notebook(lab):
         yield nb
 
 
-def shot(nb: Notebook, name: str) -> None:
-    nb.page.locator(".yax-explorer").first.screenshot(path=str(ARTIFACTS / f"grad-{name}.png"))
-
-
-def printed(nb: Notebook, cell: int, tag: str) -> object:
-    out = nb.run(cell)
-    line = next((x for x in out.splitlines() if x.startswith(tag + "=")), None)
-    assert line is not None, out
-    return json.loads(line[len(tag) + 1:])
-
-
 def _row(root, name: str):
     return root.locator(".yax-row", has=root.page.locator(f'.yax-name:text-is("{name}")')).first
 
 
 def test_gradient_colouring_values_and_backward_nan(notebook, lab):
-    try:
+    with notebook.failing("grad"):
         _steps(notebook, lab)
-    except BaseException:
-        notebook.page.screenshot(path=str(ARTIFACTS / "grad-failure.png"), full_page=True)
-        print("console errors:", notebook.errors)
-        raise
 
 
 def _steps(nb: Notebook, lab) -> None:
@@ -99,7 +81,7 @@ def _steps(nb: Notebook, lab) -> None:
     # colour by the gradient norm of the argmax logit: the legend says exactly what was differentiated
     root.locator("select.yax-colour").select_option("grad")
     page.wait_for_selector('.yax-values-bar[data-overlay="grad"]', timeout=120_000)
-    overlay = printed(nb, 1, "OVERLAY")
+    overlay = nb.printed(1, "OVERLAY")
     k = overlay["scalar"]["chosen"]
     label = f"d out[0, -1, {k}] (argmax) / d output of each row, batch `example`"
     assert overlay["scalar"]["label"] == label
@@ -123,28 +105,28 @@ def _steps(nb: Notebook, lab) -> None:
         assert label in title
         assert "transparent" not in (chip.get_attribute("style") or "")
     assert coloured >= 5
-    shot(nb, "1-colour-grad")
+    nb.shot("grad-1-colour-grad")
 
     # a row's Values tab: the gradient of the same scalar beside its values
     _row(root, "up").click()
     root.locator('.yax-tab[data-tab="Values"]').click()
     head = root.locator(".yax-values .yax-grad-head")
     head.wait_for(timeout=120_000)
-    want = printed(nb, 2, "GRAD")
+    want = nb.printed(2, "GRAD")
     assert want["key"] == "Net/up" and want["what"] == f"out[0, -1, {k}] (argmax)"
     assert head.inner_text().startswith(f"gradient of out[0, -1, {k}] (argmax)")
     block = root.locator(".yax-values .yax-grad-output").first
     assert block.locator(".yax-output-title").inner_text().startswith(f"gradient of out[0, -1, {k}] (argmax) at out")
     assert float(block.locator('td[data-stat="norm"]').inner_text()) == pytest.approx(want["norm"], rel=6e-3)
     assert block.locator("canvas.yax-hist").count() == 1
-    shot(nb, "2-values-gradient")
+    nb.shot("grad-2-values-gradient")
 
     # gradient × activation: signed, on a diverging scale
     root.locator("select.yax-colour").select_option("gxa")
     page.wait_for_selector('.yax-values-bar[data-overlay="gxa"]', timeout=120_000)
     assert "gradient × activation of d out[0, -1," in legend.inner_text()
     assert "signed" in legend.inner_text()
-    shot(nb, "3-colour-gxa")
+    nb.shot("grad-3-colour-gxa")
 
     # Save HTML: the page keeps the gradient colouring and the row's gradient; the gradient's controls are off
     root.locator("button.yax-save-html").click()
@@ -180,12 +162,12 @@ def _steps(nb: Notebook, lab) -> None:
     page.wait_for_selector(".yax-values-message.yax-nan-found", timeout=180_000)
     text = message.inner_text()
     assert "backward pass of `sqrt` in `Net/planted`" in text and "gradient of out[0, -1, argmax]" in text, text
-    call, eq, name = printed(nb, 3, "BACK")
+    call, eq, name = nb.printed(3, "BACK")
     assert name == "sqrt"
     selected = root.locator(".yax-row.yax-selected")
     selected.wait_for()
     assert int(selected.get_attribute("data-id")) in (call, eq)
     assert selected.locator(".yax-name").inner_text() in ("sqrt", "planted")
-    shot(nb, "4-backward-nan")
+    nb.shot("grad-4-backward-nan")
 
     assert nb.errors == [], nb.errors

@@ -13,11 +13,10 @@ import json
 import pytest
 
 from . import scale
-from .lab import ROOT, Notebook
+from .lab import Notebook
 
 pytestmark = pytest.mark.e2e
 
-ARTIFACTS = ROOT / "artifacts" / "e2e"
 TARGET_MS = 2500
 
 CELLS = [
@@ -33,22 +32,13 @@ print("IDS=" + json.dumps({"first": node(L + "0"), "last": node(L + "79"), "attn
 
 @pytest.fixture(scope="module")
 def notebook(lab):
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with lab.notebook("graph70b.ipynb", CELLS) as nb:
         yield nb
 
 
-def shot(nb: Notebook, name: str) -> None:
-    nb.page.locator(".yax-explorer").first.screenshot(path=str(ARTIFACTS / f"graph70b-{name}.png"))
-
-
 def test_graph_of_a_70b_model(notebook):
-    try:
+    with notebook.failing("graph70b"):
         _steps(notebook)
-    except BaseException:
-        notebook.page.screenshot(path=str(ARTIFACTS / "graph70b-failure.png"), full_page=True)
-        print("console errors:", notebook.errors)
-        raise
 
 
 def _drawn(page, root, before: int | None = None) -> dict:
@@ -100,7 +90,7 @@ def _steps(nb: Notebook) -> None:
                 "80 identical calls, drawn once: FlaxLlamaForCausalLMModule/model/layers/0 … "
                 "FlaxLlamaForCausalLMModule/model/layers/79\ndouble-click to open it")
             assert root.locator(".yax-graph-stage g.node").count() < 12
-            shot(nb, "depth3")
+            nb.shot("graph70b-depth3")
     print("layout ms by depth (folded):", times)
     assert all(ms <= TARGET_MS for ms in times.values()), times
 
@@ -114,7 +104,7 @@ def _steps(nb: Notebook) -> None:
     page.wait_for_timeout(300)
     assert root.locator(".yax-graph-view").get_attribute("data-drawn") == seen["drawn"]  # nothing drawn again
     assert root.locator(".yax-graph-what").inner_text() == "the whole model"
-    shot(nb, "picked")
+    nb.shot("graph70b-picked")
 
     # a double-click opens it in place: the first layer's insides, still drawn once for all 80
     fold.locator("text").first.dblclick()
@@ -126,7 +116,7 @@ def _steps(nb: Notebook) -> None:
     attn = root.locator(f'.yax-graph-stage g.node[data-row="{rows["attn"]}"]')
     assert attn.count() == 1 and "yax-more" in attn.get_attribute("class")
     _fits(root)
-    shot(nb, "opened")
+    nb.shot("graph70b-opened")
     # and a box inside it selects its row
     attn.locator("text").first.click()
     page.wait_for_function("(id) => document.querySelector('.yax-row.yax-selected')?.dataset.id === id",
@@ -140,7 +130,7 @@ def _steps(nb: Notebook) -> None:
     guard = root.locator(".yax-graph-guard").inner_text()
     assert "boxes and" in guard and "Graphviz could take minutes" in guard, guard
     assert int(seen["nodes"]) > 80
-    shot(nb, "guard")
+    nb.shot("graph70b-guard")
     # laid out anyway, Graphviz works in the worker: the page keeps drawing frames; "stop" ends it
     root.locator(".yax-guard-anyway").click()
     page.wait_for_function("(el) => el.querySelector('.yax-graph-view').dataset.state === 'busy'"
@@ -152,7 +142,7 @@ def _steps(nb: Notebook) -> None:
         return gaps; }""")
     assert max(gaps) < 250, gaps
     assert root.locator(".yax-graph-view").get_attribute("data-state") == "busy"  # still laying out
-    shot(nb, "laying-out")
+    nb.shot("graph70b-laying-out")
     root.locator(".yax-graph-stop").click()
     seen = _drawn(page, root, seen.get("drawn"))
     assert seen["state"] == "guard" and "The layout was stopped." in root.locator(".yax-graph-guard").inner_text()

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from .lab import ROOT, Notebook
+from .lab import ARTIFACTS, Notebook
 
 pytestmark = pytest.mark.e2e
 
-ARTIFACTS = ROOT / "artifacts" / "e2e"
 WIDTHS = (1100, 1400, 1600)
 HEIGHT = 900
 

@@ -11,11 +11,10 @@ import re
 
 import pytest
 
-from .lab import ROOT, Notebook, drag
+from .lab import ARTIFACTS, Notebook, drag
 
 pytestmark = pytest.mark.e2e
 
-ARTIFACTS = ROOT / "artifacts" / "e2e"
 
 CELLS = [
     # 0: GPT-2 from a small config, opened as the wrapper object users hold

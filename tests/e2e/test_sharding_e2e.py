@@ -6,15 +6,12 @@ adapt, and the comparison shows. Screenshots: ``artifacts/e2e/sharding-*.png``."
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from .lab import ROOT, Notebook, drag
+from .lab import ARTIFACTS, Notebook, drag
 
 pytestmark = pytest.mark.e2e
 
-ARTIFACTS = ROOT / "artifacts" / "e2e"
 
 CELLS = [
     """import json, jax, jax.numpy as jnp, numpy as np, yax
@@ -47,20 +44,9 @@ def notebook(lab):
         yield nb
 
 
-def printed(nb: Notebook, cell: int, tag: str) -> dict:
-    out = nb.run(cell)
-    line = next((x for x in out.splitlines() if x.startswith(tag + "=")), None)
-    assert line is not None, out
-    return json.loads(line[len(tag) + 1:])
-
-
 def test_rows_show_their_sharding_and_a_lora_drop_places_its_adapters(notebook):
-    try:
+    with notebook.failing("sharding"):
         _steps(notebook)
-    except BaseException:
-        notebook.page.screenshot(path=str(ARTIFACTS / "sharding-failure.png"), full_page=True)
-        print("console errors:", notebook.errors)
-        raise
     assert notebook.errors == []
 
 
@@ -96,7 +82,7 @@ def _steps(nb: Notebook) -> None:
     nb.run(0)
     root = page.locator(".yax-explorer").first
     page.wait_for_selector('.yax-explorer[data-ready="1"]', timeout=120_000)
-    said = printed(nb, 1, "SHARDING")
+    said = nb.printed(1, "SHARDING")
     assert said["devices"] == 8 and said["dense"] == "kernel=P(None,'model') bias=P()"
 
     # hover a Dense row: its tooltip holds the PartitionSpecs the kernel computed
@@ -111,7 +97,7 @@ def _steps(nb: Notebook) -> None:
     drag(page, root.locator('.yax-palette-item[data-name="LoRA r=4"]'), row)
     page.wait_for_selector(".yax-compare .yax-hist", timeout=120_000)
     assert "allclose" in root.locator(".yax-compare").inner_text()  # lora_b starts at zero
-    said = printed(nb, 1, "SHARDING")
+    said = nb.printed(1, "SHARDING")
     assert said["lora"] == {"lora_a": "P(None, None)", "lora_b": "P(None, 'model')"}
     lora = root.locator(".yax-row", has=page.locator('.yax-type:text-is("LoRA")')).first
     lora.wait_for(timeout=60_000)

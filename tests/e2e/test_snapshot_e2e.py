@@ -12,11 +12,10 @@ import pytest
 
 import yax
 
-from .lab import ROOT, Notebook
+from .lab import ARTIFACTS, Notebook
 
 pytestmark = pytest.mark.e2e
 
-ARTIFACTS = ROOT / "artifacts" / "e2e"
 
 CELLS = [
     """import jax, jax.numpy as jnp
@@ -40,12 +39,8 @@ def notebook(lab):
 
 
 def test_the_saved_page_shows_the_explorer_without_kernel_or_network(notebook, lab):
-    try:
+    with notebook.failing("snapshot"):
         _steps(notebook, lab)
-    except BaseException:
-        notebook.page.screenshot(path=str(ARTIFACTS / "snapshot-failure.png"), full_page=True)
-        print("console errors:", notebook.errors)
-        raise
 
 
 def _row(root, name: str):

@@ -6,15 +6,12 @@ line says so. Screenshots: ``artifacts/e2e/source-*.png``; any console error fai
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from .lab import ROOT, Notebook
+from .lab import Notebook
 
 pytestmark = pytest.mark.e2e
 
-ARTIFACTS = ROOT / "artifacts" / "e2e"
 
 MODEL = '''"""A small model for the Source tab's test."""
 import flax.linen as nn
@@ -64,30 +61,14 @@ print("CELL=" + json.dumps(source(m.equations[0], 0)))""",
 
 @pytest.fixture(scope="module")
 def notebook(lab):
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (lab.root / "source_model.py").write_text(MODEL)
     with lab.notebook("source.ipynb", CELLS) as nb:
         yield nb
 
 
-def shot(nb: Notebook, name: str) -> None:
-    nb.page.locator(".yax-explorer").first.screenshot(path=str(ARTIFACTS / f"source-{name}.png"))
-
-
-def printed(nb: Notebook, cell: int, tag: str) -> object:
-    out = nb.run(cell)
-    line = next((x for x in out.splitlines() if x.startswith(tag + "=")), None)
-    assert line is not None, out
-    return json.loads(line[len(tag) + 1:])
-
-
 def test_rows_show_their_source(notebook):
-    try:
+    with notebook.failing("source"):
         _steps(notebook)
-    except BaseException:
-        notebook.page.screenshot(path=str(ARTIFACTS / "source-failure.png"), full_page=True)
-        print("console errors:", notebook.errors)
-        raise
     assert not notebook.errors, notebook.errors
 
 
@@ -109,7 +90,7 @@ def _steps(nb: Notebook) -> None:
     nb.run(0)
     root = page.locator(".yax-explorer").first
     page.wait_for_selector('.yax-explorer[data-ready="1"]', timeout=120_000)
-    where = printed(nb, 1, "WHERE")
+    where = nb.printed(1, "WHERE")
     up_id, (up_file, up_line) = where["up"]
     assert up_file == "source_model.py"
     lines = MODEL.splitlines()
@@ -129,7 +110,7 @@ def _steps(nb: Notebook) -> None:
     assert root.locator(".yax-source-pane .yax-source-head").inner_text() == f"source_model.py:{up_line}"
     shown = root.locator(".yax-source-pane .yax-source-line")
     assert shown.count() == min(len(lines), up_line + 8) - max(1, up_line - 8) + 1
-    shot(nb, "1-call")
+    nb.shot("source-1-call")
 
     # an equation of the call: its own line (Flax's Dense code is skipped: the line calling it)
     dot_id, (_, dot_line) = where["dot"]
@@ -151,15 +132,15 @@ def _steps(nb: Notebook) -> None:
         assert root.locator(".yax-source-pane .yax-source-line").count() == 0
     else:
         _highlighted(root, lines, net_where[1])
-    shot(nb, "2-outermost")
+    nb.shot("source-2-outermost")
 
     # back on the call, for the screenshot to look at
     root.locator(".yax-tree-bar input[type=search]").fill("up")
     _row(root, up_id).click()
     _highlighted(root, lines, up_line)
-    shot(nb, "3-call-again")
+    nb.shot("source-3-call-again")
 
     # code typed in a cell: the kernel reads its lines from Python's line cache
-    cell = printed(nb, 2, "CELL")
+    cell = nb.printed(2, "CELL")
     assert cell["note"] == "" and cell["lines"], cell
     assert dict((n, t) for n, t in cell["lines"])[cell["line"]].strip() == "return jnp.sin(x) * 3.0"

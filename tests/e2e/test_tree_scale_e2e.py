@@ -12,11 +12,10 @@ from __future__ import annotations
 import pytest
 
 from . import scale
-from .lab import ROOT, Notebook
+from .lab import Notebook
 
 pytestmark = pytest.mark.e2e
 
-ARTIFACTS = ROOT / "artifacts" / "e2e"
 EXPAND_ALL_MS = 1000
 FPS = 50
 HIGHLIGHT_MS = 150
@@ -24,22 +23,13 @@ HIGHLIGHT_MS = 150
 
 @pytest.fixture(scope="module")
 def notebook(lab):
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with lab.notebook("tree70b.ipynb", scale.cells(80)) as nb:
         yield nb
 
 
-def shot(nb: Notebook, name: str) -> None:
-    nb.page.locator(".yax-explorer").first.screenshot(path=str(ARTIFACTS / f"tree70b-{name}.png"))
-
-
 def test_the_70b_tree_folds_expands_scrolls_and_highlights_in_time(notebook):
-    try:
+    with notebook.failing("tree70b"):
         _steps(notebook)
-    except BaseException:
-        notebook.page.screenshot(path=str(ARTIFACTS / "tree70b-failure.png"), full_page=True)
-        print("console errors:", notebook.errors)
-        raise
 
 
 def _row(root, name: str):
@@ -51,7 +41,7 @@ def _steps(nb: Notebook) -> None:
     nb.run(0, timeout=600)
     page.wait_for_selector('.yax-explorer[data-ready="1"]', timeout=120_000)
     root = page.locator(".yax-explorer").first
-    counts = scale.printed(nb, 1, "COUNTS")
+    counts = nb.printed(1, "COUNTS")
     layers, paths = counts["layers"], counts["paths"]
     assert len(layers) == 80 and len(counts["keys"]) == 1  # the 80 layers are alike: one structure key
 
@@ -66,7 +56,7 @@ def _steps(nb: Notebook) -> None:
     assert root.locator(".yax-row.yax-folded").count() == 1
     folded.locator(".yax-toggle").click()
     _row(root, "self_attn").wait_for()
-    shot(nb, "1-folded")
+    nb.shot("tree70b-1-folded")
 
     # a query matching in every layer, then in one: the rows standing for them say how many match
     root.locator(".yax-query input").fill('//module_call[@name="q_proj"]')
@@ -80,7 +70,7 @@ def _steps(nb: Notebook) -> None:
                            ".length === 1", timeout=60_000)
     mlp = _row(root, "mlp")
     assert mlp.locator(".yax-fold-hits").inner_text() == "1 of 80 match"
-    shot(nb, "2-query-folded")
+    nb.shot("tree70b-2-query-folded")
     # the next match is the one in layer 17: stepping there unfolds the layers and selects it
     root.locator(".yax-next-match").click()
     selected = root.locator(".yax-row.yax-selected")
@@ -88,7 +78,7 @@ def _steps(nb: Notebook) -> None:
     assert root.locator(".yax-row.yax-folded").count() == 0
     assert selected.locator(".yax-name").inner_text() == "mlp" and "yax-match" in selected.get_attribute("class")
     assert _row(root, "17").count() == 1
-    shot(nb, "3-match-unfolded")
+    nb.shot("tree70b-3-match-unfolded")
 
     # every call on its own row: "fold ×N" off; then "expand all", equations included
     root.locator(".yax-fold-repeats").uncheck()
@@ -101,7 +91,7 @@ def _steps(nb: Notebook) -> None:
     assert ex["ms"] is not None and ex["equations"] > 0, ex
     root.locator(".yax-tree").evaluate("(el) => { el.scrollTop = el.scrollHeight / 2; }")
     page.wait_for_timeout(200)
-    shot(nb, "4-expanded")
+    nb.shot("tree70b-4-expanded")
 
     # scrolling the 11,000 rows: frames per second over 2 s, the rows in sight painted at every frame. The
     # frame rate measures the machine too (two cores shared with other test runs): the best of three tries
@@ -117,7 +107,7 @@ def _steps(nb: Notebook) -> None:
     ms = scale.highlight(nb, rounds=2)
     print(f"highlight (ms): {ms}")
     assert all(x is not None for x in ms), ms
-    shot(nb, "5-query-expanded")
+    nb.shot("tree70b-5-query-expanded")
 
     assert ex["ms"] <= EXPAND_ALL_MS, ex
     assert sc["fps"] >= FPS and all(t["missing"] == 0 for t in tries), tries

@@ -5,16 +5,14 @@ are saved under ``artifacts/e2e/values-*.png``; any console error fails."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
-from .lab import ROOT, Notebook
+from .lab import Notebook
 
 pytestmark = pytest.mark.e2e
 
-ARTIFACTS = ROOT / "artifacts" / "e2e"
 
 CELLS = [
     # 0: a Transformer whose embedding of token 63 is huge: a batch holding it overflows in a LayerNorm
@@ -45,29 +43,13 @@ print("NAN=" + json.dumps(None if f is None else [ids.get(id(f.call)), ids.get(i
 
 @pytest.fixture(scope="module")
 def notebook(lab):
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with lab.notebook("values.ipynb", CELLS) as nb:
         yield nb
 
 
-def shot(nb: Notebook, name: str) -> None:
-    nb.page.locator(".yax-explorer").first.screenshot(path=str(ARTIFACTS / f"values-{name}.png"))
-
-
-def printed(nb: Notebook, cell: int, tag: str) -> object:
-    out = nb.run(cell)
-    line = next((x for x in out.splitlines() if x.startswith(tag + "=")), None)
-    assert line is not None, out
-    return json.loads(line[len(tag) + 1:])
-
-
 def test_values_colouring_batches_and_nan(notebook):
-    try:
+    with notebook.failing("values"):
         _steps(notebook)
-    except BaseException:
-        notebook.page.screenshot(path=str(ARTIFACTS / "values-failure.png"), full_page=True)
-        print("console errors:", notebook.errors)
-        raise
 
 
 def _row(root, name: str):
@@ -92,7 +74,7 @@ def _steps(nb: Notebook) -> None:
     root.locator('.yax-tab[data-tab="Values"]').click()
     out = root.locator(".yax-values .yax-values-output")
     out.first.wait_for(timeout=120_000)
-    want = printed(nb, 1, "STATS")
+    want = nb.printed(1, "STATS")
     for k in ("min", "max", "mean", "std"):
         assert _stat(root, 0, k) == pytest.approx(want[k], rel=6e-3, abs=1e-6), k
     assert "Transformer/Block_0" in root.locator(".yax-values-head").inner_text()
@@ -100,7 +82,7 @@ def _steps(nb: Notebook) -> None:
     assert out.first.locator("canvas.yax-hist").count() == 1 and out.first.locator("canvas.yax-heat").count() == 1
     assert "values from" in out.first.locator(".yax-hist-fig figcaption").inner_text()
     assert root.locator('.yax-values td[data-stat="NaN / Inf"]').first.inner_text() == "none"
-    shot(nb, "1-pane")
+    nb.shot("values-1-pane")
 
     # another row: its values come without compiling the model again
     t = time.perf_counter()
@@ -116,7 +98,7 @@ def _steps(nb: Notebook) -> None:
     page.wait_for_selector('.yax-values-bar[data-overlay="norm"]', timeout=120_000)
     legend = root.locator(".yax-ov-legend")
     assert "norm of the outputs" in legend.inner_text() and "log scale" in legend.inner_text()
-    overlay = printed(nb, 2, "OVERLAY")
+    overlay = nb.printed(2, "OVERLAY")
     chips = root.locator(".yax-row .yax-ov")
     assert chips.count() > 10
     rows = root.locator(".yax-row:not(.yax-eq)")
@@ -128,20 +110,20 @@ def _steps(nb: Notebook) -> None:
         if value is not None:
             shown = float(chip.get_attribute("title").split(": ")[1])
             assert shown == pytest.approx(value, rel=6e-3)
-    shot(nb, "2-colour-norm")
+    nb.shot("values-2-colour-norm")
 
     # the poisoned batch: the pane and the colours follow it; the overflow shows as +Inf
     batch.select_option("poisoned")
     page.wait_for_function("() => document.querySelector('.yax-values-head')?.textContent.includes('“poisoned”')",
                            timeout=120_000)
     nonfinite = root.locator('.yax-values td[data-stat="NaN / Inf"]').first
-    want = printed(nb, 1, "STATS")
+    want = nb.printed(1, "STATS")
     assert want["batch"] == "poisoned" and want["path"] == "Transformer/Block_0/LayerNorm_0"
     assert want["nonfinite"] == [0, 0, 0] and nonfinite.inner_text() == "none"  # the LayerNorm absorbs the overflow
     _row(root, "Block_1").click()
     page.wait_for_function("() => document.querySelector('.yax-values-head code')?.textContent === 'Transformer/Block_1'",
                            timeout=60_000)
-    want = printed(nb, 1, "STATS")
+    want = nb.printed(1, "STATS")
     nan, posinf, neginf = want["nonfinite"]
     assert nan + posinf + neginf > 0
     assert f"{nan} NaN, {posinf} +Inf, {neginf} −Inf" in nonfinite.inner_text(), nonfinite.inner_text()
@@ -152,20 +134,20 @@ def _steps(nb: Notebook) -> None:
     root.locator("select.yax-colour").select_option("nonfinite")
     page.wait_for_selector('.yax-values-bar[data-overlay="nonfinite"]', timeout=120_000)
     assert "holds NaN or Inf" in legend.inner_text()
-    overlay = printed(nb, 2, "OVERLAY")
+    overlay = nb.printed(2, "OVERLAY")
     shown = {r.get_attribute("data-id"): float(r.locator(".yax-ov").get_attribute("title").split(": ")[1])
              for r in rows.all() if r.locator(".yax-ov").count()}
     assert shown and all(v == pytest.approx(overlay[k], rel=6e-3, abs=1e-9) for k, v in shown.items())
     red = {k for k, v in shown.items() if v > 0}
     assert red and red == {k for k in shown if overlay[k] > 0}
-    shot(nb, "3-poisoned-nonfinite")
+    nb.shot("values-3-poisoned-nonfinite")
 
     # find the first NaN: the row the kernel names is selected, and the message says where
     root.locator("button.yax-find-nan").click()
     message = root.locator(".yax-values-message")
     page.wait_for_selector(".yax-values-message.yax-nan-found", timeout=120_000)
     assert "LayerNorm_0" in message.inner_text() and "poisoned" in message.inner_text()
-    call, eq, _ = printed(nb, 2, "NAN")
+    call, eq, _ = nb.printed(2, "NAN")
     selected = root.locator(".yax-row.yax-selected")
     selected.wait_for()
     assert int(selected.get_attribute("data-id")) in (call, eq)
@@ -174,7 +156,7 @@ def _steps(nb: Notebook) -> None:
     page.wait_for_function("(key) => document.querySelector('.yax-values-head code')?.textContent === key", arg=key,
                            timeout=120_000)
     assert "+Inf" in root.locator('.yax-values td[data-stat="NaN / Inf"]').first.inner_text()
-    shot(nb, "4-first-nan")
+    nb.shot("values-4-first-nan")
 
     # back on the clean batch there is none, and the button says so
     batch.select_option("clean")
@@ -183,7 +165,7 @@ def _steps(nb: Notebook) -> None:
     root.locator("button.yax-find-nan").click()
     page.wait_for_selector(".yax-values-message.yax-nan-none", timeout=120_000)
     assert "No NaN or Inf" in message.inner_text() and "clean" in message.inner_text()
-    assert printed(nb, 2, "NAN") is None
-    shot(nb, "5-no-nan")
+    assert nb.printed(2, "NAN") is None
+    nb.shot("values-5-no-nan")
 
     assert nb.errors == [], nb.errors
