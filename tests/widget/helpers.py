@@ -9,12 +9,16 @@ from yax_widget import Explorer
 IDS = jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % 64
 
 
+def recording(ex: Explorer) -> Explorer:
+    """``ex``, its comm's transport (only that) recording what it sends in ``ex.sent``."""
+    ex.sent = []
+    ex.send = lambda content, buffers=None: ex.sent.append(content)
+    return ex
+
+
 def explorer(model, **kw) -> Explorer:
     m, v = model
-    ex = Explorer(m, v, IDS, **kw)
-    ex.sent = []
-    ex.send = lambda content, buffers=None: ex.sent.append(content)  # the comm's transport only
-    return ex
+    return recording(Explorer(m, v, IDS, **kw))
 
 
 def ask(ex: Explorer, **content) -> dict:

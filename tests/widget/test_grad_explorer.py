@@ -18,8 +18,9 @@ import yax
 from yax.internal import capturable_calls, node_ids
 from yax_widget import Explorer
 from yax_widget._snapshot import View, snapshot_data
+from yax_widget._values import MAX_OUTPUTS
 
-from .helpers import ask
+from .helpers import ask, recording
 
 
 class Head(nn.Module):
@@ -46,10 +47,7 @@ X = jax.random.normal(jax.random.key(1), (2, 3, 4))
 def _setup(**kw):
     m = Net()
     v = m.init(jax.random.key(0), X)
-    ex = Explorer(m, v, X, warm=False, **kw)
-    ex.sent = []
-    ex.send = lambda content, buffers=None: ex.sent.append(content)
-    return ex, v
+    return recording(Explorer(m, v, X, warm=False, **kw)), v
 
 
 def _by_hand(v, x, scalar):
@@ -194,9 +192,7 @@ class Sick(nn.Module):
 def test_the_backward_nan_search_selects_the_row_whose_rule_gave_the_first_nan():
     m = Sick()
     v = m.init(jax.random.key(0), X)
-    ex = Explorer(m, v, X, warm=False)
-    ex.sent = []
-    ex.send = lambda content, buffers=None: ex.sent.append(content)
+    ex = recording(Explorer(m, v, X, warm=False))
     assert bool(jnp.isfinite(yax.eval_mox(ex.mox, v, X)).all())
     fwd = ask(ex, rid=1, type="nonfinite")
     assert fwd["found"] is False
@@ -251,3 +247,47 @@ def test_a_pytree_output_takes_its_logits(kind):
     assert float(s({"ids": jnp.arange(3), "y": x})) == float(s(Out(x)))
     with pytest.raises(yax.YaxInputError, match="no floating array"):
         s({"ids": jnp.arange(3)})
+
+
+@pytest.mark.parametrize("name", ["gpt2-wrapper", "scanned-module"])
+def test_the_gradient_colouring_of_third_party_models_is_capture_with_grad_of(name):
+    """On models nobody here wrote (Hugging Face GPT-2 through its wrapper; the scanned, rematerialised
+    Transformer, whose layers give their gradients per step), each row's gradient norm and
+    gradient × activation are those of `yax.capture(..., grad_of=)` (itself checked against
+    `jax.grad` on these models in tests/test_grad.py)."""
+    from thirdparty import case
+
+    c = case(name)
+    mox = yax.make_mox(c.fn)(*c.args)
+    ex = recording(Explorer(mox, *c.args, warm=False))
+    assert ask(ex, rid=1, type="overlay", stat="grad", scalar="logit")["type"] == "ok"
+    norms = ex._overlay
+    assert ask(ex, rid=2, type="overlay", stat="gxa", scalar="logit")["type"] == "ok"
+    gxa = ex._overlay
+    out = yax.eval_mox(mox, *c.args)
+    logits = getattr(out, "logits", out)
+    k = int(jnp.argmax(logits[0, -1]))
+    assert norms["scalar"]["chosen"] == k
+
+    def scalar(o):
+        return getattr(o, "logits", o)[0, -1, k]
+
+    calls = capturable_calls(mox)
+    _, values, grads = yax.capture(calls, mox, *c.args, grad_of=scalar)
+    keys, ids = yax.internal.capture_keys(mox), node_ids(mox)
+    checked = 0
+    for call in calls:
+        shown = list(zip(jax.tree_util.tree_leaves(grads[keys[id(call)]]),
+                         jax.tree_util.tree_leaves(values[keys[id(call)]])))[:MAX_OUTPUTS]  # a row's outputs shown
+        pairs = [(np.asarray(g, np.float64), np.asarray(x, np.float64)) for g, x in shown
+                 if jnp.issubdtype(x.dtype, jnp.floating)]
+        got = norms["values"][str(ids[id(call)])]
+        if not pairs or not any(np.any(g) for g, _ in pairs):
+            assert got is None, call.path  # no gradient: no number, the tooltip says why
+            continue
+        want = np.sqrt(sum((g ** 2).sum() for g, _ in pairs))
+        assert got == pytest.approx(want, rel=1e-4), call.path
+        assert gxa["values"][str(ids[id(call)])] == pytest.approx(sum((g * x).sum() for g, x in pairs),
+                                                                  rel=1e-3, abs=1e-5), call.path
+        checked += 1
+    assert checked > 10
