@@ -65,6 +65,41 @@ def test_lora_train_merge_recipe():
     np.testing.assert_allclose(model.apply(mp, ids), yax.eval_mox(new, lp, ids), rtol=1e-4, atol=1e-5)
 
 
+class _Half(nn.Module):
+    """Computes in bfloat16, as a model loaded with ``dtype=jnp.bfloat16`` and its parameters cast does."""
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(3, dtype=jnp.bfloat16)(nn.relu(nn.Dense(8, dtype=jnp.bfloat16)(x)))
+
+
+def test_lora_keeps_the_weights_of_a_model_whose_parameters_were_cast_narrower():
+    """The replacement declares its base kernel float32 (``param_dtype``'s default), the model
+    holds bfloat16: the trained kernel is kept, converted exactly, never initialised afresh."""
+    x = jax.random.normal(KEY, (4, 5))
+    model = _Half()
+    params = jax.tree_util.tree_map(lambda p: p.astype(jnp.bfloat16), model.init(KEY, x))
+    mox = yax.make_mox(model.apply)(params, x)
+    new, lp = yax.sub('//module_call[@type="Dense"]', yax.LoRA(rank=2), mox, params=params, key=jax.random.key(3))
+    for name in ("Dense_0", "Dense_1"):
+        old, got = params["params"][name], lp["params"][name]
+        assert got["kernel"].dtype == jnp.float32 and jnp.array_equal(got["kernel"], old["kernel"].astype(jnp.float32))
+        assert jnp.array_equal(got["bias"], old["bias"].astype(jnp.float32))
+    assert jnp.array_equal(yax.eval_mox(new, lp, x), model.apply(params, x))  # B = 0: exactly the model
+
+
+def test_a_replacement_that_would_narrow_a_kept_weight_is_refused_and_changes_nothing():
+    x = jnp.ones((2, 5))
+    model = nn.Dense(3)
+    params = model.init(KEY, x)
+    mox = yax.make_mox(model.apply)(params, x)
+    before = str(mox)
+    with pytest.raises(yax.YaxRewriteError, match=r"float32 array, but declares it bfloat16.*param_dtype"):
+        yax.sub('//module_call[@type="Dense"]', nn.Dense(3, param_dtype=jnp.bfloat16), mox, params=params,
+                key=jax.random.key(3))
+    assert str(mox) == before and params["params"]["kernel"].dtype == jnp.float32
+
+
 def test_save_load_params_and_rebuild_from_recipe(tmp_path):
     def recipe(mox, params):
         return yax.sub(DENSE_MLP, yax.LoRA(rank=2), mox, params=params, key=jax.random.key(3))

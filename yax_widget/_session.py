@@ -697,6 +697,7 @@ class Session:
 
     def _warm(self) -> None:
         try:
+            jax.random.fold_in(self._key, 1)  # the first change's key: folding compiles once (0.05 s)
             self._original_values()
         except Exception:  # the first real compare reports any problem, with context
             pass

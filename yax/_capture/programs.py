@@ -72,7 +72,7 @@ def scalar_loss(grad_of: Any, out: Any, what: str) -> Any:
 
 def watched(mox: Mox, plan: Plan, mode: str, flat: list[Any]) -> tuple[list[Any], dict[str, Any]]:
     """Evaluate ``mox`` on ``flat`` with ``plan``'s targets watched in ``mode``
-    (``"capture"``; ``"measure"``: one flat float32 array per target;
+    (``"capture"``: the values as they are;
     ``"measure_shaped"``: each output as float32, shaped and laid out as it is);
     ``(flat outputs, got)``."""
     w = Watch(plan, mode, False, {}, None, None, ())
