@@ -18,6 +18,7 @@ import numpy as np
 from . import _calls, _capture, frontends
 from ._eval import eval_mox, flatten_inputs, run
 from ._ir import FN_KINDS, Equation, Kind, Mox
+from ._jit import model_jit
 from ._sharding import any_spread
 from ._vocab import type_str
 from .errors import YaxInputError
@@ -413,7 +414,7 @@ def _program(mox: Mox, out_idx: tuple[int, ...], taps: bool, eager: bool, shaped
             return [out(outs[i]) for i in out_idx], {k: [v if v.dtype == jnp.float32 else v.astype(jnp.float32)
                                                          for v in g["out"]] for k, g in got.items()}
 
-        f = cache[key] = program if eager else jax.jit(program)
+        f = cache[key] = program if eager else model_jit(program)
     return f
 
 

@@ -13,7 +13,8 @@ Contents:
   fit checks       `misfit`, `is_decider`, `is_module`
   measuring        `Measured`, `measure`, `compare_measured`, `paired_outputs`,
                    `compiled_programs`, `eager_is_cheaper`,
-                   `compare_gradients` (`compare`'s ``grad_of``)
+                   `compare_gradients` (`compare`'s ``grad_of``), `model_jit` (``jax.jit`` as yax
+                   compiles a whole model: XLA:CPU's memory-minimising scheduler)
   call keys        `call_keys` (compare's boundary names), `keyed` (diff's), `capture_keys`
                    (the keys `capture` gives every call and equation)
   folding          `structure_keys` (equal for calls of the same structure: the tree's ×N rows)
@@ -54,6 +55,7 @@ from ._ir import CALL_KINDS as CALL_KINDS
 from ._ir import FN_KINDS as FN_KINDS
 from ._ir import Kind as Kind
 from ._ir import ModuleInfo as ModuleInfo
+from ._jit import model_jit as model_jit
 from ._precision import is_mixed as is_mixed
 from ._precision import precisions as precisions
 from ._print import key_attrs as key_attrs

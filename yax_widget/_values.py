@@ -26,7 +26,15 @@ import numpy as np
 
 import yax
 from yax.errors import arg_name, where
-from yax.internal import ValueStats, capturable_calls, capture_keys, node_ids, reduced_stats, type_str
+from yax.internal import (
+    ValueStats,
+    capturable_calls,
+    capture_keys,
+    model_jit,
+    node_ids,
+    reduced_stats,
+    type_str,
+)
 
 from ._payloads import HIST_BINS, floats, heat_slice
 
@@ -194,7 +202,7 @@ class _Program:
                 self.where[rid] = entries
             return outs, _light(outs)
 
-        self.capture = jax.jit(program, static_argnums=1)
+        self.capture = model_jit(program, static_argnums=1)
 
 
 class _Static:
@@ -339,7 +347,7 @@ class _GradProgram:
                 self.leaf = (name, x.ndim)
             return gs, _light(gs), _dots(gs, xs), chosen, scalar(out)
 
-        self.run = jax.jit(program, static_argnums=1)
+        self.run = model_jit(program, static_argnums=1)
 
 
 _grad_programs: weakref.WeakKeyDictionary[yax.Mox, dict] = weakref.WeakKeyDictionary()

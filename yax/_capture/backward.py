@@ -28,6 +28,7 @@ from jax.custom_derivatives import SymbolicZero
 from .. import _calls
 from .._eval import Hooks, bind, run
 from .._ir import Equation, Literal, Mox
+from .._jit import model_jit
 from ..errors import YaxCaptureError
 from .stats import NonFinite, ValueStats
 
@@ -150,7 +151,7 @@ class Search:
             _, cts, out_cts = jax.grad(loss, argnums=(0, 1, 2))([flat[i] for i in diff], ds, [zero] * len(outs))
             return jax.tree_util.tree_map(jnp.isnan, (cts, out_cts))
 
-        self.jitted = jax.jit(program)
+        self.jitted = model_jit(program)
         self.outs = [i for i, v in enumerate(mox.outvars) if _inexact(v)]
 
     def __call__(self, flat: list[Any]) -> tuple[dict[str, Any], list[bool]]:

@@ -13,6 +13,7 @@ import numpy as np
 from .. import errors
 from .._eval import Hooks, bind, flatten_inputs, run
 from .._ir import CALL_KINDS, Equation, Mox
+from .._jit import model_jit
 from .._sharding import any_spread, spread
 from .backward import first_backward
 from .plan import how_reached
@@ -104,7 +105,7 @@ class _Search:
             self.entries = top.entries
             return jnp.stack(arg_flags) if arg_flags else jnp.zeros((0,), bool), top.level()
 
-        self.jitted = jax.jit(program)
+        self.jitted = model_jit(program)
 
 
 _searches: weakref.WeakKeyDictionary[Mox, _Search] = weakref.WeakKeyDictionary()

@@ -13,6 +13,7 @@ import numpy as np
 from .. import errors
 from .._eval import run
 from .._ir import Kind, Mox
+from .._jit import model_jit
 from .._vocab import type_str
 from ..errors import YaxInputError
 from .hooks import Watch
@@ -36,7 +37,7 @@ class _Program:
             w = Watch(plan, mode, inputs, patches, repl, arg, ())
             return run(root, flat, hooks=w), w.got
 
-        self.jitted = jax.jit(program)
+        self.jitted = model_jit(program)
 
     def __call__(self, flat: list[Any], patches: dict[str, Any], arg: Any) -> tuple[Any, ...]:
         out: tuple[Any, ...] = self.jitted(flat, patches, arg)

@@ -492,6 +492,8 @@ class DictVariables(Variables):
             if ov.dtype == a.dtype:
                 sc.canon[_keystr(kp)] = ov
                 sc.kept[_keystr(kp)] = _get(self.values, where_) if self.given else None
+            elif self.keep is not None and "/".join(keys) not in self.keep:
+                continue  # `keep=` names the leaves kept: this one is initialised afresh
             elif self.given and _widens(ov.dtype, a.dtype):
                 # the model holds it narrower than the replacement declares it (bfloat16 weights, a LoRA
                 # whose Dense has float32 parameters): kept, converted exactly, as a new variable
