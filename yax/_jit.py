@@ -58,4 +58,5 @@ class _Scheduled:
         return self.top.lower(*args, **kwargs)
 
     def _cache_size(self) -> int:  # as a jitted function's: how many programs it compiled
-        return sum(int(f._cache_size()) for f in (self.top, self.nested))  # type: ignore[attr-defined]
+        sizes: list[int] = [f._cache_size() for f in (self.top, self.nested)]  # type: ignore[attr-defined]
+        return sum(sizes)
