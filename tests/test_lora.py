@@ -73,9 +73,9 @@ class _Half(nn.Module):
         return nn.Dense(3, dtype=jnp.bfloat16)(nn.relu(nn.Dense(8, dtype=jnp.bfloat16)(x)))
 
 
-def test_lora_keeps_the_weights_of_a_model_whose_parameters_were_cast_narrower():
-    """The replacement declares its base kernel float32 (``param_dtype``'s default), the model
-    holds bfloat16: the trained kernel is kept, converted exactly, never initialised afresh."""
+def test_lora_on_a_model_whose_parameters_were_cast_keeps_them_as_they_are():
+    """The layer's class declares float32 parameters (``param_dtype``'s default); the model holds
+    them as bfloat16: the LoRA keeps each kernel itself, and its adapters are bfloat16 too."""
     x = jax.random.normal(KEY, (4, 5))
     model = _Half()
     params = jax.tree_util.tree_map(lambda p: p.astype(jnp.bfloat16), model.init(KEY, x))
@@ -83,9 +83,23 @@ def test_lora_keeps_the_weights_of_a_model_whose_parameters_were_cast_narrower()
     new, lp = yax.sub('//module_call[@type="Dense"]', yax.LoRA(rank=2), mox, params=params, key=jax.random.key(3))
     for name in ("Dense_0", "Dense_1"):
         old, got = params["params"][name], lp["params"][name]
-        assert got["kernel"].dtype == jnp.float32 and jnp.array_equal(got["kernel"], old["kernel"].astype(jnp.float32))
-        assert jnp.array_equal(got["bias"], old["bias"].astype(jnp.float32))
+        assert got["kernel"] is old["kernel"] and got["bias"] is old["bias"]
+        assert got["lora_a"].dtype == got["lora_b"].dtype == jnp.bfloat16
     assert jnp.array_equal(yax.eval_mox(new, lp, x), model.apply(params, x))  # B = 0: exactly the model
+
+
+def test_a_replacement_declaring_a_kept_weight_wider_keeps_it_converted_exactly():
+    """A replacement built by hand with the class's float32 parameters for a bfloat16-cast layer:
+    its weights are kept, converted exactly, never initialised afresh (they were, silently)."""
+    x = jax.random.normal(KEY, (4, 5))
+    model = _Half()
+    params = jax.tree_util.tree_map(lambda p: p.astype(jnp.bfloat16), model.init(KEY, x))
+    mox = yax.make_mox(model.apply)(params, x)
+    new, np_ = yax.sub('//module_call[@name="Dense_1"]', nn.Dense(8, dtype=jnp.bfloat16), mox, params=params)
+    old, got = params["params"]["Dense_1"], np_["params"]["Dense_1"]
+    assert got["kernel"].dtype == jnp.float32 and jnp.array_equal(got["kernel"], old["kernel"].astype(jnp.float32))
+    assert jnp.array_equal(got["bias"], old["bias"].astype(jnp.float32))
+    assert jnp.array_equal(yax.eval_mox(new, np_, x), model.apply(params, x))
 
 
 def test_a_replacement_that_would_narrow_a_kept_weight_is_refused_and_changes_nothing():
