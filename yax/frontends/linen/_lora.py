@@ -104,7 +104,7 @@ def adapter(node: Mox, rank: int, alpha: float) -> LoRA | None:
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)
               if f.init and f.name not in ("parent", "name")}
     held = {np.dtype(x.dtype) for x in jax.tree_util.tree_leaves((node.var_tree or {}).get("params", {}))}
-    if "param_dtype" in fields and len(held) == 1:
+    if "param_dtype" in fields and len(held) == 1 and held != {np.dtype(fields["param_dtype"])}:
         # the layer's parameters as the model holds them (cast to bfloat16 after loading, say), not
         # as its class declares them: the kernel is kept as it is, and the adapters take its type
         fields["param_dtype"] = held.pop().type
