@@ -165,51 +165,35 @@ def call_keys(mox: Mox) -> dict[str, Mox]:
 def _stats(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> Stats:
     """Statistics of two flat float32 host arrays, in NumPy after the models ran (BLAS dot
     products, float64 sums). Reducing hundreds of boundaries inside the models' jitted programs
-    multiplied XLA's compile time by ten; NumPy compiles nothing."""
-    if x.size:
-        with np.errstate(over="ignore", invalid="ignore"):
-            sums = np.dot(x, x), np.dot(y, y)
-        if np.isfinite(sums[0]) and np.isfinite(sums[1]):  # every entry finite: no masks, half the passes
-            fast = _finite_stats(x, y, sums, rtol, atol)
-            if fast is not None:
-                return fast
-    fin = np.isfinite(x) & np.isfinite(y)
-    nonfinite = int(fin.size - np.count_nonzero(fin))
-    changed = 0
-    if nonfinite:
-        bad_x, bad_y = x[~fin], y[~fin]
-        same = (bad_x == bad_y) | (np.isnan(bad_x) & np.isnan(bad_y))
-        changed = int(same.size - np.count_nonzero(same))
-        x, y = x[fin], y[fin]
+    multiplied XLA's compile time by ten; NumPy compiles nothing. Where x·x and y·y are finite,
+    every entry is: no finiteness masks are made (half the passes over the values)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        sums = np.dot(x, x), np.dot(y, y)
+    nonfinite = changed = 0
+    if not (np.isfinite(sums[0]) and np.isfinite(sums[1])):  # a NaN or an Inf, or squares that overflow
+        fin = np.isfinite(x) & np.isfinite(y)
+        nonfinite = int(fin.size - np.count_nonzero(fin))
+        if nonfinite:
+            bad_x, bad_y = x[~fin], y[~fin]
+            same = (bad_x == bad_y) | (np.isnan(bad_x) & np.isnan(bad_y))
+            changed = int(same.size - np.count_nonzero(same))
+            x, y = x[fin], y[fin]
+            with np.errstate(over="ignore", invalid="ignore"):
+                sums = np.dot(x, x), np.dot(y, y)
     if not x.size:
         return _finish(0, nonfinite, changed, 0, np.nan, np.nan, 0.0, 0.0, 0.0, 0.0)
     with np.errstate(over="ignore", invalid="ignore"):
         d = np.abs(y - x)
-        nx, ny, nd = (float(np.sqrt(np.dot(v, v), dtype=np.float64)) for v in (x, y, d))  # BLAS
+        nx, ny, nd = (float(np.sqrt(v, dtype=np.float64)) for v in (*sums, np.dot(d, d)))  # BLAS
     if not np.isfinite(nx + ny + nd):  # finite entries whose squares overflow float32: redo in float64
         x, y = x.astype(np.float64), y.astype(np.float64)
         d = np.abs(y - x)
         nx, ny, nd = (float(np.sqrt(np.dot(v, v))) for v in (x, y, d))
-    far = int(d.size - np.count_nonzero(d <= atol + rtol * np.abs(x)))
-    return _finish(x.size, nonfinite, changed, far, float(d.max()), float(d.sum(dtype=np.float64)), nx, ny, nd,
-                   float(np.dot(x, y)))
-
-
-def _finite_stats(x: np.ndarray, y: np.ndarray, sums: tuple[Any, Any], rtol: float, atol: float) -> Stats | None:
-    """`_stats` of two arrays known finite, whose squares (``sums``: x·x, y·y) do
-    not overflow: the same numbers with no finiteness masks, and the tolerance
-    test only where the largest ``|Δ|`` exceeds ``atol``. None when ``|Δ|``'s
-    squares overflow (`_stats` then works in float64)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        d = np.subtract(y, x)
-        np.abs(d, out=d)
-        dd = np.dot(d, d)
-    if not np.isfinite(dd):
-        return None
     max_abs = float(d.max())
-    far = 0 if max_abs <= atol else int(d.size - np.count_nonzero(d <= atol + rtol * np.abs(x)))
-    nx, ny, nd = (float(np.sqrt(v, dtype=np.float64)) for v in (*sums, dd))
-    return _finish(x.size, 0, 0, far, max_abs, float(d.sum(dtype=np.float64)), nx, ny, nd, float(np.dot(x, y)))
+    # every |Δ| within atol is within the tolerance: the test per entry only where one is not
+    far = 0 if max_abs <= atol and rtol >= 0 else int(d.size - np.count_nonzero(d <= atol + rtol * np.abs(x)))
+    return _finish(x.size, nonfinite, changed, far, max_abs, float(d.sum(dtype=np.float64)), nx, ny, nd,
+                   float(np.dot(x, y)))
 
 
 def _finish(n: int, nonfinite: int, changed: int, far: int, max_abs: float, sum_abs: float, nx: float, ny: float,

@@ -299,6 +299,7 @@ class _Scope:
 
 
 _inits: dict[tuple[Any, ...], Any] = {}  # compiled initialisers (`_init`)
+_QUICK: dict[str, str | bool] = {"xla_backend_optimization_level": "0"}  # compiler options of `_init`'s programs
 
 
 def _initialised(module: Any, call: Callable[..., Any], key: Any, xs: Any) -> dict[str, Any]:
@@ -355,9 +356,6 @@ def _init(module: Any, needed: tuple[int, ...], call: Callable[..., Any], finger
 
         f = _inits[k] = jax.jit(init).lower(*args).compile(_QUICK)
     return list(f(*args))
-
-
-_QUICK: dict[str, str | bool] = {"xla_backend_optimization_level": "0"}  # compiler options of programs that run once on little data
 
 
 class DictVariables(Variables):
