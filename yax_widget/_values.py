@@ -79,15 +79,15 @@ def _reduced(x: Any) -> tuple[Any, Any, Any, Any, Any]:
     return counts, jnp.concatenate([stats, norm[None]]), hist, heat, k
 
 
-CHUNK = 4096  # values per chunk of `_light`
+CHUNK = 4096  # values per chunk of `_dots`
 
 
 def _chunked(arrays: list[Any]) -> tuple[Any, Any, Any]:
     """``arrays`` (float32) flattened and padded with zeros into chunks of `CHUNK`
     values, stacked: the chunks ``[K, CHUNK]``, the array each chunk belongs to, and
     each array's padding. Reductions along the chunks, then summed per array, make one
-    program of a few large operations (three reductions of each of a 1B model's
-    outputs compiled for seconds; a histogram and a heatmap of each for longer)."""
+    program of a few large operations (a masked sum of each of a 1B model's outputs
+    compiled for seconds)."""
     rows, seg, pad = [], [], []
     for n, x in enumerate(arrays):
         k = max(1, -(-x.size // CHUNK))
@@ -97,28 +97,59 @@ def _chunked(arrays: list[Any]) -> tuple[Any, Any, Any]:
     return jnp.concatenate(rows), np.asarray(seg, np.int32), np.asarray(pad, np.float32)
 
 
-def _light(outs: list[Any]) -> Any:
-    """What the colouring needs of each array of ``outs``: ``[sum of the squares of the
-    finite values, zeros, NaN or Inf]`` (float32; the sum may overflow: `_norm`), in
-    one pass over `_chunked` outputs. The full summary of a row (`_reduced`) is made
-    when it is selected."""
+def _squares(outs: list[Any]) -> Any:
+    """``x · x`` of each array of ``outs`` (float32), in the program that made them: one
+    matrix product each, which XLA compiles as fast as nothing and runs at the speed of
+    reading the array (the zeros and NaN counts of a 1B Llama's 310 outputs, reduced in
+    the same program, ran 0.7 s longer than the model). The colouring needs nothing
+    else: `_Light` makes the rest from it, counting only where it must."""
     if not outs:
-        return jnp.zeros((0, 3), jnp.float32)
-    f, ids, pad = _chunked([_floats(x) for x in outs])
-    fin = jnp.isfinite(f)
-    per = jnp.stack([jnp.where(fin, f * f, 0.0).sum(axis=1), (f == 0).sum(axis=1, dtype=jnp.float32),
-                     (~fin).sum(axis=1, dtype=jnp.float32)], axis=1)
-    sums = jax.ops.segment_sum(per, ids, len(outs), indices_are_sorted=True)
-    return sums.at[:, 1].add(-pad)  # the padding's zeros are not the array's
+        return jnp.zeros((0,), jnp.float32)
+    return jnp.stack([jnp.vdot(f, f) for f in (_floats(x).ravel() for x in outs)])
 
 
-def _norm(squares: float, x: Any) -> float:
-    """The norm of the finite values of ``x`` from their sum of squares (`_light`); where
-    that overflowed, from ``x``'s full summary, whose sums are scaled (made for these
-    outputs alone)."""
-    if math.isfinite(squares):
-        return math.sqrt(squares)
-    return float(jax.device_get(_summarize(x))[1][4])
+@jax.jit
+def _zeros(x: Any) -> Any:
+    """How many values of ``x`` are zero (int32; compiled once per shape and dtype)."""
+    return (x == 0).sum(dtype=jnp.int32)
+
+
+class _Light:
+    """What the colouring needs of each of ``arrays`` (kept on the device) from their
+    ``squares`` (`_squares`, on the host): the norm of the finite values and how many
+    are NaN or Inf, and how many are zero, when asked.
+
+    When ``x · x`` is finite, no value is NaN or Inf; when it is also at least
+    ``1e-30`` per value, no square lost to underflow weighs (each lost one is below
+    ``1.2e-38``) and the norm is its root. Otherwise (a NaN or an Inf, an overflow, or
+    values so small their squares vanish) the array's full summary (`_reduced`, its sums
+    scaled by the largest value) tells both, so a row of values near ``1e-25`` shows
+    their norm, not 0. Zeros are counted only for the colouring by zeros (or where
+    ``x · x`` is 0: a gradient zero everywhere)."""
+
+    def __init__(self, arrays: list[Any], squares: Any):
+        self.arrays = arrays
+        self.squares = np.asarray(squares, np.float64)
+        self._full: dict[int, tuple[float, int]] = {}
+        self._zeros: dict[int, int] = {}
+
+    def norm(self, i: int) -> tuple[float, int]:
+        """``(norm of the finite values, how many are NaN or Inf)`` of array ``i``."""
+        s, x = float(self.squares[i]), self.arrays[i]
+        if math.isfinite(s) and s >= 1e-30 * x.size:
+            return math.sqrt(s), 0
+        if s == 0 and self.zeros(i) == x.size:
+            return 0.0, 0
+        if i not in self._full:
+            counts, stats = jax.device_get(_summarize(x))[:2]
+            self._full[i] = (float(stats[4]), int(counts[1] + counts[2] + counts[3]))
+        return self._full[i]
+
+    def zeros(self, i: int) -> int:
+        """How many values of array ``i`` are zero."""
+        if i not in self._zeros:
+            self._zeros[i] = int(_zeros(self.arrays[i]))
+        return self._zeros[i]
 
 
 def _floats(x: Any) -> Any:
@@ -127,7 +158,7 @@ def _floats(x: Any) -> Any:
 
 def _dots(gs: list[Any], xs: list[Any]) -> Any:
     """``sum(g * x)`` over the finite products of each pair of ``gs`` and ``xs`` (float32),
-    `_chunked` as `_light`'s."""
+    `_chunked`."""
     if not gs:
         return jnp.zeros((0,), jnp.float32)
     products = [g.astype(jnp.float32) * x.astype(jnp.float32) for g, x in zip(gs, xs)]
@@ -173,7 +204,7 @@ def _no_gradient(x: Any, g: Any) -> str:
 
 class _Program:
     """One jitted program per model, so the values stay on the device: it brings out
-    every capturable call's outputs and what the colouring needs of each (`_light`).
+    every capturable call's outputs and what the colouring needs of each (`_squares`).
     One compile serves every call row; a row's full summary is made when it is selected.
 
     ``where`` (set while tracing) maps a row id to its outputs: ``(name, index in the
@@ -200,7 +231,7 @@ class _Program:
                     entries.append((name, len(outs), type_str(x), tuple(x.shape), steps))
                     outs.append(x)
                 self.where[rid] = entries
-            return outs, _light(outs)
+            return outs, _squares(outs)
 
         self.capture = model_jit(program, static_argnums=1)
 
@@ -309,7 +340,7 @@ class _GradProgram:
     """One jitted program per model and `Scalar`: the gradient of the scalar at every
     capturable call's outputs (`yax.capture` with ``grad_of``: one forward and one
     backward pass), kept on the device, and what the colouring needs of each: their
-    norm, zeros and NaN or Inf (`_light`), ``sum(gradient × output)`` (`_dots`), the
+    ``g · g`` (`_squares`), ``sum(gradient × output)`` (`_dots`), the
     logit's index and the scalar's value.
 
     ``where`` (set while tracing) maps a row id to its outputs: ``(name, index in the
@@ -345,7 +376,7 @@ class _GradProgram:
             if scalar.kind != "loss":
                 name, x = scalar.logits(out)
                 self.leaf = (name, x.ndim)
-            return gs, _light(gs), _dots(gs, xs), chosen, scalar(out)
+            return gs, _squares(gs), _dots(gs, xs), chosen, scalar(out)
 
         self.run = model_jit(program, static_argnums=1)
 
@@ -363,8 +394,10 @@ class _Gradients:
         if prog is None:
             prog = progs[scalar.key] = _GradProgram(mox, scalar)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-        self.grads, light, dots, chosen, value = prog.run([leaves[i] for i in mox.dyn_in], _Static(leaves, tree, mox))
-        self.light, self.dots, chosen, value = jax.device_get((light, dots, chosen, value))
+        self.grads, squares, dots, chosen, value = prog.run([leaves[i] for i in mox.dyn_in],
+                                                            _Static(leaves, tree, mox))
+        squares, self.dots, chosen, value = jax.device_get((squares, dots, chosen, value))
+        self.light = _Light(self.grads, squares)
         self.program, self.scalar, self.batch = prog, scalar, batch
         self.index = int(chosen)
         self.value = _number(value)
@@ -392,10 +425,12 @@ class _Gradients:
                     if i is None:
                         reasons.append(reason)
                         continue
-                    squares, z, nf = (float(v) for v in self.light[i])
+                    norm, nf = self.light.norm(i)
                     n = math.prod(shape)
-                    sq += _norm(squares, self.grads[i]) ** 2 if nf < n else 0.0
+                    sq += norm**2 if nf < n else 0.0
                     dot += float(self.dots[i])
+                    # zeros only where they may be all there is: g . g is 0
+                    z = self.light.zeros(i) if self.light.squares[i] == 0 else 0
                     zeros, bad, size = zeros + z, bad + nf, size + n
                 if not size:
                     norms[rid] = gxa[rid] = None
@@ -440,10 +475,10 @@ class _Boundaries:
         if prog is None:
             prog = _programs[mox] = _Program(mox)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-        self.outs, light = prog.capture([leaves[i] for i in mox.dyn_in], _Static(leaves, tree, mox))
-        self.light = jax.device_get(light)  # per output: [norm, zeros, NaN or Inf]
+        self.outs, squares = prog.capture([leaves[i] for i in mox.dyn_in], _Static(leaves, tree, mox))
+        self.light = _Light(self.outs, jax.device_get(squares))
         self.program = prog
-        self.overlay: Any = None  # per row: [norm, fraction of zeros, fraction non-finite]
+        self.overlay: dict[str, dict[int, float]] = {}  # per statistic: per row
 
     def entries(self, rid: int) -> tuple[list[dict], int] | None:
         """The values pane's entries of call row ``rid`` (only its summary crosses to the host)."""
@@ -456,21 +491,27 @@ class _Boundaries:
             out.append(_entry(name, type_, shape, steps, *jax.device_get(_summarize(self.outs[i]))))
         return out, self.program.more[rid]
 
-    def stats(self) -> dict[int, list[float]]:
-        """Row id -> ``[norm, fraction of zeros, fraction non-finite]`` of all its outputs."""
-        if self.overlay is None:
-            self.overlay = {}
+    def stats(self, stat: str) -> dict[int, float]:
+        """Row id -> ``stat`` of all its outputs: ``"norm"`` (of the finite values; NaN
+        where there are none), ``"zeros"`` or ``"nonfinite"`` (fractions; NaN for a row
+        without values). Zeros are counted only when asked for."""
+        if stat not in self.overlay:
+            got = self.overlay[stat] = {}
             for rid, at in self.program.where.items():
-                sq = zeros = bad = size = finite = 0.0
+                sq = count = size = finite = 0.0
                 for _, i, _, shape, _ in at:
-                    squares, z, nf = (float(v) for v in self.light[i])
                     n = math.prod(shape)
-                    sq += _norm(squares, self.outs[i]) ** 2 if nf < n else 0.0
-                    finite, zeros, bad, size = finite + n - nf, zeros + z, bad + nf, size + n
-                # the norm of the finite values: none when there are none
-                norm = math.sqrt(sq) if finite else math.nan
-                self.overlay[rid] = [norm, zeros / size, bad / size] if size else [math.nan] * 3
-        return self.overlay
+                    if stat == "zeros":
+                        count += self.light.zeros(i)
+                    else:
+                        norm, nf = self.light.norm(i)
+                        sq, count, finite = sq + (norm**2 if nf < n else 0.0), count + nf, finite + n - nf
+                    size += n
+                if stat == "norm":
+                    got[rid] = math.sqrt(sq) if finite else math.nan  # none when no value is finite
+                else:
+                    got[rid] = count / size if size else math.nan
+        return self.overlay[stat]
 
 
 # -- on the host ------------------------------------------------------------------------
@@ -660,8 +701,7 @@ class Inspector:
                 self._session.show(overlay={})
             else:
                 t = time.perf_counter()
-                col = list(STATS).index(stat)
-                vals = {str(rid): _number(v[col]) for rid, v in self.boundaries().stats().items()}
+                vals = {str(rid): _number(v) for rid, v in self.boundaries().stats(stat).items()}
                 shown = [v for v in vals.values() if v is not None]
                 self._session.show(overlay={
                     "stat": stat, "label": STATS[stat], "batch": self._session.batch, "values": vals,

@@ -160,6 +160,25 @@ def test_the_norm_of_huge_finite_values_is_their_norm_not_inf():
     assert want > 1e20 and ex._overlay["values"][str(big)] == pytest.approx(want, rel=1e-5)
 
 
+class _Tiny(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(2, name="small")(nn.Dense(4, name="tiny")(x) * 1e-25)  # their squares underflow float32
+
+
+def test_the_norm_of_tiny_values_is_their_norm_not_zero():
+    m, x = _Tiny(), jnp.linspace(-1, 1, 12).reshape(3, 4)
+    v = m.init(jax.random.key(0), x)
+    ex = Explorer(m, v, x, warm=False)
+    ex.session.inspector.paint("norm")
+    _, got = yax.capture('//module_call[@name="small"]', ex.mox, v, x)
+    want = np.sqrt((np.asarray(got["_Tiny/small"], np.float64) ** 2).sum())
+    small = node_ids(ex.mox)[id(yax.query('//module_call[@name="small"]', ex.mox)[0])]
+    assert 0 < want < 1e-20 and ex._overlay["values"][str(small)] == pytest.approx(want, rel=1e-5, abs=0)
+    ex.session.inspector.paint("zeros")  # not one of them is zero
+    assert ex._overlay["values"][str(small)] == 0
+
+
 class _LogNet(nn.Module):
     @nn.compact
     def __call__(self, x):
