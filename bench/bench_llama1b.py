@@ -14,7 +14,9 @@ and Debian's chromium. Measured:
 * LoRA (rank 8) on every q and v projection, from the kernel's request to the
   comparison's state (the original was compiled and measured in the background
   when the explorer opened); target <= compile + first run of the modified
-  model (measured afresh afterwards, the plain-JAX baseline) + 0.5 s;
+  model (measured afresh afterwards, the plain-JAX baseline) + 0.5 s. The issue
+  words it as compiling and running *both* models + 0.5 s; that looser bound is
+  printed beside it, the table's target is the stricter one;
 * colouring the original model's tree by norm (before the LoRA drop); target <=
   its first compile + 1 s, against the plain-JAX compile + first run of the same
   model (a colouring runs the model: no less is possible);
@@ -158,6 +160,8 @@ def main() -> None:
          "target": round(change["MODCOMPILE"] + change["MODRUN"] + 0.5, 3)},
         {"what": "  baseline: compile + run of the modified model", "seconds": change["MODCOMPILE"] + change["MODRUN"],
          "target": None},
+        {"what": "  the issue's target: compile + run of both models + 0.5", "seconds": None,
+         "target": round(base["BASECOMPILE"] + base["BASERUN"] + change["MODCOMPILE"] + change["MODRUN"] + 0.5, 3)},
         {"what": "colour the original by norm (first: compiles)", "seconds": paint["PAINT"],
          "target": round(base["BASECOMPILE"] + base["BASERUN"] + 1, 3)},
         {"what": "values of one row (histogram, heatmap: compiled for its shape)", "seconds": paint["VALUES"], "target": None},
