@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import yax
+from yax import _jit
 from yax.internal import model_jit
 
 
@@ -31,3 +32,25 @@ def test_whole_model_programs_hold_one_widened_weight_at_a_time_and_compute_the_
     mox = yax.make_mox(_chain)(ws, x)
     c = yax.compare(mox, mox, ws, x)
     assert all(s.max_abs == 0 for s in [*c.outputs.values(), *c.boundaries.values()])
+
+
+@pytest.mark.core  # the compile event is JAX's: checked on the oldest JAX too
+@pytest.mark.skipif(_jit._malloc_trim() is None, reason="malloc_trim is glibc's")
+def test_whole_model_programs_give_the_compilers_memory_back_before_they_run_and_nothing_else_does():
+    def trims():
+        return getattr(_jit._here, "trims", 0)
+
+    x = jnp.arange(7.0)
+    before = trims()
+    jax.jit(lambda v: v * 3 + 1)(x)  # a user's own compile: left alone
+    assert trims() == before
+    f = model_jit(lambda v: jnp.sin(v) * 2)
+    assert np.array_equal(f(x), jnp.sin(x) * 2)
+    assert trims() == before + 1  # JAX's compile event seen, glibc's trim called, on the compiling thread
+    f(x)  # compiled already: nothing to give back
+    assert trims() == before + 1
+    g = model_jit(lambda v: jnp.cos(v))
+    g.lower(x).compile()  # `compare` compiles ahead of the call: the same
+    assert trims() == before + 2
+    jax.jit(lambda v: f(v) + 1)(x)  # inside another trace the outer compile is the user's
+    assert trims() == before + 2
