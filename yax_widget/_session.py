@@ -207,6 +207,8 @@ class Session:
         self.comparison: yax.Comparison | None = None
         self._reference: Measured | None = None  # the original's values on the batch in use
         self._base_values: tuple[Mox, Measured] | None = None  # a previous state's, for "previous"
+        # the current model's, as its comparison measured it: the values pane and colouring read it
+        self._current: tuple[Mox, str, Measured] | None = None
         # One worker runs the models (in order: the original's measurement, then each change's).
         # XLA compiles without holding the GIL, so the tree is rebuilt meanwhile on this thread.
         # It starts on first use and stops with `close()` (or when the session is collected).
@@ -603,7 +605,7 @@ class Session:
         pool, self._pool = self._pool, None
         if pool is not None:
             _stop(pool)
-        self._reference, self._fit_cache, self._base_values, self._refs = None, {}, None, {}
+        self._reference, self._fit_cache, self._base_values, self._refs, self._current = None, {}, None, {}, None
         self.inspector.clear()
 
     # -- batches ---------------------------------------------------------------------------
@@ -713,6 +715,7 @@ class Session:
     def _start_compare(self) -> tuple[Future, float, str] | None:
         """Start comparing the current model with the original (or the previous
         state, `compare_with`) on the worker."""
+        self._current = None  # another model's: let go of it
         if self._index == 0 or not (self.args or self.kwargs) or self.abstract:
             return None
         previous = self.state["compare_base"] == "previous" and self._index >= 2  # before the first: the original
@@ -748,16 +751,31 @@ class Session:
             _, idx = paired_outputs(self.original, mox)
             ref = self._original_values()
             # measured the way the original was (jitted, or op by op for chains of tiny calls)
-            return compare_measured(self.original, mox, ref, measure(mox, args, self.kwargs, idx, lowered=lowered,
-                                                                     eager=ref.eager))
+            return compare_measured(self.original, mox, ref, self._keep(mox, measure(
+                mox, args, self.kwargs, idx, lowered=lowered, eager=ref.eager)))
         base_idx, idx = paired_outputs(base.mox, mox)
         cached = self._base_values  # the last base measured: stepping forward measures each state once more
         if cached is None or cached[0] is not base.mox:
             base_args = (base.params, *self.args[1:]) if self.has_params else self.args
             cached = self._base_values = (base.mox, measure(base.mox, base_args, self.kwargs, base_idx,
                                                             eager=self._original_values().eager))
-        return compare_measured(base.mox, mox, cached[1], measure(mox, args, self.kwargs, idx, lowered=lowered,
-                                                                 eager=cached[1].eager))
+        return compare_measured(base.mox, mox, cached[1], self._keep(mox, measure(
+            mox, args, self.kwargs, idx, lowered=lowered, eager=cached[1].eager)))
+
+    def _keep(self, mox: Mox, m: Measured) -> Measured:
+        """``m``, kept as the current model's values on the batch in use (on the worker)."""
+        if mox is self.mox:
+            self._current = (mox, self._batch, m)
+        return m
+
+    def measured(self, mox: Mox) -> Measured | None:
+        """What was measured of ``mox`` on the batch in use: the original's (measured
+        now if need be), or the current model's as its comparison measured it (waiting
+        for a comparison under way); None where nothing was."""
+        if mox is self.original:
+            return self.run_on_worker(self._original_values)
+        found = self.run_on_worker(lambda: self._current)
+        return found[2] if found is not None and found[0] is mox and found[1] == self._batch else None
 
     def _finish_compare(self, compared: tuple[Future, float, str] | None) -> None:
         if compared is None:

@@ -1,9 +1,10 @@
 """The explorer's view inside the model: a row's values, the tree painted by a
 statistic, the first NaN or Inf, and the checks on named input batches.
 
-Values are reduced where the model runs. `yax.capture` brings out the
-outputs of every call (one program per model, compiled once) and they stay
-on the device; selecting a row reduces that row's outputs to statistics, a
+Values are reduced where the model runs. The original's call outputs are
+read off the session's measurement of it (`compare`'s, made when the explorer
+opens); a changed model's are brought out by `yax.capture` (one program per
+model, compiled once) and stay on the device. Selecting a row reduces that row's outputs to statistics, a
 histogram and a heatmap slice in a small jitted function (compiled once per
 shape), and only those cross to the host. Equations are captured one by one
 when selected. Results are kept per model, batch and row, so selecting a row
@@ -148,7 +149,8 @@ class _Light:
     def zeros(self, i: int) -> int:
         """How many values of array ``i`` are zero."""
         if i not in self._zeros:
-            self._zeros[i] = int(_zeros(self.arrays[i]))
+            x = self.arrays[i]
+            self._zeros[i] = int(np.count_nonzero(x == 0) if isinstance(x, np.ndarray) else _zeros(x))
         return self._zeros[i]
 
 
@@ -200,6 +202,17 @@ def _no_gradient(x: Any, g: Any) -> str:
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         return f"a {type_str(x)} output has no gradient"
     return f"a {type_str(x)} output: its gradient is not shown"
+
+
+#: the dtypes whose values float32 holds exactly: `compare` measures every boundary as float32
+_EXACT = frozenset(np.dtype(t) for t in (jnp.float32, jnp.bfloat16, jnp.float16))
+
+
+class _Slot:
+    """Where the ``index``-th output of a call lands in its result pytree (`_Boundaries.measured`)."""
+
+    def __init__(self, index: int):
+        self.index = index
 
 
 class _Program:
@@ -467,29 +480,74 @@ class _Gradients:
 
 
 class _Boundaries:
-    """Every capturable call's outputs, of one model on one batch, kept on the device,
-    and what the colouring needs of each (only that crosses to the host)."""
+    """Every capturable call's outputs, of one model on one batch, and what the colouring
+    needs of each: run by the model's `_Program` (kept on the device; only that crosses to
+    the host), or read off the original's measurement (`measured`). ``where`` and
+    ``more`` as `_Program` has them."""
 
-    def __init__(self, mox: yax.Mox, args: tuple, kwargs: dict):
+    def __init__(self, where: dict[int, list[tuple]], more: dict[int, int], outs: list[Any], squares: Any):
+        self.where, self.more, self.outs = where, more, outs
+        self.light = _Light(outs, squares)
+        self.overlay: dict[str, dict[int, float]] = {}  # per statistic: per row
+
+    @classmethod
+    def run(cls, mox: yax.Mox, args: tuple, kwargs: dict) -> _Boundaries:
         prog = _programs.get(mox)
         if prog is None:
             prog = _programs[mox] = _Program(mox)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
-        self.outs, squares = prog.capture([leaves[i] for i in mox.dyn_in], _Static(leaves, tree, mox))
-        self.light = _Light(self.outs, jax.device_get(squares))
-        self.program = prog
-        self.overlay: dict[str, dict[int, float]] = {}  # per statistic: per row
+        outs, squares = prog.capture([leaves[i] for i in mox.dyn_in], _Static(leaves, tree, mox))
+        return cls(prog.where, prog.more, outs, jax.device_get(squares))
+
+    @classmethod
+    def measured(cls, mox: yax.Mox, taps: dict[str, np.ndarray]) -> _Boundaries | None:
+        """The rows of ``mox`` read off what `compare` measured of it (``taps``: each call's
+        outputs as float32 rows on the host, `Measured.taps`), without running it again:
+        the explorer measures the original when it opens, so colouring the original costs
+        no second run of the model (a float32 1B Llama: 6.5 s -> 0.3 s) and no second copy of
+        its outputs. None where a row is not there, or float32 would not hold its values
+        exactly (float64, integers, complex): those are run (`run`)."""
+        ids, keys = node_ids(mox), capture_keys(mox)
+        where: dict[int, list[tuple]] = {}
+        more: dict[int, int] = {}
+        outs: list[Any] = []
+        for c in capturable_calls(mox):
+            row = taps.get(keys[id(c)])
+            if row is None or not all(o.dtype in _EXACT for o in c.outputs):
+                return None
+            slots = [_Slot(j) for j in range(len(c.outputs))]
+            value = c.sig.results(slots) if c.sig.outs.tree is not None else \
+                slots[0] if len(slots) == 1 else tuple(slots)
+            found = jax.tree_util.tree_flatten_with_path(value)[0]
+            if any(not isinstance(v, _Slot) and hasattr(v, "dtype") for _, v in found):
+                return None  # an array the call returns as a constant: not measured
+            found = [(path, v.index) for path, v in found if isinstance(v, _Slot)]
+            stack = row.shape[:-1]
+            ends = np.cumsum([0] + [math.prod(o.shape) for o in c.outputs])
+            if ends[-1] != row.shape[-1]:
+                return None
+            more[ids[id(c)]] = max(0, len(found) - MAX_OUTPUTS)
+            entries = []
+            for path, j in found[:MAX_OUTPUTS]:
+                shape = (*stack, *c.outputs[j].shape)
+                entries.append(("out" + jax.tree_util.keystr(path), len(outs),
+                                type_str(jax.ShapeDtypeStruct(shape, c.outputs[j].dtype)), shape, stack))
+                outs.append(row[..., ends[j]:ends[j + 1]].reshape(shape))  # a view where the row allows
+            where[ids[id(c)]] = entries
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is an Inf, which `_Light` handles
+            squares = [np.dot(x.ravel(), x.ravel()) for x in outs]  # float32, as `_squares` in the program
+        return cls(where, more, outs, np.asarray(squares, np.float32))
 
     def entries(self, rid: int) -> tuple[list[dict], int] | None:
         """The values pane's entries of call row ``rid`` (only its summary crosses to the host)."""
-        at = self.program.where.get(rid)
+        at = self.where.get(rid)
         if at is None:
             return None
         out = []
         for name, i, type_, shape, steps in at:
             # one at a time: XLA's CPU client deadlocks with dozens of sharded programs in flight
             out.append(_entry(name, type_, shape, steps, *jax.device_get(_summarize(self.outs[i]))))
-        return out, self.program.more[rid]
+        return out, self.more[rid]
 
     def stats(self, stat: str) -> dict[int, float]:
         """Row id -> ``stat`` of all its outputs: ``"norm"`` (of the finite values; NaN
@@ -497,7 +555,7 @@ class _Boundaries:
         without values). Zeros are counted only when asked for."""
         if stat not in self.overlay:
             got = self.overlay[stat] = {}
-            for rid, at in self.program.where.items():
+            for rid, at in self.where.items():
                 sq = count = size = finite = 0.0
                 for _, i, _, shape, _ in at:
                     n = math.prod(shape)
@@ -620,9 +678,22 @@ class Inspector:
         mox = s.mox
         if self._bounds is None or self._bounds[0] is not mox or self._bounds[1] != s.batch:
             self._bounds = None  # let go of the previous values before the device holds the new ones
-            args, kwargs = s.call_args()
-            self._bounds = (mox, s.batch, _Boundaries(mox, args, kwargs))
+            found = self._measured(mox)
+            self._bounds = (mox, s.batch, found or _Boundaries.run(mox, *s.call_args()))
         return self._bounds[2]
+
+    def _measured(self, mox: yax.Mox) -> _Boundaries | None:
+        """``mox``'s rows read off the session's measurement of it on the batch in use (the
+        original's, made on the worker when the explorer opened; the current model's, made
+        by its comparison), or None where there is none or they cannot be."""
+        s = self._session
+        if s.abstract or not (s.args or s.kwargs):
+            return None
+        try:
+            m = s.measured(mox)
+        except Exception:  # measuring failed (the comparison says why): the colouring runs the model itself
+            return None
+        return None if m is None or m.taps is None or m.shaped else _Boundaries.measured(mox, m.taps)
 
     def gradients(self, scalar: Scalar) -> _Gradients:
         """The gradient of ``scalar`` at every call row of the current model on the batch in use."""

@@ -72,21 +72,31 @@ def test_a_rows_values_are_its_captured_outputs_reduced_on_the_device(model):
     assert (ex.mox, ex.params, ex.session.index, ex._query, list(ex._history["items"])) == before
 
 
-def test_selecting_again_is_served_from_the_cache_and_one_program_serves_every_call(model, monkeypatch):
+def test_rows_are_read_off_what_the_comparison_measured_and_selecting_again_is_served_from_the_cache(
+        model, monkeypatch):
     ex = explorer(model)
     ids = node_ids(ex.mox)
     calls = list(ex.mox.modules())
+    # the original's rows are read off its measurement (made once, when the explorer opens): no program
     ask(ex, rid=1, type="values", id=ids[id(calls[3])])
-    prog = values_module._programs[ex.mox]
-    traces = prog.capture._cache_size()
+    assert ex.mox not in values_module._programs and ex.session._reference is not None
+    # a changed model's, off what its comparison measured: the model runs no second time
+    ex.substitute('//activation[@name="gelu"]', "ReLU")
+    monkeypatch.setattr(values_module._Boundaries, "run", lambda *a: pytest.fail("ran the model again"))
+    calls = list(ex.mox.modules())
+    ids = node_ids(ex.mox)
     for c in calls:
         ask(ex, rid=2, type="values", id=ids[id(c)])
-    assert prog.capture._cache_size() == traces == 1  # one compile for every call row
+    assert ex.mox not in values_module._programs
     # again: nothing runs on the device, the entry is the one kept
     kept = ex._values
     monkeypatch.setattr(values_module, "_summarize", lambda *a: pytest.fail("ran again"))
     ask(ex, rid=3, type="values", id=ids[id(calls[-1])])
     assert ex._values is kept
+    # undone: the changed model's values are let go of, the original's read off its measurement again
+    ex.undo()
+    assert ex.session._current is None
+    ask(ex, rid=4, type="values", id=node_ids(ex.mox)[id(list(ex.mox.modules())[3])])
 
 
 def test_equation_rows_and_their_values(model):
@@ -117,24 +127,94 @@ def test_scanned_layers_give_values_stacked_over_the_steps():
 def test_colouring_paints_every_call_from_one_program(model):
     ex = explorer(model)
     m, v = model
-    calls = capturable_calls(ex.mox)
-    _, want = yax.capture(calls, ex.mox, v, IDS)
-    keys, ids = capture_keys(ex.mox), node_ids(ex.mox)
-    for stat in ("norm", "zeros", "nonfinite"):
-        assert ask(ex, rid=1, type="overlay", stat=stat)["type"] == "ok"
-        o = ex._overlay
-        assert o["stat"] == stat and o["rows"] == len(calls) and set(o["values"]) == {str(ids[id(c)]) for c in calls}
-        for c in calls:
-            leaves = [np.asarray(x, np.float64).ravel() for x in jax.tree_util.tree_leaves(want[keys[id(c)]])]
-            flat = np.concatenate(leaves)
-            real = {"norm": np.sqrt((flat ** 2).sum()), "zeros": (flat == 0).mean(),
-                    "nonfinite": (~np.isfinite(flat)).mean()}[stat]
-            assert o["values"][str(ids[id(c)])] == pytest.approx(real, rel=1e-5, abs=1e-7)
-        assert o["lo"] == min(o["values"].values()) and o["hi"] == max(o["values"].values())
-    assert values_module._programs[ex.mox].capture._cache_size() == 1  # the program the values pane uses too
+    for changed in (False, True):  # the original: read off its measurement; a changed model: off its comparison's
+        if changed:
+            ex.substitute('//activation[@name="gelu"]', "ReLU")
+        calls = capturable_calls(ex.mox)
+        _, want = yax.capture(calls, ex.mox, ex.params, IDS)
+        keys, ids = capture_keys(ex.mox), node_ids(ex.mox)
+        for stat in ("norm", "zeros", "nonfinite"):
+            assert ask(ex, rid=1, type="overlay", stat=stat)["type"] == "ok"
+            o = ex._overlay
+            assert o["stat"] == stat and o["rows"] == len(calls)
+            assert set(o["values"]) == {str(ids[id(c)]) for c in calls}
+            for c in calls:
+                leaves = [np.asarray(x, np.float64).ravel() for x in jax.tree_util.tree_leaves(want[keys[id(c)]])]
+                flat = np.concatenate(leaves)
+                real = {"norm": np.sqrt((flat ** 2).sum()), "zeros": (flat == 0).mean(),
+                        "nonfinite": (~np.isfinite(flat)).mean()}[stat]
+                assert o["values"][str(ids[id(c)])] == pytest.approx(real, rel=1e-5, abs=1e-7)
+            assert o["lo"] == min(o["values"].values()) and o["hi"] == max(o["values"].values())
+        assert ex.mox not in values_module._programs  # neither ran again
     ask(ex, rid=2, type="overlay", stat="off")
     assert ex._overlay == {}
     assert ask(ex, rid=3, type="overlay", stat="mean")["type"] == "error" and ex._overlay == {}
+
+
+def _same_boundaries(mox, args, kwargs=None) -> int:
+    """The original's rows read off `compare`'s measurement equal those its program runs
+    (names, types, shapes, scan steps, every statistic, each values pane); how many rows."""
+    from yax.internal import measure, paired_outputs
+
+    kwargs = kwargs or {}
+    taps = measure(mox, args, kwargs, paired_outputs(mox, mox)[0]).taps
+    read = values_module._Boundaries.measured(mox, taps)
+    ran = values_module._Boundaries.run(mox, args, kwargs)
+    assert read is not None and read.where == ran.where and read.more == ran.more
+    for stat in ("norm", "zeros", "nonfinite"):
+        a, b = read.stats(stat), ran.stats(stat)
+        assert a.keys() == b.keys()
+        for rid in a:
+            assert a[rid] == pytest.approx(b[rid], rel=2e-6, abs=1e-30, nan_ok=True), (stat, rid)
+    for rid in ran.where:
+        (ea, _), (eb, _) = read.entries(rid), ran.entries(rid)
+        for x, y in zip(ea, eb):
+            assert x["heat"] == y["heat"] and x["hist"]["counts"] == y["hist"]["counts"]
+            for k in ("min", "max", "finite", "nan", "posinf", "neginf", "zeros", "type", "shape", "steps"):
+                assert x[k] == y[k], k
+            for k in ("mean", "std", "norm"):
+                assert x[k] == pytest.approx(y[k], rel=2e-6, abs=1e-30), k
+    return len(ran.where)
+
+
+def test_the_originals_rows_read_off_its_measurement_are_those_its_program_runs():
+    from thirdparty import IDS as HF_IDS
+    from thirdparty import _hf
+
+    gpt2 = _hf("gpt2")  # code nobody here wrote: tuples of outputs, None arguments
+    mox = yax.make_mox(lambda p, i: gpt2(i, params=p))(gpt2.params, HF_IDS)
+    assert _same_boundaries(mox, (gpt2.params, HF_IDS)) > 20
+    # a scanned stack: each row's values stacked over the steps
+    m, ids = ScannedTransformer(num_layers=3), jnp.arange(16, dtype=jnp.int32).reshape(2, 8) % 64
+    v = m.init(jax.random.key(0), ids)
+    assert _same_boundaries(yax.make_mox(m.apply)(v, ids), (v, ids)) > 5
+    # bfloat16 values: float32 holds them exactly, the type shown is bfloat16
+    half = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), v)
+    hm = yax.make_mox(m.apply)(half, ids)
+    assert _same_boundaries(hm, (half, ids)) > 5
+    assert values_module._Boundaries.measured(hm, yax.internal.measure(
+        hm, (half, ids), {}, yax.internal.paired_outputs(hm, hm)[0]).taps).where[
+            node_ids(hm)[id(hm.children[0])]][0][2].startswith("bf16[")
+
+
+class _Counts(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(3)(x), (x * 10).astype(jnp.int32)  # an int32 output: float32 need not hold it exactly
+
+
+def test_rows_float32_would_not_hold_exactly_are_run_not_read_off_the_measurement():
+    m, x = _Counts(), jnp.linspace(-1, 1, 12).reshape(3, 4)
+    v = m.init(jax.random.key(0), x)
+    ex = Explorer(m, v, x, warm=False)
+    from yax.internal import measure, paired_outputs
+
+    assert values_module._Boundaries.measured(ex.mox, measure(ex.mox, (v, x), {}, paired_outputs(ex.mox, ex.mox)[0])
+                                              .taps) is None
+    ex.session.inspector.paint("norm")
+    prog = values_module._programs[ex.mox]  # run: the int32 row shows its own values
+    assert _agrees_with_capture(ex, (v, x)) == len(capturable_calls(ex.mox))
+    assert prog.capture._cache_size() == 1  # one program, compiled once, for every row and the colouring
 
 
 class _Scaled(nn.Module):
