@@ -1,12 +1,13 @@
 """The explorer's view inside the model: a row's values, the tree painted by a
 statistic, the first NaN or Inf, and the checks on named input batches.
 
-Values are reduced where the model runs. The original's call outputs are
-read off the session's measurement of it (`compare`'s, made when the explorer
-opens); a changed model's are brought out by `yax.capture` (one program per
-model, compiled once) and stay on the device. Selecting a row reduces that row's outputs to statistics, a
-histogram and a heatmap slice in a small jitted function (compiled once per
-shape), and only those cross to the host. Equations are captured one by one
+Values are reduced where the model runs. Call outputs are read off the
+session's measurements (`compare`'s: the original's, made when the explorer
+opens, and the current model's, made by its comparison); a model measured by
+nothing is run by `yax.capture` (one program per model, compiled once) and its
+outputs stay on the device. Selecting a row reduces that row's outputs to
+statistics, a histogram and a heatmap slice in a small jitted function
+(compiled once per shape), and only those cross to the host. Equations are captured one by one
 when selected. Results are kept per model, batch and row, so selecting a row
 again is instant; nothing here changes the model or the history.
 
