@@ -128,7 +128,10 @@ def test_capture_and_patch_keep_values_on_the_devices(tf):
     assert all(isinstance(x, jax.Array) and spread(x) for x in acts.values())
     ref_out, ref = yax.capture('//module_call[@type="Dense"] | //activation', mox, *jax.device_get((v, ids)))
     for k, x in acts.items():
-        np.testing.assert_allclose(x, ref[k], rtol=1e-5, atol=1e-6, err_msg=k)
+        # split over devices, a contraction sums in another order: float32 rounding of the order of
+        # the terms' scale, not of the (possibly much smaller) result (jax 0.9 on an AMD EPYC: 1.3e-6
+        # at a value of 0.019 in a row of values up to 1.6)
+        np.testing.assert_allclose(x, ref[k], rtol=1e-5, atol=1e-5 * float(np.abs(ref[k]).max()), err_msg=k)
     jitted = jax.jit(lambda v, ids: yax.capture("//activation", mox, v, ids))(v, ids)
     assert jitted[0].sharding == want.sharding
     ablate = yax.patch('//activation[@name="gelu"]', mox, lambda path, h, s: s * h)
