@@ -100,8 +100,6 @@ class _Scheduled:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with giving_back():
-            if self.top is self.nested:
-                return self.top(*args, **kwargs)
             try:
                 return self.top(*args, **kwargs)
             except ValueError as e:

@@ -22,7 +22,8 @@ Contents:
                    ``@sharding``), `spread` (whether a value is held on several devices)
   values           `ValueStats` (statistics of one array), `capture_programs` (the jitted
                    programs `capture`/`patch` keep per MoX, with their trace counts),
-                   `capturable_calls` (the calls whose values `capture` can bring out)
+                   `capturable_calls` (the calls whose values `capture` can bring out),
+                   `results_of` (a call's result pytree from its flat outputs, as `capture` gives it)
   source lines     `Location` (what ``node.source`` gives), `lines_around` (the lines of a file around one,
                    read from the disk or Python's line cache)
   tracing          `trace_target` (a MoX and the arguments it is evaluated with),
@@ -41,6 +42,7 @@ from ._capture import ValueStats as ValueStats
 from ._capture import capturable_calls as capturable_calls
 from ._capture import capture_keys as capture_keys
 from ._capture import capture_programs as capture_programs
+from ._capture import results_of as results_of
 from ._compare import Measured as Measured
 from ._compare import call_keys as call_keys
 from ._compare import compare_gradients as compare_gradients

@@ -35,6 +35,7 @@ from yax.internal import (
     model_jit,
     node_ids,
     reduced_stats,
+    results_of,
     type_str,
 )
 
@@ -207,13 +208,6 @@ def _no_gradient(x: Any, g: Any) -> str:
 
 #: the dtypes whose values float32 holds exactly: `compare` measures every boundary as float32
 _EXACT = frozenset(np.dtype(t) for t in (jnp.float32, jnp.bfloat16, jnp.float16))
-
-
-class _Slot:
-    """Where the ``index``-th output of a call lands in its result pytree (`_Boundaries.measured`)."""
-
-    def __init__(self, index: int):
-        self.index = index
 
 
 class _Program:
@@ -483,8 +477,8 @@ class _Gradients:
 class _Boundaries:
     """Every capturable call's outputs, of one model on one batch, and what the colouring
     needs of each: run by the model's `_Program` (kept on the device; only that crosses to
-    the host), or read off the original's measurement (`measured`). ``where`` and
-    ``more`` as `_Program` has them."""
+    the host), or read off the session's measurement of the model (`measured`). ``where``
+    and ``more`` as `_Program` has them."""
 
     def __init__(self, where: dict[int, list[tuple]], more: dict[int, int], outs: list[Any], squares: Any):
         self.where, self.more, self.outs = where, more, outs
@@ -503,11 +497,12 @@ class _Boundaries:
     @classmethod
     def measured(cls, mox: yax.Mox, taps: dict[str, np.ndarray]) -> _Boundaries | None:
         """The rows of ``mox`` read off what `compare` measured of it (``taps``: each call's
-        outputs as float32 rows on the host, `Measured.taps`), without running it again:
-        the explorer measures the original when it opens, so colouring the original costs
-        no second run of the model (a float32 1B Llama: 6.5 s -> 0.3 s) and no second copy of
-        its outputs. None where a row is not there, or float32 would not hold its values
-        exactly (float64, integers, complex): those are run (`run`)."""
+        outputs as float32 rows on the host, `Measured.taps`), without running it again: the
+        session measures the original when the explorer opens and each changed model in its
+        comparison, so colouring either costs no second run of the model (a float32 1B Llama:
+        6.5 s -> 0.06 s) and no second copy of its outputs. None where a row is not there, or
+        float32 would not hold its values exactly (float64, integers, complex): those are run
+        (`run`)."""
         ids, keys = node_ids(mox), capture_keys(mox)
         where: dict[int, list[tuple]] = {}
         more: dict[int, int] = {}
@@ -516,27 +511,23 @@ class _Boundaries:
             row = taps.get(keys[id(c)])
             if row is None or not all(o.dtype in _EXACT for o in c.outputs):
                 return None
-            slots = [_Slot(j) for j in range(len(c.outputs))]
-            value = c.sig.results(slots) if c.sig.outs.tree is not None else \
-                slots[0] if len(slots) == 1 else tuple(slots)
-            found = jax.tree_util.tree_flatten_with_path(value)[0]
-            if any(not isinstance(v, _Slot) and hasattr(v, "dtype") for _, v in found):
-                return None  # an array the call returns as a constant: not measured
-            found = [(path, v.index) for path, v in found if isinstance(v, _Slot)]
             stack = row.shape[:-1]
             ends = np.cumsum([0] + [math.prod(o.shape) for o in c.outputs])
             if ends[-1] != row.shape[-1]:
                 return None
+            # each output a view of the row where it allows, in the type the model computed it in
+            flat = [row[..., a:b].reshape(*stack, *o.shape) for a, b, o in zip(ends, ends[1:], c.outputs)]
+            dtypes = {id(x): o.dtype for x, o in zip(flat, c.outputs)}
+            found = _arrays(c, results_of(c, flat))  # as `_Program` finds them in what `capture` gives
             more[ids[id(c)]] = max(0, len(found) - MAX_OUTPUTS)
             entries = []
-            for path, j in found[:MAX_OUTPUTS]:
-                shape = (*stack, *c.outputs[j].shape)
-                entries.append(("out" + jax.tree_util.keystr(path), len(outs),
-                                type_str(jax.ShapeDtypeStruct(shape, c.outputs[j].dtype)), shape, stack))
-                outs.append(row[..., ends[j]:ends[j + 1]].reshape(shape))  # a view where the row allows
+            for _, name, x, steps in found[:MAX_OUTPUTS]:
+                shown = jax.ShapeDtypeStruct(x.shape, dtypes.get(id(x), x.dtype))
+                entries.append((name, len(outs), type_str(shown), tuple(x.shape), steps))
+                outs.append(x)
             where[ids[id(c)]] = entries
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is an Inf, which `_Light` handles
-            squares = [np.dot(x.ravel(), x.ravel()) for x in outs]  # float32, as `_squares` in the program
+            squares = [np.dot(np.ravel(x), np.ravel(x)) for x in outs]  # float32, as `_squares` in the program
         return cls(where, more, outs, np.asarray(squares, np.float32))
 
     def entries(self, rid: int) -> tuple[list[dict], int] | None:

@@ -36,10 +36,11 @@ from .nonfinite import first_nonfinite as first_nonfinite
 from .plan import capturable_calls as capturable_calls
 from .plan import capture_keys as capture_keys
 from .plan import plan_of as plan_of
+from .plan import results_of as results_of
 from .programs import capture_programs as capture_programs
 from .programs import watched as watched
 from .stats import NonFinite as NonFinite
 from .stats import ValueStats as ValueStats
 
-__all__ = ["NonFinite", "ValueStats", "capturable_calls", "capture", "capture_keys", "capture_programs",
+__all__ = ["NonFinite", "ValueStats", "capturable_calls", "capture", "capture_keys", "capture_programs", "results_of",
            "first_nonfinite", "patch", "plan_of", "watched"]

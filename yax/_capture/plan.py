@@ -32,10 +32,7 @@ class Target:
 
     def results(self, flat: list[Any]) -> Any:
         """The node's output as the model's code sees it (a call's result pytree)."""
-        n = self.node
-        if isinstance(n, Mox) and n.sig.outs.tree is not None:
-            return n.sig.results(flat)
-        return flat[0] if len(flat) == 1 else tuple(flat)
+        return results_of(self.node, flat)
 
     def expected(self) -> list[jax.ShapeDtypeStruct]:
         return [jax.ShapeDtypeStruct((*self.stack, *a.shape), a.dtype) for a in self.node.outputs]
@@ -104,6 +101,14 @@ def plan_of(nodes: Sequence[Node], mox: Mox, what: str, pattern: Any = None,
             "Query the MoX you evaluate."
         )
     return Plan(targets, descend)
+
+
+def results_of(node: Node, flat: list[Any]) -> Any:
+    """What ``node`` returns as the model's code sees it (a call's result pytree), with
+    ``flat`` as its outputs: what `capture` gives for it."""
+    if isinstance(node, Mox) and node.sig.outs.tree is not None:
+        return node.sig.results(flat)
+    return flat[0] if len(flat) == 1 else tuple(flat)
 
 
 def capturable_calls(mox: Mox) -> list[Mox]:
