@@ -119,8 +119,20 @@ def browser() -> Iterator[Any]:
         b.close()
 
 
+def start_kernel(url: str, path: str) -> None:
+    """Start the kernel of notebook ``path`` (a session for it) before its page opens: the page then
+    connects to it and starts none itself. A page starting its own kernel on a busy machine could ask
+    with the "Select Kernel" dialog; accepting it swapped the kernel just started for another, and
+    the page's poll of /api/kernels in between met jupyter_server's half-made kernel (a 500: its
+    ``last_activity`` not set yet)."""
+    body = json.dumps({"path": path, "name": path, "type": "notebook", "kernel": {"name": "python3"}}).encode()
+    req = urllib.request.Request(f"{url}/api/sessions", data=body, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=120).close()
+
+
 class Notebook:
-    """An open notebook page; collects console errors."""
+    """An open notebook page (its kernel started first, `start_kernel`); collects console errors."""
 
     def __init__(self, page: Any, url: str, name: str, path: str = "lab/tree"):
         self.page = page
@@ -128,6 +140,7 @@ class Notebook:
         page.on("console", lambda m: self.errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
         page.on("pageerror", lambda e: self.errors.append(f"page error: {e}\n{e.stack or ''}"))
         page.on("response", lambda r: self.errors.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
+        start_kernel(url, name.split("?")[0])
         page.goto(f"{url}/{path}/{name}")
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
         self.settle()
