@@ -14,8 +14,6 @@ page with `performance.now()`:
 
 from __future__ import annotations
 
-import statistics
-
 from .lab import Notebook
 
 ROW_H = 22  # px, treeview.js's ROW_H
@@ -134,7 +132,3 @@ def scroll(nb: Notebook, seconds: float = 2.0, step: int = 20 * ROW_H) -> dict:
 def highlight(nb: Notebook, rounds: int = 2) -> list[float]:
     """Milliseconds from typing each of `QUERIES` (``rounds`` times) to its highlight on screen."""
     return nb.page.evaluate(HIGHLIGHT, QUERIES * rounds)
-
-
-def median(xs: list[float]) -> float:
-    return statistics.median(xs)

@@ -108,9 +108,9 @@ def _steps(nb: Notebook) -> None:
     assert all(x is not None for x in ms), ms
     nb.shot("tree70b-5-query-expanded")
 
-    timings = {"expand_all_ms": ex["ms"], "fps": sc["fps"], "highlight_ms": ms, "scroll": sc, "expand_all": ex}
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    (ARTIFACTS / "tree70b-timings.json").write_text(json.dumps(timings, indent=2))
+    (ARTIFACTS / "tree70b-timings.json").write_text(json.dumps({"expand_all": ex, "scroll": sc, "highlight_ms": ms},
+                                                               indent=2))
     assert ex["rows"] == expected and ex["in_dom"] <= MAX_ROWS_IN_DOM, ex
     assert sc["frames"] > 0 and sc["missing"] == 0 and sc["rows_in_dom"] <= MAX_ROWS_IN_DOM, sc
     assert sc["height"] >= expected * scale.ROW_H, sc  # the scrolled tree is all 11,000 rows tall
