@@ -173,6 +173,17 @@ def test_query_fails_only_with_yax_errors(small, xpath, target, timeout):
         pass
 
 
+def test_a_huge_indent_is_refused_before_anything_is_written(small):
+    # each level's spaces are a string in memory: 10**9 took gigabytes per level and the process was killed
+    buf = io.StringIO()
+    for indent in (65, 10**9, 2**63):
+        with pytest.raises(yax.YaxError, match=r"`indent` must be a number of spaces from 0 to 64"):
+            yax.dump_xml(small[0], buf, indent=indent)
+    assert buf.getvalue() == ""
+    yax.dump_xml(small[0], buf, indent=64)
+    assert "\n" + " " * 64 + "<" in buf.getvalue()
+
+
 class _Closed(io.BytesIO):
     pass
 

@@ -50,9 +50,14 @@ class Document(Queryable):
         return f"Document(<{self.root.tag}>, {sum(1 for _ in self.root.iter(etree.Element))} elements)"
 
 
+# the widest indent written: each level's spaces are a string in memory, and an indent of 10**9 (which a
+# fuzzed call passed) took gigabytes per level and had the process killed
+MAX_INDENT = 64
+
+
 def to_xml(mox: Mox, indent: int | bool = True, *, source: bool = False) -> str:
     """The XML text of the view `yax.query` runs on, indented by ``indent``
-    spaces per level (``True``: 2; ``False`` or 0: on one line). Text XML
+    spaces per level, at most `MAX_INDENT` (``True``: 2; ``False`` or 0: on one line). Text XML
     cannot hold (a control character in a module name) is escaped as
     `yax.internal.to_xml_text` does. ``source=True`` keeps each node's
     ``@file`` and ``@line`` (the user's code that made it); left out by
@@ -62,8 +67,9 @@ def to_xml(mox: Mox, indent: int | bool = True, *, source: bool = False) -> str:
                           f"`{type(mox).__name__}`.")
     if indent is None:  # as before: on one line
         indent = False
-    if not isinstance(indent, int) or indent < 0:
-        raise YaxXMLError(f"`indent` must be a number of spaces (or True for 2, False for none), but got {indent!r}.")
+    if not isinstance(indent, int) or not 0 <= indent <= MAX_INDENT:
+        raise YaxXMLError(f"`indent` must be a number of spaces from 0 to {MAX_INDENT} (or True for 2, False for "
+                          f"none), but got {indent!r}.")
     if not isinstance(source, bool):
         raise YaxXMLError(f"`source` must be True or False, but got {source!r}.")
     try:
