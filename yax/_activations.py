@@ -20,6 +20,14 @@ later ones join it, and the last one to leave undoes it (under `_lock`). A
 wrapper marks only in the thread whose recorder is tracing (`recorder` is
 thread-local); called anywhere else it is the function it wraps. A trace in
 one thread never sees another put the original back half-way through.
+
+Undoing puts the original back only where the wrapper put there still is: a
+value the user wrote while traces ran (``ACT2FN["relu"] = jax.nn.silu`` in a
+cell while the explorer's worker traces) is theirs and stays, and the next
+trace marks it. A wrapper the user read from a table while another thread
+traced and wrote back later is put back as the function it wraps. So no
+trace leaves anything in the user's names and tables, and none takes away
+what the user put there, whatever order the threads run in.
 """
 
 from __future__ import annotations
@@ -181,7 +189,12 @@ def _table_entries(modname: str, tbl: Any, out: dict[int, _Entry]) -> None:
                 out[id(v)] = entry
 
 
-_cache: dict[tuple[Any, ...], dict[int, _Entry]] = {}
+#: The last table built (`_fresh`) and what it was built from: each loaded table and its
+#: items as they were, held, so that the table is used again only while every entry is
+#: the very object it was (a same-length patch, ``ACT2FN["relu"] = partial(...)``, or a
+#: new dict at a dead one's address, is seen).
+_cache: tuple[list[tuple[Any, list[tuple[Any, Any]]]], dict[int, _Entry]] | None = None
+_MISSING = object()  # an entry a table no longer has
 #: Guards what traces in several threads share: building a table, the
 #: patched names (`_users`, `_during`, `_undo`) and the field swaps
 #: (`_swaps`, `_placed`). Taken once per trace, and by `swapped` only for
@@ -193,7 +206,7 @@ _users = 0
 #: asks for it at every module call, and a table read from patched entries
 #: would miss them).
 _during: dict[int, _Entry] | None = None
-_undo: list[tuple[Any, str, Any]] = []  # (holder, key, original) patched by `patched_names`
+_undo: list[tuple[Any, str, Any, Any]] = []  # (holder, key, original, wrapper) patched by `patched_names`
 #: ``(id(holder), key) -> [holder, original, placed value, holding calls]``: the fields `swapped` points
 #: at wrappers, counted over every running module call holding them, in any thread.
 _swaps: dict[tuple[int, Any], list[Any]] = {}
@@ -203,34 +216,44 @@ _placed: dict[int, int] = {}
 
 def table() -> dict[int, _Entry]:
     """``id(original function or partial) -> (name, original, wrapper)``:
-    the known activations and the entries of the loaded `TABLES`. Built once
-    per set of loaded tables (a few dict lookups to tell which)."""
+    the known activations and the entries of the loaded `TABLES`. Built again
+    whenever a loaded table or any of its entries is another object than when
+    it was last built (an entry lookup per table entry to tell)."""
     t = _during
     if t is not None:
         return t
-    hit = _cache.get(_key(_loaded()))
-    if hit is not None:
-        return hit
+    c = _cache
+    if c is not None and _current(c[0], _loaded()):
+        return c[1]
     with _lock:  # not while another thread's trace has the entries patched: they would be missed
         return _during if _during is not None else _fresh()
 
 
-def _key(loaded: list[tuple[str, Any]]) -> tuple[Any, ...]:
-    return tuple((id(t), len(t) if isinstance(t, dict) else len(vars(t))) for _, t in loaded)
+def _current(seen: list[tuple[Any, list[tuple[Any, Any]]]], loaded: list[tuple[str, Any]]) -> bool:
+    """Whether the loaded tables are those ``seen`` holds, each entry the same object
+    (by identity: an id or a length says nothing of an entry patched in place)."""
+    if len(seen) != len(loaded):
+        return False
+    for (tbl, items), (_, now) in zip(seen, loaded):
+        if tbl is not now:
+            return False
+        d = now if isinstance(now, dict) else vars(now)
+        if len(d) != len(items) or any(d.get(k, _MISSING) is not v for k, v in items):
+            return False
+    return True
 
 
 def _fresh() -> dict[int, _Entry]:
     """`table`, read from the names and tables themselves; with `_lock` held and nothing patched."""
+    global _cache
     loaded = _loaded()
-    key = _key(loaded)
-    hit = _cache.get(key)
-    if hit is not None:
-        return hit
+    c = _cache
+    if c is not None and _current(c[0], loaded):
+        return c[1]
     out = dict(_known())
     for modname, tbl in loaded:
         _table_entries(modname, tbl, out)
-    _cache.clear()  # one set of tables at a time
-    _cache[key] = out
+    _cache = ([(tbl, _items(tbl)) for _, tbl in loaded], out)  # one set of tables at a time
     return out
 
 
@@ -271,14 +294,14 @@ def _patch() -> None:
             for modname, tbl in _loaded():
                 _table_entries(modname, tbl, _during)
         t = _during
-        holders = [(mod, [(n, getattr(mod, n, None)) for n in ACTIVATIONS]) for mod in _homes()]
-        holders += [(tbl, _items(tbl)) for _, tbl in _loaded()]
-        for holder, items in holders:
-            for k, v in items:
-                hit = t.get(id(v))
-                if hit is not None and hit[1] is v:
-                    _undo.append((holder, k, v))
-                    _put(holder, k, hit[2])
+        for holder, k, v in _slots():
+            # a wrapper left there (read from a table while another thread traced, written back
+            # later) stands for the function it wraps, which is what the undo puts back
+            original = _unwrapped(v)
+            hit = t.get(id(original))
+            if hit is not None and hit[1] is original and v is not hit[2]:  # (else placed by a trace running)
+                _undo.append((holder, k, original, hit[2]))
+                _put(holder, k, hit[2])
 
 
 def _unpatch() -> None:
@@ -286,10 +309,33 @@ def _unpatch() -> None:
     with _lock:
         _users -= 1
         if not _users:
-            for holder, k, v in reversed(_undo):
-                _put(holder, k, v)
+            for holder, k, v, placed in reversed(_undo):
+                if _get(holder, k) is placed:  # else the user put something there meanwhile: theirs
+                    _put(holder, k, v)
             _undo.clear()
+            for holder, k, v in _slots():  # a wrapper the user wrote back while traces ran
+                if _unwrapped(v) is not v:
+                    _put(holder, k, _unwrapped(v))
             _during = None
+
+
+def _slots() -> list[tuple[Any, str, Any]]:
+    """``(holder, key, value)`` for the public names in the homes and the entries of the loaded tables."""
+    out = [(mod, n, getattr(mod, n, None)) for mod in _homes() for n in ACTIVATIONS]
+    out += [(tbl, k, v) for _, tbl in _loaded() for k, v in _items(tbl)]
+    return out
+
+
+def _unwrapped(v: Any) -> Any:
+    """The function a marking wrapper wraps, or ``v`` (read without ``getattr``: a
+    table that is a module holds lazy modules, which import on attribute access)."""
+    if isinstance(v, types.FunctionType) and "__yax_activation__" in v.__dict__:
+        return v.__dict__["__wrapped__"]
+    return v
+
+
+def _get(holder: Any, k: str) -> Any:
+    return holder.get(k, _MISSING) if isinstance(holder, dict) else getattr(holder, k, _MISSING)
 
 
 def swapped(items: list[tuple[Any, Any]], get: Callable[..., Any], put: Callable[..., Any]) -> list[tuple[Any, Any]]:

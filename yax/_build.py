@@ -11,8 +11,27 @@ import jax.extend.core as jcore
 import numpy as np
 
 from ._ir import Equation, Kind, Literal, ModuleInfo, Mox, Packing, Signature, Symbol, Var
-from ._record import MARKER_RE, CallInfo, Recorder
+from ._record import LAYOUT_SCOPE, MARKER_RE, CallInfo, Recorder
 from .errors import YaxTraceError
+
+
+def _layout(eqn: Any) -> str | None:
+    """``"unit"`` for the unit axis `_record._canonical` adds, ``"squeeze"`` for its removal, else ``None``."""
+    name: str = eqn.primitive.name
+    if name not in ("broadcast_in_dim", "squeeze") or LAYOUT_SCOPE not in str(eqn.source_info.name_stack):
+        return None
+    if name == "squeeze":
+        return name
+    (x,), (y,) = eqn.invars, eqn.outvars
+    shape = tuple(getattr(x.aval, "shape", ()))
+    # only a unit axis added, the others kept in order (under vmap, after the mapped ones)
+    dims = tuple(eqn.params["broadcast_dimensions"])
+    out = tuple(y.aval.shape)
+    added = set(range(len(out))) - set(dims)
+    if (isinstance(x, jcore.Literal) or len(out) != len(shape) + 1 or list(dims) != sorted(dims)
+            or tuple(out[d] for d in dims) != shape or len(added) != 1 or out[added.pop()] != 1):
+        return None
+    return "unit"
 
 
 def _marker(eqn: Any) -> tuple[str, int] | None:
@@ -104,16 +123,39 @@ class _Converter:
         # Each frame: (call id, info, children, pending node fields, path)
         frames: list[list[Any]] = [[None, None, [], None, path]]
         marked = False
+        # The unit axes `_record._canonical` adds, held back until their removal: the pair is dropped
+        # (the removal's result is the added axis's operand). One used otherwise is emitted where it is used.
+        held: dict[Any, Any] = {}
+
+        def emit(e: Any) -> None:
+            for v in e.invars:
+                if held and not isinstance(v, jcore.Literal) and v in held:
+                    emit(held.pop(v))
+            frames[-1][2].append(self.equation(e, frames[-1][4]))
+
         for eqn in jaxpr.eqns:
+            layout = _layout(eqn)
+            if layout == "unit":
+                held[eqn.outvars[0]] = eqn
+                continue
+            if layout == "squeeze" and not isinstance(eqn.invars[0], jcore.Literal) and eqn.invars[0] in held:
+                unit = held[eqn.invars[0]]
+                if tuple(unit.invars[0].aval.shape) == tuple(eqn.outvars[0].aval.shape):
+                    del held[eqn.invars[0]]
+                    self.vars[eqn.outvars[0]] = self.var(unit.invars[0])
+                    continue
             m = _marker(eqn)
             if m is None:
-                frames[-1][2].append(self.equation(eqn, frames[-1][4]))
+                emit(eqn)
                 continue
+            while held:  # none, unless a transform moved an added axis's use past a marker
+                emit(held.pop(next(iter(held))))
             marked = True
             kind, cid = m
             info: CallInfo | None = self.rec.calls.get(cid)
-            if info is None:
-                raise YaxTraceError(f"Internal error: marker {cid} has no recorded call. Please report this.")
+            if info is None:  # an earlier trace's, in a jaxpr JAX had cached (`_record._IDS`): no call of ours
+                emit(eqn)
+                continue
             if kind == "in":
                 n = len(info.sig.ins.dyn)
                 inputs = tuple(self.atom(a) for a in eqn.invars[:n])
@@ -141,6 +183,8 @@ class _Converter:
                         source_info=entry,  # its traceback runs through the caller's line (`yax._source`)
                     )
                 )
+        while held:
+            emit(held.pop(next(iter(held))))
         if len(frames) != 1:
             raise YaxTraceError(
                 f"Internal error: the call of `{frames[-1][1].path}` never returned in the trace. Please report this."

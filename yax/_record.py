@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ._ir import Kind, ModuleInfo, Packing, Signature
@@ -56,13 +57,22 @@ class CallInfo:
     seen: tuple[Any, ...] | None = None
 
 
+#: Marker ids, unique in the process, not per trace: a function JAX keeps in its trace cache (a
+#: `jax.jit` helper, a scan body defined once) keeps the markers of the trace that first traced it,
+#: and a later trace reuses that jaxpr. Its markers then name no call of the new trace, and are
+#: left as plain equations, never taken for another call that happens to have the same number.
+_IDS = itertools.count()
+
+
 class Recorder:
     """Collects `CallInfo` for the markers placed during one trace."""
 
     def __init__(self) -> None:
         self.calls: dict[int, CallInfo] = {}
-        self._ids = itertools.count()
+        self._ids = _IDS  # one count for every trace: see `_IDS`
         self.stack: list[tuple[int, Any]] = []  # (call id, module or None)
+        #: the name of the first outermost module called (a frontend's paths below that module's root
+        #: start with it); not the traced function's, so never a prefix of what runs outside every call
         self.root_name: str | None = None
         #: per-frontend state for this trace, by frontend name (nnx's stamps)
         self.scratch: dict[str, Any] = {}
@@ -70,8 +80,10 @@ class Recorder:
         self.young_limit: int | None = None
 
     def parent_path(self) -> str:
-        """The path of the innermost running call (the root's name outside any)."""
-        return self.calls[self.stack[-1][0]].path if self.stack else (self.root_name or "")
+        """The path of the innermost running call; ``""`` outside any (at the
+        root: ``relu`` after ``model.apply`` in a plain function is the root's,
+        not ``Block/relu``, which names the activation inside the module)."""
+        return self.calls[self.stack[-1][0]].path if self.stack else ""
 
 
 _local = threading.local()
@@ -86,14 +98,39 @@ def is_traced(x: Any) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
+LAYOUT_SCOPE = "yax_layout"
+
+
+def _canonical(x: Any) -> Any:
+    """``x`` unchanged, but with every axis a ``jax.vmap`` added at the front, outermost first.
+
+    Under ``jax.vmap`` an array's mapped axis sits wherever the last operation's
+    batching rule left it (a ``dot_general`` of a bias-free layer leaves it last),
+    and a call's values would come out in that internal layout: ``f32[5,7]`` for
+    the ``f32[7,5]`` that ``jax.vmap(layer)(x)`` returns. A unit axis added and
+    removed again is a no-op, but its batching rules move the mapped axes to the
+    front, level by level (and again when a jaxpr holding it is mapped later: a
+    scan or jit body inside a vmap). `_build` drops the pair and keeps the
+    transposes that put the value in the stacked layout, so every call's inputs
+    and outputs read as ``jax.vmap`` with ``out_axes=0`` would give them.
+    """
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or jnp.issubdtype(dtype, jax.dtypes.extended):
+        return x
+    with jax.named_scope(LAYOUT_SCOPE):
+        y = jax.lax.broadcast_in_dim(x, (1, *x.shape), tuple(range(1, x.ndim + 1)))
+        return jax.lax.squeeze(y, (0,))
+
+
 def _mark(tag: str, leaves: list[Any], idx: tuple[int, ...]) -> None:
-    """Pass ``leaves[i]`` for ``i in idx`` through a named barrier, in place.
+    """Pass ``leaves[i]`` for ``i in idx`` through a named barrier, in place,
+    in the stacked layout (`_canonical`).
 
     A call with no traced values still gets a (dummy) barrier so that its start
     and end can be found in the jaxpr.
     """
-    vals = [leaves[i] for i in idx] or [np.int8(0)]
     with jax.named_scope(tag):
+        vals = [_canonical(leaves[i]) for i in idx] or [np.int8(0)]
         out = jax.lax.optimization_barrier(vals)
     for i, v in zip(idx, out):
         leaves[i] = v
