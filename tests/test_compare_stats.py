@@ -116,3 +116,205 @@ def test_finite_values_whose_squares_overflow_float32_keep_exact_statistics():
     assert s.rel == pytest.approx(np.linalg.norm(y64 - x64) / np.linalg.norm(x64))
     assert s.cosine == pytest.approx(x64 @ y64 / (np.linalg.norm(x64) * np.linalg.norm(y64)))
     assert not s.allclose
+
+
+def _float64_stats(x, y):
+    """What `Stats` should say of two arrays, in float64 NumPy over the entries finite in both."""
+    x, y = np.asarray(x, np.float64).ravel(), np.asarray(y, np.float64).ravel()
+    fin = np.isfinite(x) & np.isfinite(y)
+    x, y = x[fin], y[fin]
+    d = np.abs(y - x)
+    return {"max_abs": d.max(), "mean_abs": d.mean(), "rel": np.linalg.norm(d) / np.linalg.norm(x),
+            "cosine": x @ y / (np.linalg.norm(x) * np.linalg.norm(y))}
+
+
+def test_gradients_of_a_tiny_loss_keep_rel_and_cosine():
+    """Issue 37.4: with ``grad_of=lambda o: 1e-24 * jnp.sum(o**2)`` the gradients' squares underflow
+    float32, and `compare` reported rel 0.0 and cosine NaN ("both are 0 at every finite entry"). A loss
+    scaled by 2**-80 scales every gradient by exactly 2**-80: rel and cosine are those of the loss
+    unscaled, max|Δ| and mean|Δ| scaled by 2**-80."""
+    m = nn.Sequential([nn.Dense(4), nn.relu, nn.Dense(2)])
+    x = jax.random.normal(KEY, (3, 5))
+    p = m.init(KEY, x)
+    mox = yax.make_mox(m.apply)(p, x)
+    gelu = yax.sub('//activation[@name="relu"]', jax.nn.gelu, mox)
+    plain = yax.compare(mox, gelu, p, x, grad_of=lambda o: jnp.sum(o ** 2)).gradients
+    tiny = yax.compare(mox, gelu, p, x, grad_of=lambda o: 2.0 ** -80 * jnp.sum(o ** 2)).gradients
+    for k, s in plain.items():
+        t = tiny[k]
+        assert not t.undefined and t.rel > 0
+        assert t.rel == pytest.approx(s.rel, rel=1e-12) and t.cosine == pytest.approx(s.cosine, rel=1e-12)
+        assert t.max_abs == pytest.approx(s.max_abs * 2.0 ** -80, rel=1e-12)
+        assert t.mean_abs == pytest.approx(s.mean_abs * 2.0 ** -80, rel=1e-12)
+    # the issue's own loss: not a power of two, so the same to float32's precision
+    t = yax.compare(mox, gelu, p, x, grad_of=lambda o: 1e-24 * jnp.sum(o ** 2)).gradients
+    for k, s in plain.items():
+        assert t[k].rel == pytest.approx(s.rel, rel=1e-4) and t[k].cosine == pytest.approx(s.cosine, rel=1e-4)
+
+
+def test_finite_values_whose_squares_underflow_float32_keep_exact_statistics():
+    """The twin of the overflow case above: values near 1e-30 have squares below float32's range."""
+    from yax._compare import _stats
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(64) * 1e-30).astype(np.float32)
+    for y in ((x * 1.5).astype(np.float32), (rng.standard_normal(64) * 1e-30).astype(np.float32),
+              (x * 1e-8).astype(np.float32)):  # near 1e-38: squares below even float32's subnormals
+        s = _stats(x, y, 1e-5, 1e-6)
+        want = _float64_stats(x, y)
+        assert not s.undefined
+        for k, v in want.items():
+            assert getattr(s, k) == pytest.approx(v, rel=1e-12), k
+
+
+def test_statistics_of_many_values_are_float64_sums():
+    """Two million float32 values: float32 dot products (BLAS ``sdot``) were off by 7e-6 relative,
+    enough to report a cosine above 1 for two models that differ."""
+    from yax._compare import _stats
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(2**21) + 1).astype(np.float32)
+    y = (x * np.float32(1.0001)).astype(np.float32)
+    s = _stats(x, y, 1e-5, 1e-6)
+    want = _float64_stats(x, y)
+    for k, v in want.items():
+        assert getattr(s, k) == pytest.approx(v, rel=1e-10), k
+    assert s.cosine <= 1.0
+
+
+def _laid_out(*arrays):
+    """Each array split over the 8 CPU devices tests/conftest.py asks XLA for."""
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:8]), ("d",))
+    return [jax.device_put(a, NamedSharding(mesh, P("d"))) for a in arrays]
+
+
+eight = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices (tests/conftest.py sets XLA_FLAGS)")
+
+
+def _spread_and_host(x, y):
+    from yax._compare import _spread_stats, _stats
+
+    [[whole, _]] = _spread_stats([(_laid_out(x), _laid_out(y))], (0,), 1e-5, 1e-6)
+    return whole, _stats(x, y, 1e-5, 1e-6)
+
+
+@eight
+def test_sharded_statistics_of_values_of_very_different_sizes():
+    """On the devices, one scale (the largest of both models' values) was shared by x, y and their
+    difference: a modified model 1e-30 times the original had every square flushed to 0 and no cosine."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(64).astype(np.float32)
+    for y in ((x * 1e-30).astype(np.float32), (x * 1e30).astype(np.float32)):
+        got, host = _spread_and_host(x, y)
+        want = _float64_stats(x, y)
+        assert not got.undefined and not host.undefined
+        for k, v in want.items():
+            assert getattr(host, k) == pytest.approx(v, rel=1e-12), k
+            assert getattr(got, k) == pytest.approx(v, rel=1e-5), k
+
+
+@eight
+def test_sharded_differences_beyond_float32s_range_are_not_inf():
+    """3e38 - (-3e38) is finite in float64 but not in float32: the device's difference was inf,
+    so max|Δ|, mean|Δ| and rel were reported as inf."""
+    x = np.array([3e38, -3e38] + [1.0] * 6, np.float32)
+    y = np.array([3e38, 3e38] + [1.0] * 6, np.float32)
+    got, host = _spread_and_host(x, y)
+    want = _float64_stats(x, y)
+    for k, v in want.items():
+        assert getattr(got, k) == pytest.approx(v, rel=1e-6), k
+        assert getattr(host, k) == pytest.approx(v, rel=1e-12), k
+
+
+@eight
+def test_sharded_subnormal_values_are_not_flushed_to_zero():
+    """XLA flushes float32 subnormals (below 1.2e-38) to zero on CPU and GPU: reduced on the devices,
+    such values read as 0 (no difference, a zero original). They are measured on the host instead."""
+    from yax.internal import ValueStats
+
+    x = (np.arange(1, 65) * 1e-42).astype(np.float32)
+    y = (x * 2).astype(np.float32)
+    got, host = _spread_and_host(x, y)
+    want = _float64_stats(x, y)
+    for k, v in want.items():
+        assert getattr(got, k) == pytest.approx(v, rel=1e-12), k
+    [a] = _laid_out(x)
+    s, t = ValueStats.of(a), ValueStats.of(x)
+    assert (s.min, s.max, s.zeros) == (t.min, t.max, t.zeros) == (float(x[0]), float(x[-1]), 0)
+    assert s.mean == pytest.approx(t.mean, rel=1e-12) and s.std == pytest.approx(t.std, rel=1e-12)
+
+
+def test_value_stats_of_float64_values_beyond_float32s_range():
+    """float64 values (x64 on) are reduced in float64: 1e300 is neither narrowed to +Inf on the
+    devices nor squared to inf by NumPy's std on the host."""
+    from yax.internal import ValueStats
+
+    with jax.enable_x64(True):
+        z = np.array([1e300, -1e300, 1e-300, 2.0, 0.0, 0.0, 0.0, 0.0])
+        values = [z] + (_laid_out(jnp.asarray(z)) if len(jax.devices()) >= 8 else [])
+        for v in values:
+            s = ValueStats.of(v)
+            assert (s.nan, s.posinf, s.neginf, s.zeros) == (0, 0, 0, 4), type(v)
+            np.testing.assert_allclose([s.min, s.max, s.std], [-1e300, 1e300, 5e299], rtol=1e-12, err_msg=str(type(v)))
+            assert abs(s.mean - 0.25) <= 1e-15 * 1e300  # a sum cancelling to 0.25 is known to float64's precision of 1e300
+
+
+# Counterexamples the oracle (tests/oracle/test_stats_weights_oracle.py) found before the fix.
+
+def test_cosine_of_one_value_and_a_slightly_larger_one_is_one():
+    """Float32 sums gave 1.000000005: a cosine above 1."""
+    from yax._compare import _stats
+
+    s = _stats(np.array([1.0], np.float32), np.array([1.0001], np.float32), 1e-5, 1e-6)
+    assert s.cosine == 1.0
+
+
+def test_rel_of_one_value_is_its_float64_relative_difference():
+    """Float32 sums gave 0.1000000222 for 1 against float32(1.1), whose rel is 0.1000000238."""
+    from yax._compare import _stats
+
+    y = np.float32(1.1)
+    s = _stats(np.array([1.0], np.float32), np.array([y], np.float32), 1e-5, 1e-6)
+    assert s.rel == pytest.approx(float(y) - 1.0, rel=1e-15)
+
+
+def test_max_abs_is_the_float64_difference_not_its_float32_rounding():
+    """|4e8 - 0.3| is 399999999.7; float32 rounded it to 4e8 (max|Δ| and mean|Δ|)."""
+    from yax._compare import _stats
+
+    x, y = np.array([0.3], np.float32), np.array([4e8], np.float32)
+    s = _stats(x, y, 1e-5, 1e-6)
+    want = float(np.float64(y[0]) - np.float64(x[0]))
+    assert s.max_abs == want and s.mean_abs == want
+
+
+@eight
+def test_sharded_statistics_of_zeros_and_ones_against_1e26_times_them():
+    """On the devices, the shared scale (1e26) made the original's squares (1e-52) flush to 0:
+    rel and cosine were undefined ("the original is 0 at every finite entry")."""
+    x = np.array([[1, 1, 1, 0, 1], [1, 1, 0, 1, 1], [1, 0, 1, 1, 0]] * 3, np.float32).ravel()[:40]
+    y = (x * np.float32(1e26)).astype(np.float32)
+    got, host = _spread_and_host(x, y)
+    want = _float64_stats(x, y)
+    assert not got.undefined and got.cosine == pytest.approx(1.0, abs=1e-6)
+    for k, v in want.items():
+        assert getattr(got, k) == pytest.approx(v, rel=1e-5), k
+        assert getattr(host, k) == pytest.approx(v, rel=1e-12), k
+
+
+@eight
+def test_value_stats_on_devices_count_a_subnormal_as_nonzero():
+    """One float32 subnormal (1e-38) among 1e-9s and zeros: on the devices XLA read it as 0 (33
+    zeros, not 32)."""
+    from yax.internal import ValueStats
+
+    x = np.zeros(64, np.float32)
+    x[:31] = 1e-9
+    x[31] = 1e-38
+    [a] = _laid_out(x)
+    s, t = ValueStats.of(a), ValueStats.of(x)
+    assert s.zeros == t.zeros == 32
+    assert (s.min, s.max) == (t.min, t.max) and s.mean == pytest.approx(t.mean, rel=1e-12)

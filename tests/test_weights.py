@@ -238,3 +238,55 @@ def test_without_safetensors_says_how_to_install_it(tmp_path, monkeypatch):
                  lambda: yax.load_weights(tmp_path / "w", like={})):
         with pytest.raises(yax.YaxDependencyError, match="pip install safetensors"):
             call()
+
+
+def bits(a):
+    """The bytes of an array as saved: NaN payloads and the sign of -0.0 included."""
+    return np.ascontiguousarray(np.asarray(a)).reshape(-1).view(np.uint8)
+
+
+WIDE = {"i64": np.array([2**40 + 3, -2**63, 2**63 - 1, -1], np.int64),
+        "u64": np.array([2**40 + 3, 2**64 - 1, 2**63 + 5], np.uint64),
+        "f64": np.array([0.1, 1e300, 5e-324, -0.0, np.nan, -np.inf], np.float64),
+        "i32": np.array([2**31 - 1, -2**31], np.int32)}
+
+
+@pytest.mark.parametrize("like_kind", ["numpy", "shape_dtype_struct"])
+def test_64_bit_leaves_keep_their_values_with_x64_off(tmp_path, like_kind):
+    """Issue 37.3: with x64 off JAX holds no 64-bit arrays. An int64 2**40+3 loaded as the int32 3 (uint64
+    as uint32, float64 rounded to float32) after the dtype check had passed. Such leaves now come back as
+    the NumPy arrays they were saved as: the dtype of `like`, every bit kept."""
+    path = tmp_path / "w.safetensors"
+    yax.save_weights(WIDE, path)
+    like = WIDE if like_kind == "numpy" else {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in WIDE.items()}
+    loaded = yax.load_weights(path, like=like)
+    for k, want in WIDE.items():
+        got = loaded[k]
+        assert got.dtype == want.dtype and got.shape == want.shape, k
+        np.testing.assert_array_equal(bits(got), bits(want), err_msg=k)
+    assert isinstance(loaded["i64"], np.ndarray) and int(loaded["i64"][0]) == 2**40 + 3
+    assert isinstance(loaded["i32"], jax.Array)  # what JAX holds stays a jax array
+    loaded["i64"][0] = 0  # the caller's own array, not a view of the file's buffer
+    assert int(yax.load_weights(path, like=like)["i64"][0]) == 2**40 + 3
+
+
+def test_64_bit_leaves_are_jax_arrays_with_x64_on(tmp_path):
+    path = tmp_path / "w.safetensors"
+    with jax.enable_x64(True):
+        saved = {k: jnp.asarray(v) for k, v in WIDE.items()}
+        yax.save_weights(saved, path)
+        loaded = yax.load_weights(path, like=saved)
+        assert_same(loaded, saved)
+    off = yax.load_weights(path, like=WIDE)  # the same file, read with x64 off
+    for k, want in WIDE.items():
+        np.testing.assert_array_equal(bits(off[k]), bits(want), err_msg=k)
+
+
+def test_a_float64_scalar_beside_a_bfloat16_keeps_its_dtype(tmp_path):
+    """The oracle's counterexample (tests/oracle/test_stats_weights_oracle.py): a float64 0-d array,
+    x64 off, loaded as float32."""
+    w = {"w": np.array(0, ml_dtypes.bfloat16), "b": np.array(0.0)}
+    yax.save_weights(w, tmp_path / "w.safetensors")
+    loaded = yax.load_weights(tmp_path / "w.safetensors", like=w)
+    assert loaded["b"].dtype == np.float64 and loaded["b"].shape == () and isinstance(loaded["b"], np.ndarray)
+    assert loaded["w"].dtype == jnp.bfloat16 and isinstance(loaded["w"], jax.Array)

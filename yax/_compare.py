@@ -19,7 +19,7 @@ from . import _calls, _capture, frontends
 from ._eval import eval_mox, flatten_inputs, run
 from ._ir import FN_KINDS, Equation, Kind, Mox
 from ._jit import model_jit
-from ._sharding import any_spread
+from ._sharding import any_spread, subnormal
 from ._vocab import type_str
 from .errors import YaxInputError
 
@@ -33,7 +33,10 @@ class Stats:
     those of them that differ (a NaN or an Inf that appears, disappears or
     changes sign). A statistic that cannot be computed is NaN, and
     ``undefined`` says why (``{"rel": "the original is 0 everywhere"}``):
-    never a 0 or a 1 standing for what was not computed."""
+    never a 0 or a 1 standing for what was not computed. They are float64
+    NumPy's on the two models' values, from the smallest subnormal to the
+    largest float32 (a model laid out over several devices: float32 sums of
+    values scaled by their largest, to about 1e-6)."""
 
     max_abs: float
     mean_abs: float
@@ -162,38 +165,70 @@ def call_keys(mox: Mox) -> dict[str, Mox]:
     return _calls.calls(mox)
 
 
+# Values per chunk of `_stats`: three float64 chunks stay in the L2 cache, and a dot product of this
+# length is below the 10,000 at which OpenBLAS splits one over threads (on a busy machine that costs
+# more than it saves, and `compare` runs its boundaries on every core already: `_on_cores`).
+_CHUNK = 8192
+
+
 def _stats(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> Stats:
-    """Statistics of two flat float32 host arrays, in NumPy after the models ran (BLAS dot
-    products, float64 sums). Reducing hundreds of boundaries inside the models' jitted programs
-    multiplied XLA's compile time by ten; NumPy compiles nothing. Where x·x and y·y are finite,
-    every entry is: no finiteness masks are made (half the passes over the values)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        sums = np.dot(x, x), np.dot(y, y)
-    nonfinite = changed = 0
-    if not (np.isfinite(sums[0]) and np.isfinite(sums[1])):  # a NaN or an Inf, or squares that overflow
-        fin = np.isfinite(x) & np.isfinite(y)
-        nonfinite = int(fin.size - np.count_nonzero(fin))
-        if nonfinite:
-            bad_x, bad_y = x[~fin], y[~fin]
+    """Statistics of two flat float32 host arrays, in NumPy after the models ran. Reducing
+    hundreds of boundaries inside the models' jitted programs multiplied XLA's compile time by
+    ten; NumPy compiles nothing.
+
+    Every sum is a float64 sum of float64 products, so the statistics are float64 NumPy's on
+    the same values, whatever their size: a product of two float32 is exact in float64, and no
+    square of a float32 under- or overflows there (the largest is 1.2e77, the smallest nonzero
+    2e-90). In float32 the squares of values near 1e-30 underflowed to 0 (rel 0, no cosine)
+    and those near 1e30 overflowed, and BLAS's float32 sums of a million values were off by
+    1e-5. The values are converted a chunk at a time (`_CHUNK`), which costs no more than the
+    float32 dot products did: the chunks stay in cache. A chunk whose sum of |Δ| is not finite
+    holds a NaN or an Inf (finite float32 differences cannot overflow float64): its entries
+    finite in both are kept and the others counted."""
+    n = x.size
+    size = min(n, _CHUNK)
+    bx, by, bd = np.empty(size), np.empty(size), np.empty(size)
+    kept = nonfinite = changed = far = 0
+    max_abs = sum_abs = sx = sy = sd = dot = 0.0
+    for i in range(0, n, _CHUNK):
+        xc, yc = x[i:i + _CHUNK], y[i:i + _CHUNK]
+        k = xc.size
+        a, b, d = bx[:k], by[:k], bd[:k]
+        np.copyto(a, xc)
+        np.copyto(b, yc)
+        with np.errstate(invalid="ignore"):  # Inf - Inf
+            np.subtract(b, a, out=d)
+        np.abs(d, out=d)
+        total = float(d.sum())
+        if not math.isfinite(total):  # a NaN or an Inf in either model: left out and counted
+            fin = np.isfinite(xc) & np.isfinite(yc)
+            bad_x, bad_y = xc[~fin], yc[~fin]
             same = (bad_x == bad_y) | (np.isnan(bad_x) & np.isnan(bad_y))
-            changed = int(same.size - np.count_nonzero(same))
-            x, y = x[fin], y[fin]
-            with np.errstate(over="ignore", invalid="ignore"):
-                sums = np.dot(x, x), np.dot(y, y)
-    if not x.size:
+            nonfinite += bad_x.size
+            changed += int(same.size - np.count_nonzero(same))
+            k = k - bad_x.size
+            a, b, d = bx[:k], by[:k], bd[:k]
+            np.copyto(a, xc[fin])
+            np.copyto(b, yc[fin])
+            np.subtract(b, a, out=d)
+            np.abs(d, out=d)
+            total = float(d.sum())
+        if not k:
+            continue
+        kept += k
+        top = float(d.max())
+        max_abs = max(max_abs, top)
+        sum_abs += total
+        sx += float(np.dot(a, a))
+        sy += float(np.dot(b, b))
+        sd += float(np.dot(d, d))
+        dot += float(np.dot(a, b))
+        # every |Δ| within atol is within the tolerance: the test per entry only where one is not
+        if not (top <= atol and rtol >= 0):
+            far += int(k - np.count_nonzero(d <= atol + rtol * np.abs(a)))
+    if not kept:
         return _finish(0, nonfinite, changed, 0, np.nan, np.nan, 0.0, 0.0, 0.0, 0.0)
-    with np.errstate(over="ignore", invalid="ignore"):
-        d = np.abs(y - x)
-        nx, ny, nd = (float(np.sqrt(v, dtype=np.float64)) for v in (*sums, np.dot(d, d)))  # BLAS
-    if not np.isfinite(nx + ny + nd):  # finite entries whose squares overflow float32: redo in float64
-        x, y = x.astype(np.float64), y.astype(np.float64)
-        d = np.abs(y - x)
-        nx, ny, nd = (float(np.sqrt(np.dot(v, v))) for v in (x, y, d))
-    max_abs = float(d.max())
-    # every |Δ| within atol is within the tolerance: the test per entry only where one is not
-    far = 0 if max_abs <= atol and rtol >= 0 else int(d.size - np.count_nonzero(d <= atol + rtol * np.abs(x)))
-    return _finish(x.size, nonfinite, changed, far, max_abs, float(d.sum(dtype=np.float64)), nx, ny, nd,
-                   float(np.dot(x, y)))
+    return _finish(kept, nonfinite, changed, far, max_abs, sum_abs, math.sqrt(sx), math.sqrt(sy), math.sqrt(sd), dot)
 
 
 def _finish(n: int, nonfinite: int, changed: int, far: int, max_abs: float, sum_abs: float, nx: float, ny: float,
@@ -214,7 +249,8 @@ def _finish(n: int, nonfinite: int, changed: int, far: int, max_abs: float, sum_
         rel = np.nan
         undefined.append(("rel", "the original is 0 at every finite entry, so no relative error exists"))
     if nx > 0 and ny > 0:
-        cosine = dot / (nx * ny)
+        # within [-1, 1] (Cauchy-Schwarz): rounding of the sums could put it an ulp outside
+        cosine = min(1.0, max(-1.0, dot / (nx * ny)))
     else:
         cosine = np.nan
         zero = "both are" if nx == ny == 0 else ("the original is" if nx == 0 else "the modified is")
@@ -236,9 +272,15 @@ def _finish(n: int, nonfinite: int, changed: int, far: int, max_abs: float, sum_
 def _row_sums(xs: list[jax.Array], ys: list[jax.Array], lead: int, tol: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Per row (each step of the ``lead`` scan axes; one row outside scans), the sums
     `_finish` needs of the values ``xs`` and ``ys`` (float32, paired in order, as laid
-    out): ``[finite, non-finite, changed, far]`` (int32) and ``[max |Δ|, Σ|Δ|, scale,
-    Σ(x/scale)², Σ(y/scale)², Σ(Δ/scale)², Σ(x/scale)(y/scale)]`` (float32; the scale
-    is the row's largest finite value, so that the squares do not overflow).
+    out): ``[finite, non-finite, changed, far, inexact]`` (int32) and ``[max |Δ|, Σ|Δ|/sΔ,
+    sΔ, sx, sy, Σ(x/sx)², Σ(y/sy)², Σ(Δ/sΔ)², Σ(x/sx)(y/sy)]`` (float32). Each of x, y and
+    Δ has its own scale, its largest |value|, so that no sum or square under- or overflows
+    and none is lost beside the others' (a modified model 1e-30 times the original had all
+    its squares flushed to 0 under a shared scale); the host multiplies the scales back in
+    float64. ``inexact`` counts the entries float32 on the devices cannot measure: a
+    subnormal x or y, which XLA flushes to 0 in arithmetic (tested on its bits), a
+    difference beyond float32's range (3e38 - -3e38), or one flushed to 0 though x and y
+    differ. A pair with any is measured on the host instead (`_spread_stats`).
     ``tol`` is ``[rtol, atol]``."""
     rows = xs[0].shape[:lead]
 
@@ -255,24 +297,31 @@ def _row_sums(xs: list[jax.Array], ys: list[jax.Array], lead: int, tol: jax.Arra
             out = jnp.maximum(out, jnp.max(v, axis=tuple(range(lead, v.ndim)), initial=start))
         return out
 
+    def scale_of(vals: Any) -> jax.Array:
+        top = widest([jnp.abs(v) for v in vals], 0.0)
+        return jnp.where(jnp.isfinite(top) & (top > 0), top, 1.0)
+
+    def scaled(vals: Any, scale: jax.Array) -> list[jax.Array]:
+        return [v / scale.reshape(*rows, *([1] * (v.ndim - lead))) for v in vals]
+
     fin = [jnp.isfinite(x) & jnp.isfinite(y) for x, y in zip(xs, ys)]
     xf = [jnp.where(f, x, 0.0) for f, x in zip(fin, xs)]
     yf = [jnp.where(f, y, 0.0) for f, y in zip(fin, ys)]
     d = [jnp.abs(b - a) for a, b in zip(xf, yf)]
-    scale = widest([jnp.maximum(jnp.abs(a), jnp.abs(b)) for a, b in zip(xf, yf)], 0.0)
-    scale = jnp.where(jnp.isfinite(scale) & (scale > 0), scale, 1.0)
-
-    def scaled(v: jax.Array) -> jax.Array:
-        return v / scale.reshape(*rows, *([1] * (v.ndim - lead)))
-
+    inexact = [subnormal(x) | subnormal(y) | (f & ~jnp.isfinite(e)) | ((e == 0) & (a != b))
+               for x, y, f, e, a, b in zip(xs, ys, fin, d, xf, yf)]
+    d = [jnp.where(jnp.isfinite(e), e, 0.0) for e in d]
     same = [(x == y) | (jnp.isnan(x) & jnp.isnan(y)) for x, y in zip(xs, ys)]
     far = [f & ~(e <= tol[1] + tol[0] * jnp.abs(a)) for f, e, a in zip(fin, d, xf)]
     ints = jnp.stack([total(fin, jnp.int32), total([~f for f in fin], jnp.int32),
-                      total([~f & ~s for f, s in zip(fin, same)], jnp.int32), total(far, jnp.int32)], axis=-1)
-    sx, sy, sd = [scaled(a) for a in xf], [scaled(b) for b in yf], [scaled(e) for e in d]
-    floats = jnp.stack([widest(d, -jnp.inf), total(d), scale, total([a * a for a in sx]), total([b * b for b in sy]),
-                        total([e * e for e in sd]), total([a * b for a, b in zip(sx, sy)])], axis=-1)
-    return ints.reshape(-1, 4), floats.reshape(-1, 7)
+                      total([~f & ~s for f, s in zip(fin, same)], jnp.int32), total(far, jnp.int32),
+                      total(inexact, jnp.int32)], axis=-1)
+    cx, cy, cd = scale_of(xf), scale_of(yf), scale_of(d)
+    sx, sy, sd = scaled(xf, cx), scaled(yf, cy), scaled(d, cd)
+    floats = jnp.stack([widest(d, -jnp.inf), total(sd), cd, cx, cy, total([a * a for a in sx]),
+                        total([b * b for b in sy]), total([e * e for e in sd]),
+                        total([a * b for a, b in zip(sx, sy)])], axis=-1)
+    return ints.reshape(-1, 5), floats.reshape(-1, 9)
 
 
 _row_sums_jit = jax.jit(_row_sums, static_argnums=2)  # compiled once per shapes and shardings of a pair
@@ -282,32 +331,49 @@ def _spread_stats(pairs: list[tuple[list[Any], list[Any]]], leads: tuple[int, ..
                   atol: float) -> list[tuple[Stats, list[Stats]]]:
     """For each pair of values laid out over several devices: its `Stats` over all of it and per
     row (per scan step, row-major, with ``leads[i]`` scan axes), reduced on their devices
-    (`_row_sums`: eleven numbers per row cross to the host). Each pair's reduction compiles once
+    (`_row_sums`: fourteen numbers per row cross to the host). Each pair's reduction compiles once
     per shapes and shardings (a model's boundaries share a few: one program reducing every
     boundary at once compiled 2.5 times slower, sharing nothing), and each is waited for before
     the next is dispatched: XLA's CPU client deadlocks in a collective's rendezvous with some 40
     multi-device programs in flight (8 host devices, jax 0.9 and 0.10), as hundreds of
-    boundaries dispatched at once would be."""
+    boundaries dispatched at once would be. A pair holding values float32 on the devices cannot
+    measure (`_row_sums`' ``inexact``: subnormals, differences beyond float32's range) is brought
+    to the host and measured there in float64 (`_stats`)."""
     tol = jnp.asarray([rtol, atol], jnp.float32)
-    sums = [jax.device_get(_row_sums_jit(xs, ys, lead, tol)) for (xs, ys), lead in zip(pairs, leads)]
-    return [_from_rows(ints.astype(np.int64), floats.astype(np.float64)) for ints, floats in sums]
+    out = []
+    for (xs, ys), lead in zip(pairs, leads):
+        ints, floats = jax.device_get(_row_sums_jit(xs, ys, lead, tol))
+        if ints[:, 4].any():
+            out.append(_on_host(xs, ys, lead, rtol, atol))
+        else:
+            out.append(_from_rows(ints.astype(np.int64), floats.astype(np.float64)))
+    return out
+
+
+def _on_host(xs: list[Any], ys: list[Any], lead: int, rtol: float, atol: float) -> tuple[Stats, list[Stats]]:
+    """`_spread_stats` of one pair, on the host: each value gathered and flattened per row."""
+    n = math.prod(xs[0].shape[:lead])
+    x, y = (np.concatenate([np.asarray(v, np.float32).reshape(n, -1) for v in vs], axis=1) for vs in (xs, ys))
+    return _stats(x.ravel(), y.ravel(), rtol, atol), [_stats(x[r], y[r], rtol, atol) for r in range(n)]
 
 
 def _from_rows(ints: np.ndarray, floats: np.ndarray) -> tuple[Stats, list[Stats]]:
-    """The `Stats` over all rows and of each row, from `_row_sums` (combined in float64)."""
-    scale = floats[:, 2]
-    nx, ny, nd = (scale * np.sqrt(floats[:, k]) for k in (3, 4, 5))
-    dot = scale * scale * floats[:, 6]
+    """The `Stats` over all rows and of each row, from `_row_sums` (the scales multiplied back,
+    and the rows combined, in float64)."""
+    top, sum_abs, cd, cx, cy = (floats[:, k] for k in range(5))
+    sum_abs = cd * sum_abs
+    nx, ny, nd = (c * np.sqrt(floats[:, k]) for c, k in ((cx, 5), (cy, 6), (cd, 7)))
+    dot = cx * cy * floats[:, 8]
 
     def one(i: Any, mx: float, nx_: float, ny_: float, nd_: float, dot_: float, sum_: float) -> Stats:
-        n, nonfinite, changed, far = (int(v) for v in i)
+        n, nonfinite, changed, far = (int(v) for v in i[:4])
         return _finish(n, nonfinite, changed, far, mx if n else np.nan, sum_ if n else np.nan, nx_, ny_, nd_, dot_)
 
-    rows = [one(ints[r], float(floats[r, 0]), float(nx[r]), float(ny[r]), float(nd[r]), float(dot[r]),
-                float(floats[r, 1])) for r in range(len(ints))]
-    whole = one(ints.sum(axis=0), float(floats[:, 0].max()), float(np.sqrt((nx ** 2).sum())),
+    rows = [one(ints[r], float(top[r]), float(nx[r]), float(ny[r]), float(nd[r]), float(dot[r]),
+                float(sum_abs[r])) for r in range(len(ints))]
+    whole = one(ints.sum(axis=0), float(top.max()), float(np.sqrt((nx ** 2).sum())),
                 float(np.sqrt((ny ** 2).sum())), float(np.sqrt((nd ** 2).sum())), float(dot.sum()),
-                float(floats[:, 1].sum()))
+                float(sum_abs.sum()))
     return whole, rows
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 from jax.sharding import NamedSharding, PartitionSpec
 
 from ._calls import how
@@ -252,10 +253,14 @@ def derived(name: str, shape: tuple[int, ...], refs: Sequence[tuple[str, Any, tu
 
 def _value_sums(x: Any) -> tuple[Any, Any]:
     """``[min, max, mean, std]`` of the finite values of one array and the counts
-    ``[finite, NaN, +Inf, -Inf, zeros]``, reduced on its devices (the mean and std
-    of values scaled by the largest, so that they do not overflow float32)."""
+    ``[finite, NaN, +Inf, -Inf, zeros]``, reduced on its devices: in float32, or in float64
+    for float64 values (x64 on), which float32 would narrow (1e300 to +Inf). The mean and
+    std are of values scaled by the largest |value|, so that no sum or square under- or
+    overflows, and the mean is corrected by a second pass (the float32 sum's rounding).
+    Subnormal values are read as 0 here: XLA flushes them in arithmetic and comparisons
+    (`subnormal_count` says whether an array holds any)."""
     f = jnp.abs(x) if jnp.iscomplexobj(x) else x
-    f = f.astype(jnp.float32)
+    f = f.astype(jnp.promote_types(f.dtype, jnp.float32))
     fin = jnp.isfinite(f)
     n = fin.sum(dtype=jnp.int32)
     lo = jnp.min(jnp.where(fin, f, jnp.inf), initial=jnp.inf)
@@ -263,12 +268,32 @@ def _value_sums(x: Any) -> tuple[Any, Any]:
     big = jnp.maximum(-lo, hi)
     big = jnp.where((n > 0) & (big > 0), big, 1.0)
     s = jnp.where(fin, f, 0.0) / big
-    mean = s.sum() / jnp.maximum(n, 1)
-    std = big * jnp.sqrt(jnp.where(fin, (s - mean) ** 2, 0.0).sum() / jnp.maximum(n, 1))
+    count = jnp.maximum(n, 1).astype(f.dtype)
+    mean = s.sum() / count
+    mean = mean + jnp.where(fin, s - mean, 0.0).sum() / count
+    std = big * jnp.sqrt(jnp.where(fin, (s - mean) ** 2, 0.0).sum() / count)
     counts = [n, jnp.isnan(f).sum(dtype=jnp.int32), (f == jnp.inf).sum(dtype=jnp.int32),
               (f == -jnp.inf).sum(dtype=jnp.int32), (f == 0).sum(dtype=jnp.int32)]
     return jnp.stack([lo, hi, big * mean, std]), jnp.stack(counts)
 
+
+def subnormal(x: Any) -> Any:
+    """Where ``x`` holds a subnormal value (float32's below 1.2e-38), tested on its bits: XLA
+    flushes such values to zero in arithmetic and comparisons, on CPU and GPU, so a
+    reduction on the devices would read them as 0."""
+    if jnp.iscomplexobj(x):
+        return subnormal(jnp.real(x)) | subnormal(jnp.imag(x))
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return jnp.zeros(jnp.shape(x), bool)
+    info = ml_dtypes.finfo(x.dtype)  # type: ignore[no-untyped-call]  # knows bfloat16 and float8; untyped
+    u = jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{info.bits}"))
+    mantissa = (1 << info.nmant) - 1
+    exponent = ((1 << info.nexp) - 1) << info.nmant
+    return ((u & exponent) == 0) & ((u & mantissa) != 0)
+
+
+#: How many subnormal values an array holds (`subnormal`), counted where it is.
+subnormal_count = jax.jit(lambda x: subnormal(x).sum(dtype=jnp.int32))
 
 #: `_value_sums`, jitted: compiled once per shape, dtype and sharding; only the nine numbers cross.
 reduced_stats = jax.jit(_value_sums)

@@ -180,7 +180,10 @@ def load_weights(path: str | os.PathLike[str], *, like: Any) -> Any:
     file must be in ``like``. All of this is checked before any array is read, and every problem
     is reported at once. The result has ``like``'s containers (dicts, a ``FrozenDict``, an
     ``nnx.State``) holding jax arrays, placed with ``like``'s leaves' shardings where they have
-    one; PRNG key arrays come back as key arrays.
+    one; PRNG key arrays come back as key arrays. Every leaf has ``like``'s dtype and the saved
+    bits (NaN payloads, ``-0.0``, subnormals): a 64-bit leaf (``int64``, ``uint64``, ``float64``)
+    that JAX cannot hold because x64 is off comes back as the NumPy array it was saved as, on the
+    host, rather than narrowed to 32 bits (`jax.enable_x64` makes it a jax array).
 
     Args:
       path: a safetensors file written by `save_weights` (or any safetensors file whose keys are
@@ -189,7 +192,8 @@ def load_weights(path: str | os.PathLike[str], *, like: Any) -> Any:
         saying which arrays to expect.
 
     Returns:
-      A new pytree with ``like``'s structure and the file's arrays.
+      A new pytree with ``like``'s structure and the file's arrays: jax arrays, or NumPy arrays
+      for 64-bit leaves while x64 is off.
 
     Raises:
       WeightsDoNotFit: (a `YaxInputError`) keys missing from the file, keys the file has and
@@ -248,11 +252,21 @@ def load_weights(path: str | os.PathLike[str], *, like: Any) -> Any:
             for k, entry in safetensors.deserialize(raw.read()):
                 if k not in arrays:
                     arrays[k] = np.frombuffer(entry["data"], dtype=_DTYPES[entry["dtype"]]).reshape(entry["shape"])
-    leaves = []
+    leaves: list[Any] = []
     for k, x in flat:
         a = arrays[k]
         if k in impls:
             a = jax.random.wrap_key_data(a, impl=impls[k])
+        elif not _held(a.dtype):
+            # JAX would narrow it (int64 2**40+3 to the int32 3, float64 rounded to float32) after the
+            # dtype check passed: the saved values, as NumPy holds them, are what `like` asked for
+            leaves.append(np.array(a))
+            continue
         sharding = getattr(x, "sharding", None)
         leaves.append(jax.device_put(a, sharding) if sharding is not None else jnp.asarray(a))
     return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _held(dtype: np.dtype[Any]) -> bool:
+    """Whether JAX holds arrays of ``dtype`` as they are: 64-bit ones only with x64 on."""
+    return bool(jax.dtypes.canonicalize_dtype(dtype) == dtype)
