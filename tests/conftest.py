@@ -3,6 +3,10 @@ import sys
 
 import pytest
 
+# `make_mox` and every rewrite check what they return (`yax.check_mox`), as JAX's own tests run
+# under JAX_ENABLE_CHECKS: a rewrite that leaves a malformed MoX fails the test that made it.
+os.environ.setdefault("YAX_ENABLE_CHECKS", "1")
+
 # Eight CPU devices, so that sharded models run here as on a pod (tests/test_sharding.py): set
 # before anything imports jax, and in the environment, so the JupyterLab kernels the browser tests
 # start inherit it. Appended to what XLA_FLAGS holds already; the default device stays the first,
@@ -28,3 +32,17 @@ def tf():
     from helpers import mox_of
 
     return mox_of("transformer")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--oracle-examples", type=int, default=None,
+        help="examples per oracle property (tests/oracle); default $YAX_ORACLE_EXAMPLES or 25",
+    )
+
+
+def pytest_configure(config):
+    # read by tests/oracle/gen.py when the oracle's modules are collected (after this hook)
+    n = config.getoption("--oracle-examples")
+    if n is not None:
+        os.environ["YAX_ORACLE_EXAMPLES"] = str(n)
