@@ -259,7 +259,9 @@ class Explorer(anywidget.AnyWidget):
         them) and ``kwargs`` (the example's, where not given) as the batch
         ``name``: the values, colouring, NaN search and comparison can use it.
         It must have the example's structure, shapes and dtypes (the model is
-        traced once).
+        traced once). A batch of the same name is replaced, and nothing measured
+        on it is shown again; when it is the batch in use, the comparison, the
+        colouring and the values show the new inputs at once.
 
         Example:
           >>> import jax, jax.numpy as jnp, flax.linen as nn

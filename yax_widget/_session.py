@@ -10,21 +10,25 @@ into synced traits and hands the front-end's requests (``_protocol``) to it.
 What the front-end renders from is `Session.state`, a dict of plain values
 built by ``_payloads``; each change to it is told to ``on_change`` (the widget
 copies it into its traits). A command either changes the state as a whole or
-raises a `yax.YaxError` and changes nothing.
+raises a `yax.YaxError` and changes nothing; one that fails otherwise or is
+interrupted (a KeyboardInterrupt) while it shows its change puts back what it
+changed (`Session.all_or_nothing`), so the front-end never shows a half-made one.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
 import functools
+import itertools
 import keyword
 import pathlib
 import re
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -81,6 +85,22 @@ class Item:
     @property
     def expr(self) -> str:
         return self.code or self.ident
+
+
+_serials = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class NamedBatch:
+    """A batch of inputs and its name: the model's arguments (its parameters
+    first) and keywords. Whatever is measured on a batch is kept under its
+    ``serial``, never its name: a batch added again under the same name is a new
+    `NamedBatch`, so it can never be served the numbers of the one it replaces."""
+
+    name: str
+    args: tuple
+    kwargs: dict
+    serial: int = dataclasses.field(default_factory=lambda: next(_serials))
 
 
 class SessionClosed(yax.YaxInputError):
@@ -188,7 +208,7 @@ class Session:
         else:  # an nnx module's MoX runs (state, *args) -> (out, new_state): docs/nnx.md
             target, args = hf_call(target, args)  # a Hugging Face wrapper: its `params` become an argument
             mox, args = trace_target(target, *args, **kwargs)
-        self.args, self.kwargs = args, kwargs  # the inputs of the batch in use, parameters first
+        self._in_use = NamedBatch(EXAMPLE, args, kwargs)  # the batch the values and the comparison use
         # opened with `jax.ShapeDtypeStruct` leaves (a 70B model planned before any weight exists):
         # the structure works (tree, queries, rewrites, history, code); values need arrays
         self.abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves((args, kwargs)))
@@ -205,19 +225,21 @@ class Session:
         self._selection: list[Any] = []
         self._fit_cache: dict = {}
         self.comparison: yax.Comparison | None = None
-        self._reference: Measured | None = None  # the original's values on the batch in use
-        self._base_values: tuple[Mox, Measured] | None = None  # a previous state's, for "previous"
-        # the current model's, as its comparison measured it: the values pane and colouring read it
-        self._current: tuple[Mox, str, Measured] | None = None
+        # What was measured, each under the serial of the batch it was measured on (`NamedBatch`):
+        # the original's values on each batch used so far,
+        self._refs: dict[int, Measured] = {}
+        # a previous state's, for "previous" (the last one measured),
+        self._base_values: tuple[Mox, int, Measured] | None = None
+        # and the current model's, as its comparison measured it: the values pane and colouring read it.
+        self._current: tuple[Mox, int, Measured] | None = None
+        self._saved: tuple | None = None  # what `all_or_nothing` puts back if the command under way fails
         # One worker runs the models (in order: the original's measurement, then each change's).
         # XLA compiles without holding the GIL, so the tree is rebuilt meanwhile on this thread.
         # It starts on first use and stops with `close()` (or when the session is collected).
         self._pool: ThreadPoolExecutor | None = None
         self._warmer: Future | None = None
         self._closed = False
-        self._inputs: dict[str, tuple[tuple, dict]] = {}  # the named batches: (args, kwargs) each
-        self._refs: dict[str, Measured | None] = {}  # the original's measured values on each batch used so far
-        self._batch = EXAMPLE
+        self._inputs: dict[str, NamedBatch] = {}  # the named batches
         self.inspector = Inspector(self)
         self._set(scalars=self.inspector.scalars())  # what the gradient colouring may differentiate
         self._init_batches(batches)
@@ -230,7 +252,7 @@ class Session:
             # the user looks at the tree: each substitution then runs only the modified model.
             # The worker is no daemon: a script that exits meanwhile waits for XLA rather than
             # aborting in it.
-            self._warmer = self._worker().submit(self._warm)
+            self._warmer = self._worker().submit(self._warm, self._in_use)
 
     # -- state -----------------------------------------------------------------------------
 
@@ -295,7 +317,28 @@ class Session:
     @property
     def batch(self) -> str:
         """The name of the batch the values, colouring and comparison use."""
-        return self._batch
+        return self._in_use.name
+
+    @property
+    def batch_key(self) -> int:
+        """What the values measured on the batch in use are kept under: its `NamedBatch.serial`,
+        which no other batch has, even one added again under the same name."""
+        return self._in_use.serial
+
+    @property
+    def args(self) -> tuple:
+        """The positional inputs of the batch in use, the parameters first."""
+        return self._in_use.args
+
+    @property
+    def kwargs(self) -> dict:
+        """The keyword inputs of the batch in use."""
+        return self._in_use.kwargs
+
+    @property
+    def _reference(self) -> Measured | None:
+        """The original's values on the batch in use, once measured."""
+        return self._refs.get(self._in_use.serial)
 
     @property
     def batches(self) -> list[str]:
@@ -314,8 +357,11 @@ class Session:
                                     "to show. Open it as `Explorer(model, variables, batch)`.")
         if self.abstract:
             raise yax.YaxInputError(NO_VALUES)
-        args = (self.params, *self.args[1:]) if self.has_params else self.args
-        return args, self.kwargs
+        return self._args_of(self.params, self._in_use), self.kwargs
+
+    def _args_of(self, params: Any, batch: NamedBatch) -> tuple:
+        """The positional arguments of a model with ``params`` on ``batch``."""
+        return (params, *batch.args[1:]) if self.has_params else batch.args
 
     def node(self, rid: Any, kinds: tuple = (*CALL_KINDS, "equation"), field: str = "id") -> Any:
         """The node of the current model whose row id is ``rid``, of one of ``kinds``."""
@@ -532,23 +578,46 @@ class Session:
         self.check_open()
         if base not in ("original", "previous"):
             raise yax.YaxInputError(f"`compare_with` takes \"original\" or \"previous\", not {base!r}.")
-        self._set(compare_base=base)
-        self._finish_compare(self._start_compare())
+        with self.all_or_nothing():
+            self._set(compare_base=base)
+            self._finish_compare(self._start_compare())
 
     def _move(self, states: list[Change], index: int) -> None:
-        """Make ``states[index]`` current and show it; if showing it fails, the
-        explorer stays where it was, so the front-end's error reply is true."""
-        before = self._states, self._index
-        self._states, self._index = states, index
-        try:
+        """Make ``states[index]`` current and show it (`all_or_nothing`)."""
+        with self.all_or_nothing():
+            self._states, self._index = states, index
             self._refresh()
+
+    @contextlib.contextmanager
+    def all_or_nothing(self) -> Iterator[None]:
+        """Make the changes of a command as a whole: if it fails or is interrupted
+        (a KeyboardInterrupt too) before it is done, the explorer is put back as it
+        was (the model, the batches and the one in use, the query's selection, the
+        comparison, what the values pane shows and the whole `state`, the status
+        included), so the front-end's error reply is true and nothing half-changed
+        is shown. What was measured meanwhile stays cached: it is kept under the
+        model and batch it was measured on. Inside another command, that one puts
+        back."""
+        if self._saved is not None:
+            yield
+            return
+        saved = self._saved = (self._states, self._index, dict(self._inputs), self._in_use, self._selection,
+                               self.comparison, self._current, self.inspector.active, dict(self.state))
+        try:
+            yield
         except BaseException:
-            self._states, self._index = before
-            try:
-                self._refresh()
-            except Exception:  # the first failure is the one to report
-                pass
+            (self._states, self._index, self._inputs, self._in_use, self._selection, self.comparison,
+             self._current, self.inspector.active, state) = saved
+            changed = {k: v for k, v in state.items() if self.state.get(k) is not v}
+            self.state.update(state)
+            if changed and self._on_change is not None:
+                try:
+                    self._on_change(changed)
+                except Exception:  # the first failure is the one to report
+                    pass
             raise
+        finally:
+            self._saved = None
 
     def export(self, stem: str | pathlib.Path = "yax_model", *, overwrite: bool = False) -> list[str]:
         """Save the current model to run without yax (`Explorer.export`). Refuses to
@@ -605,7 +674,7 @@ class Session:
         pool, self._pool = self._pool, None
         if pool is not None:
             _stop(pool)
-        self._reference, self._fit_cache, self._base_values, self._refs, self._current = None, {}, None, {}, None
+        self._fit_cache, self._base_values, self._refs, self._current = {}, None, {}, None
         self.inspector.clear()
 
     # -- batches ---------------------------------------------------------------------------
@@ -619,24 +688,32 @@ class Session:
         given = dict(batches or {})
         same = next((k for k, v in given.items() if same_inputs(as_args(v, len(example)), example)), None)
         if same is None and (self.args or self.kwargs):
-            self._inputs[EXAMPLE] = (self.args, self.kwargs)
+            self._inputs[EXAMPLE] = self._in_use
         for name, v in given.items():
             self.add_batch(name, *as_args(v, len(example)))
-        self._batch = same or next(iter(self._inputs), EXAMPLE)
+        self._in_use = self._inputs.get(same or EXAMPLE, next(iter(self._inputs.values()), self._in_use))
         self._sync_batches()
 
     def add_batch(self, name: str, *args: Any, **kwargs: Any) -> None:
         """Offer the inputs ``args`` (after the parameters, when the model has
         them) and ``kwargs`` (the example's, where not given) as the batch
-        ``name`` (`Explorer.add_batch`)."""
+        ``name`` (`Explorer.add_batch`). A batch of that name is replaced; when
+        it is the one in use, the comparison and the values show the new one."""
         self.check_open()
         if not isinstance(name, str) or not name.strip() or len(name) > 80:
             raise yax.YaxInputError(f"A batch name must be a non-empty string of at most 80 characters, not {name!r}.")
         head = self.args[:1] if self.has_params else ()
-        new = ((*head, *args), {**self.kwargs, **kwargs})
-        check_fits(name, (self.args, self.kwargs), new)
-        self._inputs[name] = new
-        self._sync_batches()
+        new = NamedBatch(name, (*head, *args), {**self.kwargs, **kwargs})
+        check_fits(name, (self.args, self.kwargs), (new.args, new.kwargs))
+        old = self._inputs.get(name)
+        with self.all_or_nothing():
+            self._inputs[name] = new
+            if old is not None and old is self._in_use:
+                self._show_batch(new)
+            else:
+                self._sync_batches()
+        if old is not None:
+            self._refs.pop(old.serial, None)  # nothing asks for the values measured on it again
 
     def use_batch(self, name: str) -> None:
         """Show values, colours and the comparison on the batch ``name``."""
@@ -645,22 +722,19 @@ class Session:
             raise yax.YaxInputError(f"No batch is named {str(name)[:40]!r}; the batches are "
                                     f"{', '.join(map(repr, self._inputs)) or 'none'}. Add one with "
                                     "`explorer.add_batch(name, *inputs)`.")
-        if name == self._batch:
-            return
+        if self._inputs[name] is not self._in_use:
+            with self.all_or_nothing():
+                self._show_batch(self._inputs[name])
 
-        def swap() -> None:  # on the worker: between two measurements, never during one
-            self._refs[self._batch] = self._reference
-            self.args, self.kwargs = self._inputs[name]
-            self._reference = self._refs.get(name)
-            self._batch = name
-
-        self._worker().submit(swap).result()
+    def _show_batch(self, batch: NamedBatch) -> None:
+        """Make ``batch`` the one in use and show the comparison, colours and values on it."""
+        self._in_use = batch
         self._sync_batches()
         self._finish_compare(self._start_compare())  # the comparison, on the new batch
         self.inspector.batch_changed()
 
     def _sync_batches(self) -> None:
-        self._set(batches={"names": list(self._inputs), "current": self._batch})
+        self._set(batches={"names": list(self._inputs), "current": self.batch})
 
     # -- showing the current model ---------------------------------------------------------
 
@@ -697,24 +771,27 @@ class Session:
         """``fn()`` on the worker thread, between two measurements: its result."""
         return self._worker().submit(fn).result()
 
-    def _warm(self) -> None:
+    def _warm(self, batch: NamedBatch) -> None:
         try:
             jax.random.fold_in(self._key, 1)  # the first change's key: folding compiles once (0.05 s)
-            self._original_values()
+            self._original_values(batch)
         except Exception:  # the first real compare reports any problem, with context
             pass
 
-    def _original_values(self) -> Measured:
-        """The original's outputs and boundary values on the batch in use,
-        measured once: they never change while the explorer lives."""
-        if self._reference is None:
+    def _original_values(self, batch: NamedBatch) -> Measured:
+        """The original's outputs and boundary values on ``batch``, measured
+        once: they never change while the explorer lives (on the worker)."""
+        ref = self._refs.get(batch.serial)
+        if ref is None:
             idx, _ = paired_outputs(self.original, self.original)
-            self._reference = measure(self.original, self.args, self.kwargs, idx)
-        return self._reference
+            ref = measure(self.original, batch.args, batch.kwargs, idx)
+            if batch is self._in_use or self._inputs.get(batch.name) is batch:  # not a batch replaced meanwhile
+                self._refs[batch.serial] = ref
+        return ref
 
     def _start_compare(self) -> tuple[Future, float, str] | None:
         """Start comparing the current model with the original (or the previous
-        state, `compare_with`) on the worker."""
+        state, `compare_with`) on the worker, both on the batch in use."""
         self._current = None  # another model's: let go of it
         if self._index == 0 or not (self.args or self.kwargs) or self.abstract:
             return None
@@ -722,60 +799,65 @@ class Session:
         base = self._states[self._index - 1] if previous else None
         self.status("compiling and comparing…", busy=True)
         t = time.perf_counter()
-        args = self.call_args()[0]
+        batch = self._in_use  # measured on explicitly: the batch in use may change before the worker starts
         lowered = threading.Event()
-        future = self._worker().submit(self._measure, self.mox, args, lowered, base)
+        future = self._worker().submit(self._measure, self.mox, self.params, batch, lowered, base)
         future.add_done_callback(lambda _: lowered.set())  # also when it fails
-        if self._reference is not None:
+        if batch.serial in self._refs:
             # Tracing and lowering hold the GIL like the tree rebuild does; XLA's compile, next, does
             # not: the tree is rebuilt during the compile. (Before the original is measured, the
             # tree goes first: that measurement takes longer than the tree.)
             lowered.wait()
         return future, t, "previous" if previous else "original"
 
-    def _measure(self, mox: Mox, args: tuple, lowered: threading.Event, base: Change | None = None) -> yax.Comparison:
-        c = self._measure_values(mox, args, lowered, base)
+    def _measure(self, mox: Mox, params: Any, batch: NamedBatch, lowered: threading.Event,
+                 base: Change | None = None) -> yax.Comparison:
+        """The comparison of ``mox`` (with ``params``) and the original, or ``base``,
+        both measured on ``batch`` (on the worker)."""
+        c = self._measure_values(mox, params, batch, lowered, base)
         if self._grad_of is None:
             return c
         if base is None and not self.has_params:
             raise yax.YaxInputError("`grad_of` compares gradients with respect to the parameters, but this model "
                                     "takes none. Open the explorer with the parameters as the first argument.")
         before = self.original if base is None else base.mox
-        args_a = self.args if base is None else ((base.params, *self.args[1:]) if self.has_params else self.args)
-        return dataclasses.replace(c, gradients=compare_gradients(before, mox, args_a, args, self.kwargs,
-                                                                  self._grad_of))
+        args_a = batch.args if base is None else self._args_of(base.params, batch)
+        return dataclasses.replace(c, gradients=compare_gradients(before, mox, args_a, self._args_of(params, batch),
+                                                                  batch.kwargs, self._grad_of))
 
-    def _measure_values(self, mox: Mox, args: tuple, lowered: threading.Event,
+    def _measure_values(self, mox: Mox, params: Any, batch: NamedBatch, lowered: threading.Event,
                         base: Change | None = None) -> yax.Comparison:
+        args = self._args_of(params, batch)
         if base is None:
             _, idx = paired_outputs(self.original, mox)
-            ref = self._original_values()
+            ref = self._original_values(batch)
             # measured the way the original was (jitted, or op by op for chains of tiny calls)
-            return compare_measured(self.original, mox, ref, self._keep(mox, measure(
-                mox, args, self.kwargs, idx, lowered=lowered, eager=ref.eager)))
+            return compare_measured(self.original, mox, ref, self._keep(mox, batch, measure(
+                mox, args, batch.kwargs, idx, lowered=lowered, eager=ref.eager)))
         base_idx, idx = paired_outputs(base.mox, mox)
         cached = self._base_values  # the last base measured: stepping forward measures each state once more
-        if cached is None or cached[0] is not base.mox:
-            base_args = (base.params, *self.args[1:]) if self.has_params else self.args
-            cached = self._base_values = (base.mox, measure(base.mox, base_args, self.kwargs, base_idx,
-                                                            eager=self._original_values().eager))
-        return compare_measured(base.mox, mox, cached[1], self._keep(mox, measure(
-            mox, args, self.kwargs, idx, lowered=lowered, eager=cached[1].eager)))
+        if cached is None or cached[0] is not base.mox or cached[1] != batch.serial:
+            cached = self._base_values = (base.mox, batch.serial, measure(
+                base.mox, self._args_of(base.params, batch), batch.kwargs, base_idx,
+                eager=self._original_values(batch).eager))
+        return compare_measured(base.mox, mox, cached[2], self._keep(mox, batch, measure(
+            mox, args, batch.kwargs, idx, lowered=lowered, eager=cached[2].eager)))
 
-    def _keep(self, mox: Mox, m: Measured) -> Measured:
-        """``m``, kept as the current model's values on the batch in use (on the worker)."""
+    def _keep(self, mox: Mox, batch: NamedBatch, m: Measured) -> Measured:
+        """``m``, kept as the current model's values on ``batch`` (on the worker)."""
         if mox is self.mox:
-            self._current = (mox, self._batch, m)
+            self._current = (mox, batch.serial, m)
         return m
 
     def measured(self, mox: Mox) -> Measured | None:
         """What was measured of ``mox`` on the batch in use: the original's (measured
         now if need be), or the current model's as its comparison measured it (waiting
         for a comparison under way); None where nothing was."""
+        batch = self._in_use
         if mox is self.original:
-            return self.run_on_worker(self._original_values)
+            return self.run_on_worker(lambda: self._original_values(batch))
         found = self.run_on_worker(lambda: self._current)
-        return found[2] if found is not None and found[0] is mox and found[1] == self._batch else None
+        return found[2] if found is not None and found[0] is mox and found[1] == batch.serial else None
 
     def _finish_compare(self, compared: tuple[Future, float, str] | None) -> None:
         if compared is None:

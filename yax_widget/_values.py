@@ -619,9 +619,11 @@ class Inspector:
 
     def __init__(self, session: Session):
         self._session = session
-        self._bounds: tuple[Any, str, _Boundaries] | None = None  # (model, batch, its boundaries): the latest
+        # Each value is kept under the model and the batch's key (`Session.batch_key`), never its
+        # name: a batch added again under its name is measured anew.
+        self._bounds: tuple[Any, int, _Boundaries] | None = None  # (model, batch, its boundaries): the latest
         self._shown: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(batch, id): entry}
-        self._grads: tuple[Any, str, tuple, _Gradients] | None = None  # (model, batch, scalar key, gradients)
+        self._grads: tuple[Any, int, tuple, _Gradients] | None = None  # (model, batch, scalar key, gradients)
         self._gshown: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(batch, key, id): grad}
         self._scalars: dict[tuple, Scalar] = {}
         self.active: Scalar | None = None  # the scalar a gradient colouring differentiates: the Values tab shows it
@@ -668,10 +670,10 @@ class Inspector:
     def boundaries(self) -> _Boundaries:
         s = self._session
         mox = s.mox
-        if self._bounds is None or self._bounds[0] is not mox or self._bounds[1] != s.batch:
+        if self._bounds is None or self._bounds[0] is not mox or self._bounds[1] != s.batch_key:
             self._bounds = None  # let go of the previous values before the device holds the new ones
             found = self._measured(mox)
-            self._bounds = (mox, s.batch, found or _Boundaries.run(mox, *s.call_args()))
+            self._bounds = (mox, s.batch_key, found or _Boundaries.run(mox, *s.call_args()))
         return self._bounds[2]
 
     def _measured(self, mox: yax.Mox) -> _Boundaries | None:
@@ -692,10 +694,10 @@ class Inspector:
         s = self._session
         mox = s.mox
         g = self._grads
-        if g is None or g[0] is not mox or g[1] != s.batch or g[2] != scalar.key:
+        if g is None or g[0] is not mox or g[1] != s.batch_key or g[2] != scalar.key:
             self._grads = None  # let go of the previous gradients first
             args, kwargs = s.call_args()
-            self._grads = (mox, s.batch, scalar.key, _Gradients(mox, scalar, args, kwargs, s.batch))
+            self._grads = (mox, s.batch_key, scalar.key, _Gradients(mox, scalar, args, kwargs, s.batch))
         return self._grads[3]
 
     def row(self, node: Any) -> dict:
@@ -709,7 +711,7 @@ class Inspector:
             raise yax.YaxInputError(f"{where(node).capitalize()} is not part of the current model. "
                                     "Query `explorer.mox` for it.")
         cache = self._shown.setdefault(mox, {})
-        entry = cache.get((s.batch, rid))
+        entry = cache.get((s.batch_key, rid))
         if entry is None:
             t = time.perf_counter()
             found = self.boundaries().entries(rid) if isinstance(node, yax.Mox) else None
@@ -717,7 +719,7 @@ class Inspector:
                 _, got = yax.capture(node, mox, *args, **kwargs)
                 found = _entries(node, got[capture_keys(mox)[id(node)]])
             outputs, more = found
-            cache[(s.batch, rid)] = entry = {
+            cache[(s.batch_key, rid)] = entry = {
                 "id": rid, "key": capture_keys(mox)[id(node)], "batch": s.batch, "outputs": outputs, "more": more,
                 "seconds": round(time.perf_counter() - t, 3)}
         if self.active is None:
@@ -729,7 +731,7 @@ class Inspector:
         s = self._session
         mox = s.mox
         cache = self._gshown.setdefault(mox, {})
-        hit = cache.get((s.batch, scalar.key, rid))
+        hit = cache.get((s.batch_key, scalar.key, rid))
         if hit is not None:
             return hit
         t = time.perf_counter()
@@ -740,7 +742,7 @@ class Inspector:
             _, got, gs = yax.capture(node, mox, *args, grad_of=scalar, **kwargs)
             k = capture_keys(mox)[id(node)]
             outputs = _grad_entries(node, got[k], gs[k])
-        cache[(s.batch, scalar.key, rid)] = found = {
+        cache[(s.batch_key, scalar.key, rid)] = found = {
             "label": grads.label(), "what": grads.what(), "scalar": grads.value, "outputs": outputs,
             "seconds": round(time.perf_counter() - t, 3)}
         return found
@@ -754,9 +756,14 @@ class Inspector:
     def paint(self, stat: str, scalar: Any = None, index: Any = None) -> None:
         """Paint every call row by ``stat`` ("off": nothing); a gradient statistic
         (`GRAD_STATS`) by the gradient of the scalar ``scalar`` (`Scalar`; its default:
-        the loss when the explorer has `grad_of`, else the logit) with ``index``."""
+        the loss when the explorer has `grad_of`, else the logit) with ``index``. The colouring,
+        the scalar and the Values tab change together or not at all (`Session.all_or_nothing`)."""
         if stat not in ("off", *STATS):
             raise yax.YaxInputError(f"The tree is painted by one of off, {', '.join(STATS)}; not {str(stat)[:40]!r}.")
+        with self._session.all_or_nothing():
+            self._paint(stat, scalar, index)
+
+    def _paint(self, stat: str, scalar: Any, index: Any) -> None:
         before = self.active
         if stat not in GRAD_STATS:
             self.active = None
@@ -826,12 +833,13 @@ class Inspector:
                                                f"{scalar.describe(self._leaf(scalar))} is finite on the batch "
                                                f"`{s.batch}`."}
         ids = node_ids(s.mox)
-        # the first line (an equation's) or paragraph (an argument's: its layer and first reader)
+        # the first line (an equation's) or paragraph (an argument's: its layer and first reader). A
+        # masked one says first that every gradient is finite; its row is where the non-finite cotangent came from
         head = str(found).split("\n")[0] if found.equation is not None else \
             " ".join(line.strip() for line in str(found).split("\n\n")[0].split("\n"))
         first = found.equation or found.reader
         return {"found": True, "id": ids.get(id(found.call)) if found.call is not None else None,
-                "eq": ids.get(id(first)) if first is not None else None,
+                "eq": ids.get(id(first)) if first is not None else None, "masked": found.masked,
                 "step": list(found.step), "message": f"{head} (batch `{s.batch}`{what})", "detail": str(found.output)}
 
     def _leaf(self, scalar: Scalar) -> tuple[str, int] | None:

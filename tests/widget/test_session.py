@@ -271,3 +271,149 @@ def test_the_session_compares_and_shows_values_as_yax_does():
     stats = s.values("//activation")["out"]
     assert stats.min == pytest.approx(out.min()) and stats.max == pytest.approx(out.max())
     s.close()
+
+
+# -- batches re-added, compared with the previous state, interrupted (issue 37) -----------------
+
+def _output(s: Session, xpath: str, *args) -> np.ndarray:
+    """What ``xpath``'s one node of the current model gives on ``args``, captured without the session."""
+    node = yax.query(xpath, s.mox)[0]
+    _, got = yax.capture(node, s.mox, s.params, *args)
+    return np.asarray(next(iter(got.values())))
+
+
+def test_a_batch_added_again_under_its_name_is_measured_anew():
+    s = session(batches={"b": 2 * X})
+    s.substitute("//activation", "ReLU")
+    rid = node_ids(s.mox)[id(yax.query("//activation", s.mox)[0])]
+    s.use_batch("b")  # measured on 2 X: the comparison, the original's values, the row's values
+    s.inspector.show(s.node(rid))
+    s.inspector.paint("norm")
+    s.use_batch("example")
+    new = 5 * X + 1
+    s.add_batch("b", new)
+    s.use_batch("b")
+    assert s.args[1] is new
+    assert s.comparison.to_dict() == yax.compare(s.original, s.mox, s.params, new).to_dict()
+    out = _output(s, "//activation", new)
+    assert s.state["values"]["batch"] == "b"
+    np.testing.assert_allclose(s.state["values"]["outputs"][0]["mean"], out.mean(), rtol=1e-5)
+    np.testing.assert_allclose(s.state["overlay"]["values"][str(rid)], np.linalg.norm(out), rtol=1e-5)
+    s.close()
+
+
+def test_the_batch_in_use_added_again_is_shown_at_once():
+    # found by the oracle (tests/oracle/test_session_walks.py): `add_batch("example", y)` on a fresh
+    # session listed `y` as the example while the values and the comparison stayed on the old inputs
+    s = session()
+    s.substitute("//activation", "ReLU")
+    rid = node_ids(s.mox)[id(yax.query("//activation", s.mox)[0])]
+    s.inspector.show(s.node(rid))
+    newer = -3 * X
+    s.add_batch("example", newer)
+    assert s.batch == "example" and s.batches == ["example"] and s.args[1] is newer
+    assert s.comparison.to_dict() == yax.compare(s.original, s.mox, s.params, newer).to_dict()
+    np.testing.assert_allclose(s.state["values"]["outputs"][0]["mean"], _output(s, "//activation", newer).mean(),
+                               rtol=1e-5)
+    s.close()
+
+
+def test_compare_with_previous_measures_both_states_on_the_batch_in_use():
+    s = session(batches={"b": 3 * X - 1})
+    s.substitute("//activation", "ReLU")
+    s.substitute("//activation", "tanh")
+    s.compare_with("previous")  # the previous state measured on the example
+    s.use_batch("b")
+    before = s.states[1]
+    want = yax.compare(before.mox, s.mox, before.params, 3 * X - 1, new_params=s.params)
+    assert s.comparison.to_dict() == want.to_dict() and s.state["comparison"]["base"] == "previous"
+    s.use_batch("example")
+    s.compare_with("original")
+    s.use_batch("b")
+    s.compare_with("previous")  # the previous state's values on `b` were not measured yet
+    assert s.comparison.to_dict() == want.to_dict()
+    s.close()
+
+
+class _Interrupt:
+    """A stand-in for a function that raises KeyboardInterrupt on its ``n``-th call, then behaves."""
+
+    def __init__(self, fn, n: int = 1):
+        self.fn, self.n = fn, n
+
+    def __call__(self, *a, **k):
+        self.n -= 1
+        if self.n == 0:
+            raise KeyboardInterrupt
+        return self.fn(*a, **k)
+
+
+@pytest.mark.parametrize("where", ["measure", "comparison_state", "batch_changed"])
+def test_an_interrupted_batch_switch_leaves_the_session_as_it_was(where, monkeypatch):
+    from yax_widget import _payloads as payloads
+    from yax_widget import _session as session_module
+
+    s = session(batches={"b": 2 * X})
+    s.substitute("//activation", "ReLU")
+    rid = node_ids(s.mox)[id(yax.query("//activation", s.mox)[0])]
+    s.inspector.show(s.node(rid))
+    s.inspector.paint("norm")
+    before = frozen(s), s.batch, s.args, s.comparison
+    if where == "measure":
+        monkeypatch.setattr(session_module, "measure", _Interrupt(session_module.measure))
+    elif where == "comparison_state":
+        monkeypatch.setattr(payloads, "comparison_state", _Interrupt(payloads.comparison_state))
+    else:
+        monkeypatch.setattr(s.inspector, "batch_changed", _Interrupt(s.inspector.batch_changed))
+    with pytest.raises(KeyboardInterrupt):
+        s.use_batch("b")
+    assert (frozen(s), s.batch, s.args, s.comparison) == before and not s.state["status"]["busy"]
+    monkeypatch.undo()
+    s.use_batch("b")  # and it works next time
+    assert s.comparison.to_dict() == yax.compare(s.original, s.mox, s.params, 2 * X).to_dict()
+    np.testing.assert_allclose(s.state["values"]["outputs"][0]["mean"], _output(s, "//activation", 2 * X).mean(),
+                               rtol=1e-5)
+    s.close()
+
+
+@pytest.mark.parametrize("where", ["measure", "comparison_state", "state"])
+def test_an_interrupted_compare_with_leaves_the_session_as_it_was(where, monkeypatch):
+    from yax_widget import _payloads as payloads
+    from yax_widget import _session as session_module
+
+    s = session()
+    s.substitute("//activation", "ReLU")
+    s.substitute("//activation", "tanh")
+    before = frozen(s), s.comparison
+    if where == "measure":
+        monkeypatch.setattr(session_module, "measure", _Interrupt(session_module.measure))
+    elif where == "comparison_state":
+        monkeypatch.setattr(payloads, "comparison_state", _Interrupt(payloads.comparison_state))
+    else:  # found by the oracle: interrupted after the base was set, before the comparison was shown
+        monkeypatch.setattr(s, "_set", _Interrupt(s._set, 2))
+    with pytest.raises(KeyboardInterrupt):
+        s.compare_with("previous")
+    assert (frozen(s), s.comparison) == before and s.state["compare_base"] == "original"
+    assert not s.state["status"]["busy"]
+    monkeypatch.undo()
+    s.compare_with("previous")
+    want = yax.compare(s.states[1].mox, s.mox, s.states[1].params, X, new_params=s.params)
+    assert s.comparison.to_dict() == want.to_dict()
+    s.close()
+
+
+def test_an_interrupted_colouring_leaves_the_session_as_it_was(monkeypatch):
+    s = session()
+    s.substitute("//activation", "ReLU")
+    rid = node_ids(s.mox)[id(yax.query("//activation", s.mox)[0])]
+    s.inspector.show(s.node(rid))
+    before = frozen(s), s.inspector.active
+    # the gradient colouring shows the colours, then the selected row's values with their gradient
+    monkeypatch.setattr(s, "show", _Interrupt(s.show, 2))
+    with pytest.raises(KeyboardInterrupt):
+        s.inspector.paint("grad", "sum")
+    assert (frozen(s), s.inspector.active) == before and "grad" not in s.state["values"]
+    monkeypatch.undo()
+    s.inspector.paint("grad", "sum")
+    assert s.state["overlay"]["stat"] == "grad" and "grad" in s.state["values"] and s.inspector.active is not None
+    s.close()
