@@ -318,3 +318,192 @@ def test_value_stats_on_devices_count_a_subnormal_as_nonzero():
     s, t = ValueStats.of(a), ValueStats.of(x)
     assert s.zeros == t.zeros == 32
     assert (s.min, s.max) == (t.min, t.max) and s.mean == pytest.approx(t.mean, rel=1e-12)
+
+
+# float64 models (x64 on): measured in float64, never narrowed to float32 on the way.
+
+def _exact_stats(x, y):
+    """`Stats`' four statistics of two float64 arrays, over the entries finite in both, computed
+    exactly (rational sums, 40-digit square roots) and rounded once to float64: no square
+    over- or underflows, whatever the values' size."""
+    from decimal import Decimal, localcontext
+    from fractions import Fraction
+
+    x, y = (np.asarray(v, np.float64).ravel() for v in (x, y))
+    fin = np.isfinite(x) & np.isfinite(y)
+    xs, ys = [Fraction(float(v)) for v in x[fin]], [Fraction(float(v)) for v in y[fin]]
+    d = [abs(b - a) for a, b in zip(xs, ys)]
+    sx, sy, sd = (sum(v * v for v in vs) for vs in (xs, ys, d))
+    dot = sum(a * b for a, b in zip(xs, ys))
+    with localcontext() as ctx:
+        ctx.prec = 40
+
+        def dec(f):
+            return Decimal(f.numerator) / Decimal(f.denominator)
+
+        return {"max_abs": float(dec(max(d))), "mean_abs": float(dec(sum(d) / len(d))),
+                "rel": float((dec(sd) / dec(sx)).sqrt()), "cosine": float(dec(dot) / (dec(sx) * dec(sy)).sqrt())}
+
+
+def _assert_stats(s, want, rel=1e-13):
+    assert not s.undefined, s
+    for k, v in want.items():
+        assert getattr(s, k) == pytest.approx(v, rel=rel, abs=0), (k, s, want)
+
+
+def _dense64():
+    m = nn.Sequential([nn.Dense(8, param_dtype=jnp.float64), nn.tanh, nn.Dense(3, param_dtype=jnp.float64)])
+    x = jax.random.normal(KEY, (4, 5), jnp.float64)
+    p = m.init(KEY, x)
+    q = jax.tree_util.tree_map(lambda a: a * (1 + 1e-12), p)
+    return m, p, q, x
+
+
+def _dense64_reference(p, x):
+    """Every call boundary of `_dense64`'s model, by hand."""
+    k0, b0 = p["params"]["layers_0"]["kernel"], p["params"]["layers_0"]["bias"]
+    k2, b2 = p["params"]["layers_2"]["kernel"], p["params"]["layers_2"]["bias"]
+    h = x @ k0 + b0
+    t = jnp.tanh(h)
+    o = t @ k2 + b2
+    return {"Sequential/layers_0": h, "Sequential/tanh": t, "Sequential/layers_2": o, "Sequential": o}
+
+
+def test_float64_models_differing_by_1e_12_relative_are_told_apart():
+    """Measured in float32, two float64 models whose values differ by 1e-12 relative were reported
+    equal (max|Δ| 0, rel 0) and allclose at ``rtol=1e-14, atol=0``."""
+    with jax.enable_x64(True):
+        m, p, q, x = _dense64()
+        mox = yax.make_mox(m.apply)(p, x)
+        c = yax.compare(mox, mox, p, x, new_params=q, rtol=1e-14, atol=0)
+        a, b = c.arrays["out"]
+        assert a.dtype == b.dtype == np.float64
+        # the values as the model computes them (to float64's rounding: XLA fuses the jitted program otherwise)
+        np.testing.assert_allclose(a, m.apply(p, x), rtol=1e-14, atol=1e-15)
+        np.testing.assert_allclose(b, m.apply(q, x), rtol=1e-14, atol=1e-15)
+        _assert_stats(c.outputs["out"], _exact_stats(a, b))
+        ra, rb = _dense64_reference(p, x), _dense64_reference(q, x)
+        assert list(c.boundaries) == list(ra)
+        for k, s in c.boundaries.items():
+            # the models' values to float64's rounding (an ulp of 1 is 2e-4 of a difference of 1e-12)
+            _assert_stats(s, _exact_stats(ra[k], rb[k]), rel=1e-2)
+            assert 1e-13 < s.rel < 1e-11 and not s.allclose, k
+        assert not c.allclose and c.first_divergence == "Sequential/layers_0"
+        # the explorer's path (`measure`, `compare_measured`) gives the same statistics
+        from yax.internal import compare_measured, measure, paired_outputs
+
+        ia, ib = paired_outputs(mox, mox)
+        ma = measure(mox, (p, x), {}, ia)
+        e = compare_measured(mox, mox, ma, measure(mox, (q, x), {}, ib, eager=ma.eager), rtol=1e-14, atol=0)
+        assert all(v.dtype == np.float64 for v in ma.taps.values())
+        assert (e.outputs, e.boundaries, e.first_divergence) == (c.outputs, c.boundaries, c.first_divergence)
+        loose = yax.compare(mox, mox, p, x, new_params=q, rtol=1e-9, atol=0)
+        assert loose.allclose and loose.first_divergence is None
+
+
+def test_float64_values_near_1e300_and_1e_300_keep_exact_statistics():
+    """float32 made 1e300 an Inf (left out as non-finite) and 1e-300 a 0 (rel 0: "no difference")."""
+    with jax.enable_x64(True):
+        for x in (np.array([1e300, 3e300, 1e-300, 2e-300, 5.0]),  # squares beyond float64's range
+                  np.array([1e-300, 3e-300, 3e-308, 7e-305]),  # squares below it
+                  np.array([1e308, 1e-300, 2.0, 1.1e308])):  # and their sums
+            f = yax.make_mox(lambda v: jax.nn.relu(v) * 2.0)(x)
+            g = yax.sub('//activation[@name="relu"]', lambda v: v * 1.5, f)
+            c = yax.compare(f, g, x, rtol=0.25, atol=0)
+            want = _exact_stats(x, x * 1.5)
+            _assert_stats(c.boundaries["relu"], want)
+            assert c.boundaries["relu"].nonfinite == 0
+            assert not c.boundaries["relu"].allclose  # |Δ| = 0.5|x| > 0.25|x|
+            with np.errstate(over="ignore"):
+                _assert_stats(c.outputs["out"], _exact_stats(x * 2.0, x * 1.5 * 2.0))
+        # subnormal values, which XLA flushes to 0 in the models' arithmetic: measured as they are on the host
+        from yax._compare import _stats
+
+        x = np.array([1e-300, 5e-324, -2e-310, 3e-308])
+        y = np.array([1e-300, 1e-323, 2e-310, 0.0])
+        _assert_stats(_stats(x, y, 1e-5, 0), _exact_stats(x, y))
+        # differences beyond float64's range: max|Δ| is float64's +Inf (as NumPy's), the others exact
+        x = np.array([1.5e308, 1.0])
+        f = yax.make_mox(lambda v: jax.nn.relu(v) * 1.0)(x)
+        s = yax.compare(f, yax.sub('//activation[@name="relu"]', lambda v: -v, f), x).outputs["out"]
+        assert s.max_abs == np.inf and s.nonfinite == 0 and not s.allclose
+        want = _exact_stats(x, -x)
+        assert (s.rel, s.cosine) == (pytest.approx(want["rel"], rel=1e-15), -1.0)
+        assert s.mean_abs == pytest.approx(want["mean_abs"], rel=1e-15)
+
+
+class _Cell64(nn.Module):
+    @nn.compact
+    def __call__(self, h, _):
+        h = jnp.tanh(nn.Dense(4, param_dtype=jnp.float64)(h))
+        return h, None
+
+
+class _Scan64(nn.Module):
+    @nn.compact
+    def __call__(self, h):
+        scan = nn.scan(_Cell64, variable_axes={"params": 0}, split_rngs={"params": True}, length=3)
+        return scan(name="cells")(h, None)[0]
+
+
+def test_float64_model_inside_a_scan_compared_in_float64_at_every_step():
+    with jax.enable_x64(True):
+        m = _Scan64()
+        x = jax.random.normal(KEY, (2, 4), jnp.float64)
+        p = m.init(KEY, x)
+        q = jax.tree_util.tree_map(lambda a: a * (1 + 1e-12), p)
+        mox = yax.make_mox(m.apply)(p, x)
+        c = yax.compare(mox, mox, p, x, new_params=q, rtol=1e-14, atol=0)
+
+        def steps(params):
+            w = params["params"]["cells"]["Dense_0"]
+            h, dense = x, []
+            for i in range(3):
+                dense.append(h @ w["kernel"][i] + w["bias"][i])
+                h = jnp.tanh(dense[-1])
+            return jnp.stack(dense)
+
+        ra, rb = steps(p), steps(q)
+        [key] = [k for k in c.steps if k.endswith("Dense_0")]
+        assert c.stacks[key] == (3,)
+        _assert_stats(c.boundaries[key], _exact_stats(ra, rb), rel=1e-2)
+        for i, s in enumerate(c.steps[key]):
+            _assert_stats(s, _exact_stats(ra[i], rb[i]), rel=1e-2)
+            assert 1e-13 < s.rel < 1e-11 and not s.allclose
+        assert c.first_divergence == key and c.first_divergence_step == (0,)
+
+
+def test_float64_gradients_compared_in_float64():
+    with jax.enable_x64(True):
+        m, p, q, x = _dense64()
+        mox = yax.make_mox(m.apply)(p, x)
+
+        def loss(o):
+            return jnp.sum(o ** 2)
+
+        c = yax.compare(mox, mox, p, x, new_params=q, rtol=1e-14, atol=0, grad_of=loss)
+        ga, gb = ({jax.tree_util.keystr(k): np.asarray(g) for k, g in
+                   jax.tree_util.tree_flatten_with_path(jax.grad(lambda w: loss(m.apply(w, x)))(w))[0]} for w in (p, q))
+        assert set(c.gradients) == set(ga) and len(ga) == 4
+        for k, s in c.gradients.items():
+            a, b = ga[k], gb[k]
+            assert a.dtype == np.float64
+            _assert_stats(s, _exact_stats(a, b), rel=1e-2)
+            assert 1e-13 < s.rel < 1e-10 and not s.allclose, k
+        assert not c.allclose
+
+
+def test_float64_statistics_over_many_chunks_keep_one_scale():
+    """`_stats` of float64 values sums a chunk at a time, each sum scaled by a power of two near the
+    largest value seen so far: chunks of 1e-300, 1 and 1e300 (growing, so the sums are rescaled twice;
+    and shrinking) give the statistics of the whole, exactly rounded."""
+    from yax._compare import _CHUNK, _stats
+
+    rng = np.random.default_rng(0)
+    parts = [rng.standard_normal(_CHUNK) * scale for scale in (1e-300, 1.0, 1e300)]
+    for x in (np.concatenate(parts), np.concatenate(parts[::-1])):
+        y = x * (1 + rng.standard_normal(x.size) * 1e-12)
+        _assert_stats(_stats(x, y, 1e-5, 0), _exact_stats(x, y), rel=1e-12)
+        z = x.copy()
+        z[:_CHUNK] = 0.0  # the first chunk all zeros: no scale yet
+        _assert_stats(_stats(z, y, 1e-5, 0), _exact_stats(z, y), rel=1e-12)

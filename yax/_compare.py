@@ -4,6 +4,7 @@ at the outputs and at every module boundary the two share."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import math
 import os
@@ -34,9 +35,12 @@ class Stats:
     changes sign). A statistic that cannot be computed is NaN, and
     ``undefined`` says why (``{"rel": "the original is 0 everywhere"}``):
     never a 0 or a 1 standing for what was not computed. They are float64
-    NumPy's on the two models' values, from the smallest subnormal to the
-    largest float32 (a model laid out over several devices: float32 sums of
-    values scaled by their largest, to about 1e-6)."""
+    NumPy's on the two models' values as the models computed them (float64
+    values, x64 on, never narrowed to float32), from the smallest subnormal
+    to the largest float64; a difference beyond float64's range is +Inf in
+    ``max_abs`` only. A model laid out over several devices: sums of values
+    scaled by their largest, in float32 to about 1e-6 (float64 values: in
+    float64)."""
 
     max_abs: float
     mean_abs: float
@@ -85,8 +89,8 @@ class Comparison:
     boundaries: dict[str, Stats]
     rtol: float
     atol: float
-    #: output name -> (original, modified) values as float32 NumPy arrays, for plots (a sharded
-    #: model's: float32 device arrays, left on the devices that hold them)
+    #: output name -> (original, modified) values as float32 NumPy arrays (float64 for 64-bit values,
+    #: `_measured`), for plots (a sharded model's: device arrays, left on the devices that hold them)
     arrays: dict[str, tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict, repr=False,
                                                                          compare=False)
     steps: dict[str, list[Stats]] = dataclasses.field(default_factory=dict, repr=False)
@@ -184,7 +188,10 @@ def _stats(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> Stats:
     1e-5. The values are converted a chunk at a time (`_CHUNK`), which costs no more than the
     float32 dot products did: the chunks stay in cache. A chunk whose sum of |Δ| is not finite
     holds a NaN or an Inf (finite float32 differences cannot overflow float64): its entries
-    finite in both are kept and the others counted."""
+    finite in both are kept and the others counted. Values of any other type (float64, x64
+    on; a float32 output against a float64 one) are measured by `_stats_wide`."""
+    if x.dtype != np.float32 or y.dtype != np.float32:
+        return _stats_wide(np.asarray(x, np.float64), np.asarray(y, np.float64), rtol, atol)
     n = x.size
     size = min(n, _CHUNK)
     bx, by, bd = np.empty(size), np.empty(size), np.empty(size)
@@ -231,18 +238,99 @@ def _stats(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> Stats:
     return _finish(kept, nonfinite, changed, far, max_abs, sum_abs, math.sqrt(sx), math.sqrt(sy), math.sqrt(sd), dot)
 
 
+#: An exponent below every float64's (the smallest subnormal is 2**-1074): a sum of nothing yet.
+_NO_EXPONENT = -1100
+
+
+def _exponent(top: float) -> int:
+    """The power of two above ``top`` (``top < 2**e``), for the largest |value| of a chunk."""
+    return math.frexp(top)[1] if top > 0 else _NO_EXPONENT
+
+
+def _stats_wide(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> Stats:
+    """`_stats` of two flat float64 arrays (a float64 model's values, x64 on), in float64.
+
+    A product of two float64 is not exact in float64, and squares over- and underflow it
+    (1e300**2 is inf, 1e-300**2 is 0): each sum of squares and the dot product are taken of
+    values scaled by a power of two (exactly) so that the largest |value| of x, of y and of
+    |Δ| is below 1, as LAPACK's ``dnrm2`` keeps its scale, and a sum is scaled down when a
+    later chunk holds a larger value. ``_finish`` multiplies the scales back. A difference
+    beyond float64's range (1.5e308 - -1.5e308) is float64's +Inf in ``max_abs``, as NumPy's;
+    its chunk is summed halved (``b/2 - a/2``, exact for normal values) and its test against
+    the tolerances is taken halved. Differences of float64 values round (once each, as
+    NumPy's do), so the statistics are float64 NumPy's to the rounding of its sums."""
+    n = x.size
+    kept = nonfinite = changed = far = 0
+    max_abs = sum_abs = sx = sy = sd = dot = 0.0
+    ex = ey = ed = _NO_EXPONENT  # the units of the sums: 2**ex (x), 2**ey (y), 2**ed (|Δ|)
+    for i in range(0, n, _CHUNK):
+        a, b = x[i:i + _CHUNK], y[i:i + _CHUNK]
+        fin = np.isfinite(a) & np.isfinite(b)
+        if not fin.all():  # a NaN or an Inf in either model: left out and counted
+            bad_a, bad_b = a[~fin], b[~fin]
+            same = (bad_a == bad_b) | (np.isnan(bad_a) & np.isnan(bad_b))
+            nonfinite += bad_a.size
+            changed += int(same.size - np.count_nonzero(same))
+            a, b = a[fin], b[fin]
+        if not a.size:
+            continue
+        kept += a.size
+        with np.errstate(over="ignore"):  # a difference beyond float64's range: +Inf, as NumPy's
+            d = np.abs(b - a)
+        top = float(d.max())
+        max_abs = max(max_abs, top)
+        half = not math.isfinite(top)
+        h = np.abs(b * 0.5 - a * 0.5) if half else d  # |Δ| = h * 2**half
+        if not (top <= atol and rtol >= 0):
+            with np.errstate(over="ignore"):
+                ok = d <= atol + rtol * np.abs(a)
+                if half:
+                    big = ~np.isfinite(d)
+                    ok[big] = h[big] <= atol * 0.5 + rtol * 0.5 * np.abs(a[big])
+            far += int(ok.size - np.count_nonzero(ok))
+        e_x, e_y = _exponent(max(float(a.max()), -float(a.min()))), _exponent(max(float(b.max()), -float(b.min())))
+        e_d = _exponent(float(h.max())) + half
+        if e_x > ex:
+            sx, dot, ex = math.ldexp(sx, 2 * (ex - e_x)), math.ldexp(dot, ex - e_x), e_x
+        if e_y > ey:
+            sy, dot, ey = math.ldexp(sy, 2 * (ey - e_y)), math.ldexp(dot, ey - e_y), e_y
+        if e_d > ed:
+            sd, sum_abs, ed = math.ldexp(sd, 2 * (ed - e_d)), math.ldexp(sum_abs, ed - e_d), e_d
+        xs, ys, ds = np.ldexp(a, -ex), np.ldexp(b, -ey), np.ldexp(h, half - ed)
+        sx += float(np.dot(xs, xs))
+        sy += float(np.dot(ys, ys))
+        sd += float(np.dot(ds, ds))
+        dot += float(np.dot(xs, ys))
+        sum_abs += float(ds.sum())
+    if not kept:
+        return _finish(0, nonfinite, changed, 0, np.nan, np.nan, 0.0, 0.0, 0.0, 0.0)
+    return _finish(kept, nonfinite, changed, far, max_abs, sum_abs, math.sqrt(sx), math.sqrt(sy), math.sqrt(sd), dot,
+                   ex, ey, ed)
+
+
+def _ldexp(v: float, e: int) -> float:
+    """``v * 2**e``, +Inf where it is beyond float64's range (``math.ldexp`` raises there)."""
+    try:
+        return math.ldexp(v, e)
+    except OverflowError:
+        return math.copysign(math.inf, v)
+
+
 def _finish(n: int, nonfinite: int, changed: int, far: int, max_abs: float, sum_abs: float, nx: float, ny: float,
-            nd: float, dot: float) -> Stats:
+            nd: float, dot: float, ex: int = 0, ey: int = 0, ed: int = 0) -> Stats:
     """The `Stats` of ``n`` entries finite in both models from their sums: ``far`` entries
     not within the tolerances, the largest and summed ``|Δ|``, the norms of the original,
-    the modified and the difference, and the dot product of the two."""
+    the modified and the difference, and the dot product of the two. ``sum_abs`` and ``nd``
+    are in units of ``2**ed``, ``nx`` of ``2**ex``, ``ny`` of ``2**ey`` and ``dot`` of
+    ``2**(ex + ey)``: float64 values' sums are kept scaled, which no square over- or
+    underflows (`_stats_wide`); the ratios are taken before the scales are put back."""
     undefined: list[tuple[str, str]] = []
     if not n:
         why = (f"no entry is finite in both models ({nonfinite} non-finite)" if nonfinite else "the value is empty")
         undefined = [(k, why) for k in ("max_abs", "mean_abs", "rel", "cosine")]
         return Stats(np.nan, np.nan, np.nan, np.nan, changed == 0, nonfinite, changed, tuple(undefined))
     if nx > 0:
-        rel = nd / nx
+        rel = nd / nx if ed == ex else _ldexp(nd / nx, ed - ex)
     elif nd == 0:
         rel = 0.0  # both 0 everywhere: no difference at all
     else:
@@ -257,7 +345,7 @@ def _finish(n: int, nonfinite: int, changed: int, far: int, max_abs: float, sum_
         undefined.append(("cosine", f"{zero} 0 at every finite entry, so no angle exists"))
     return Stats(
         max_abs=max_abs,
-        mean_abs=sum_abs / n,
+        mean_abs=sum_abs / n if not ed else _ldexp(sum_abs / n, ed),
         rel=rel,
         cosine=cosine,
         allclose=far == 0 and changed == 0,
@@ -271,28 +359,31 @@ def _finish(n: int, nonfinite: int, changed: int, far: int, max_abs: float, sum_
 
 def _row_sums(xs: list[jax.Array], ys: list[jax.Array], lead: int, tol: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Per row (each step of the ``lead`` scan axes; one row outside scans), the sums
-    `_finish` needs of the values ``xs`` and ``ys`` (float32, paired in order, as laid
-    out): ``[finite, non-finite, changed, far, inexact]`` (int32) and ``[max |Δ|, Σ|Δ|/sΔ,
-    sΔ, sx, sy, Σ(x/sx)², Σ(y/sy)², Σ(Δ/sΔ)², Σ(x/sx)(y/sy)]`` (float32). Each of x, y and
+    `_finish` needs of the values ``xs`` and ``ys`` (float32, or float64 where one is: a
+    float64 model's, x64 on; paired in order, as laid out): ``[finite, non-finite, changed,
+    far, inexact]`` (int32) and ``[max |Δ|, Σ|Δ|/sΔ, sΔ, sx, sy, Σ(x/sx)², Σ(y/sy)², Σ(Δ/sΔ)²,
+    Σ(x/sx)(y/sy)]`` (in the values' type). Each of x, y and
     Δ has its own scale, its largest |value|, so that no sum or square under- or overflows
     and none is lost beside the others' (a modified model 1e-30 times the original had all
     its squares flushed to 0 under a shared scale); the host multiplies the scales back in
-    float64. ``inexact`` counts the entries float32 on the devices cannot measure: a
+    float64. ``inexact`` counts the entries the devices cannot measure in the values' type: a
     subnormal x or y, which XLA flushes to 0 in arithmetic (tested on its bits), a
-    difference beyond float32's range (3e38 - -3e38), or one flushed to 0 though x and y
-    differ. A pair with any is measured on the host instead (`_spread_stats`).
+    difference beyond the type's range (3e38 - -3e38 in float32), or one flushed to 0 though
+    x and y differ. A pair with any is measured on the host instead (`_spread_stats`).
     ``tol`` is ``[rtol, atol]``."""
     rows = xs[0].shape[:lead]
+    ft = jnp.result_type(*xs, *ys)
+    tol = tol.astype(ft)
 
-    def each(f: Any, vals: Any, dtype: Any = jnp.float32) -> list[jax.Array]:
+    def each(f: Any, vals: Any, dtype: Any = ft) -> list[jax.Array]:
         """``f`` of each value reduced over its axes after the scan axes: one array of ``rows`` each."""
         return [f(v, axis=tuple(range(lead, v.ndim))).astype(dtype) for v in vals]
 
-    def total(vals: Any, dtype: Any = jnp.float32) -> jax.Array:
+    def total(vals: Any, dtype: Any = ft) -> jax.Array:
         return sum(each(jnp.sum, vals, dtype), jnp.zeros(rows, dtype))
 
     def widest(vals: Any, start: float) -> jax.Array:
-        out = jnp.full(rows, start, jnp.float32)
+        out = jnp.full(rows, start, ft)
         for v in vals:
             out = jnp.maximum(out, jnp.max(v, axis=tuple(range(lead, v.ndim)), initial=start))
         return out
@@ -336,10 +427,10 @@ def _spread_stats(pairs: list[tuple[list[Any], list[Any]]], leads: tuple[int, ..
     boundary at once compiled 2.5 times slower, sharing nothing), and each is waited for before
     the next is dispatched: XLA's CPU client deadlocks in a collective's rendezvous with some 40
     multi-device programs in flight (8 host devices, jax 0.9 and 0.10), as hundreds of
-    boundaries dispatched at once would be. A pair holding values float32 on the devices cannot
-    measure (`_row_sums`' ``inexact``: subnormals, differences beyond float32's range) is brought
+    boundaries dispatched at once would be. A pair holding values the devices cannot measure
+    (`_row_sums`' ``inexact``: subnormals, differences beyond the values' range) is brought
     to the host and measured there in float64 (`_stats`)."""
-    tol = jnp.asarray([rtol, atol], jnp.float32)
+    tol = np.array([rtol, atol])  # in the values' type on the devices (float32: as jnp.float32 rounds them)
     out = []
     for (xs, ys), lead in zip(pairs, leads):
         ints, floats = jax.device_get(_row_sums_jit(xs, ys, lead, tol))
@@ -353,27 +444,40 @@ def _spread_stats(pairs: list[tuple[list[Any], list[Any]]], leads: tuple[int, ..
 def _on_host(xs: list[Any], ys: list[Any], lead: int, rtol: float, atol: float) -> tuple[Stats, list[Stats]]:
     """`_spread_stats` of one pair, on the host: each value gathered and flattened per row."""
     n = math.prod(xs[0].shape[:lead])
-    x, y = (np.concatenate([np.asarray(v, np.float32).reshape(n, -1) for v in vs], axis=1) for vs in (xs, ys))
+    x, y = (np.concatenate([np.asarray(v).reshape(n, -1) for v in vs], axis=1) for vs in (xs, ys))
     return _stats(x.ravel(), y.ravel(), rtol, atol), [_stats(x[r], y[r], rtol, atol) for r in range(n)]
 
 
 def _from_rows(ints: np.ndarray, floats: np.ndarray) -> tuple[Stats, list[Stats]]:
     """The `Stats` over all rows and of each row, from `_row_sums` (the scales multiplied back,
-    and the rows combined, in float64)."""
-    top, sum_abs, cd, cx, cy = (floats[:, k] for k in range(5))
-    sum_abs = cd * sum_abs
-    nx, ny, nd = (c * np.sqrt(floats[:, k]) for c, k in ((cx, 5), (cy, 6), (cd, 7)))
-    dot = cx * cy * floats[:, 8]
+    and the rows combined, in float64). Each scale is split into a mantissa, multiplied in,
+    and a power of two, which `_finish` puts back after taking the ratios: a float64 model's
+    norms (1e300 times the square root of a count) may lie beyond float64's range."""
+    top = floats[:, 0]
+    (md, ed), (mx, ex), (my, ey) = (np.frexp(floats[:, k]) for k in (2, 3, 4))
+    sum_abs = md * floats[:, 1]
+    nx, ny, nd = mx * np.sqrt(floats[:, 5]), my * np.sqrt(floats[:, 6]), md * np.sqrt(floats[:, 7])
+    dot = mx * my * floats[:, 8]
 
-    def one(i: Any, mx: float, nx_: float, ny_: float, nd_: float, dot_: float, sum_: float) -> Stats:
+    def one(i: Any, top_: float, sum_: float, nx_: float, ny_: float, nd_: float, dot_: float,
+            e: tuple[int, int, int]) -> Stats:
         n, nonfinite, changed, far = (int(v) for v in i[:4])
-        return _finish(n, nonfinite, changed, far, mx if n else np.nan, sum_ if n else np.nan, nx_, ny_, nd_, dot_)
+        return _finish(n, nonfinite, changed, far, top_ if n else np.nan, sum_ if n else np.nan, nx_, ny_, nd_, dot_,
+                       *e)
 
-    rows = [one(ints[r], float(top[r]), float(nx[r]), float(ny[r]), float(nd[r]), float(dot[r]),
-                float(sum_abs[r])) for r in range(len(ints))]
-    whole = one(ints.sum(axis=0), float(top.max()), float(np.sqrt((nx ** 2).sum())),
-                float(np.sqrt((ny ** 2).sum())), float(np.sqrt((nd ** 2).sum())), float(dot.sum()),
-                float(sum_abs.sum()))
+    rows = [one(ints[r], float(top[r]), float(sum_abs[r]), float(nx[r]), float(ny[r]), float(nd[r]), float(dot[r]),
+                (int(ex[r]), int(ey[r]), int(ed[r]))) for r in range(len(ints))]
+
+    def unit(e: np.ndarray, v: np.ndarray) -> int:
+        """The largest power of two of the rows where ``v`` is not 0: the whole's unit (the others' shift
+        down, never up, so nothing overflows)."""
+        return int(e[v != 0].max()) if (v != 0).any() else 0
+
+    ux, uy, ud = unit(ex, nx), unit(ey, ny), unit(ed, nd)
+    whole = one(ints.sum(axis=0), float(top.max()), float(np.ldexp(sum_abs, ed - ud).sum()),
+                float(np.sqrt((np.ldexp(nx, ex - ux) ** 2).sum())), float(np.sqrt((np.ldexp(ny, ey - uy) ** 2).sum())),
+                float(np.sqrt((np.ldexp(nd, ed - ud) ** 2).sum())), float(np.ldexp(dot, ex + ey - ux - uy).sum()),
+                (ux, uy, ud))
     return whole, rows
 
 
@@ -381,8 +485,20 @@ def _numeric(vals: Any) -> bool:
     return bool(vals) and all(jnp.issubdtype(v.dtype, jnp.number) or v.dtype == jnp.bool_ for v in vals)
 
 
+#: The types float32 would narrow (x64 on): `compare` measures them in float64. float32 holds
+#: float16 and bfloat16 values exactly, and integers up to 2**24.
+_WIDE = frozenset(np.dtype(t) for t in ("float64", "int64", "uint64", "complex128"))
+
+
+def _measured(v: Any) -> Any:
+    """``v`` as `compare` measures it: float64 for a 64-bit value (`_WIDE`), else float32
+    (a float32 value as it is)."""
+    dt = np.dtype(np.float64) if np.dtype(v.dtype) in _WIDE else np.dtype(np.float32)
+    return v if v.dtype == dt else v.astype(dt)
+
+
 def _flat(vals: list[jax.Array]) -> jax.Array:
-    return jnp.concatenate([jnp.ravel(v).astype(jnp.float32) for v in vals])
+    return jnp.concatenate([jnp.ravel(_measured(v)) for v in vals])
 
 
 _programs: weakref.WeakKeyDictionary[Mox, dict[tuple[Any, ...], Any]] = weakref.WeakKeyDictionary()
@@ -441,8 +557,9 @@ def eager_is_cheaper(mox: Mox) -> bool:
 
 def _program(mox: Mox, out_idx: tuple[int, ...], taps: bool, eager: bool, shaped: bool = False) -> Any:
     """The program computing ``mox``'s outputs and the values at all its numeric call
-    boundaries (inside scans: stacked per step), flattened to float32 (with ``shaped``,
-    for values laid out over several devices: each float32 as it is shaped and laid out).
+    boundaries (inside scans: stacked per step), each in the type it is measured in
+    (`_measured`: float32, float64 for 64-bit values), outputs flattened (with ``shaped``,
+    for values laid out over several devices: each as it is shaped and laid out).
     Jitted (or, with ``eager``, op by op): one per MoX, kept while the MoX lives, so
     comparing many rewrites against one original compiles the original once."""
     cache = _programs.setdefault(mox, {})
@@ -455,14 +572,13 @@ def _program(mox: Mox, out_idx: tuple[int, ...], taps: bool, eager: bool, shaped
         def program(flat: list[Any]) -> Any:
             root = ref()
             assert root is not None  # the program is cached with its MoX and dies with it
-            out = (lambda o: o.astype(jnp.float32)) if shaped else (lambda o: _flat([o]))
+            out = _measured if shaped else (lambda o: _flat([o]))
             if plan is None:
                 return [out(o) for o in (lambda outs: [outs[i] for i in out_idx])(run(root, flat))], {}
-            outs, got = _capture.watched(root, plan, "measure_shaped" if shaped else "capture", flat)
-            # float32 as they are (flattened and joined on the host, `_rows`); narrower types converted
-            # here, where it is cheaper than on the host (0.1 s against 0.5 s for a bfloat16 1B Llama)
-            return [out(outs[i]) for i in out_idx], {k: [v if v.dtype == jnp.float32 else v.astype(jnp.float32)
-                                                         for v in g["out"]] for k, g in got.items()}
+            outs, got = _capture.watched(root, plan, "capture", flat)
+            # float32 and float64 as they are (flattened and joined on the host, `_rows`); narrower types
+            # converted here, where it is cheaper than on the host (0.1 s against 0.5 s for a bfloat16 1B Llama)
+            return [out(outs[i]) for i in out_idx], {k: [_measured(v) for v in g["out"]] for k, g in got.items()}
 
         f = cache[key] = program if eager else model_jit(program)
     return f
@@ -470,14 +586,15 @@ def _program(mox: Mox, out_idx: tuple[int, ...], taps: bool, eager: bool, shaped
 
 @dataclasses.dataclass(frozen=True)
 class Measured:
-    """One model's values on one set of inputs, on the host as flat float32:
-    the outputs `compare` looks at and, when measured with boundaries, the
-    values at every numeric call boundary (by key; inside scans stacked per
-    step: ``(*scan lengths, n)``). ``eager``: measured op by op (`eager_is_cheaper`);
-    two measurements compared are taken the same way. ``shaped``: the model ran on
-    values laid out over several devices (a sharded model), and they stay there:
-    each output a float32 device array as it is shaped and laid out, each boundary
-    a list of them (one per output of the call), reduced where they are when compared."""
+    """One model's values on one set of inputs, on the host as flat float32
+    (float64 for 64-bit values, `_measured`): the outputs `compare` looks at
+    and, when measured with boundaries, the values at every numeric call
+    boundary (by key; inside scans stacked per step: ``(*scan lengths, n)``).
+    ``eager``: measured op by op (`eager_is_cheaper`); two measurements
+    compared are taken the same way. ``shaped``: the model ran on values laid
+    out over several devices (a sharded model), and they stay there: each
+    output a device array as it is shaped and laid out, each boundary a list
+    of them (one per output of the call), reduced where they are when compared."""
 
     out_idx: tuple[int, ...]
     outs: list[Any]
@@ -538,8 +655,8 @@ def _dispatch(mox: Mox, flat: list[Any], out_idx: tuple[int, ...], boundaries: b
 
 
 def _to_host(m: Measured, mox: Mox) -> Measured:
-    """``m`` with its values on the host, each boundary as flat float32 rows (one per
-    scan step); a sharded model's stay where they are (only their statistics cross,
+    """``m`` with its values on the host, each boundary as flat rows (one per scan
+    step); a sharded model's stay where they are (only their statistics cross,
     when compared)."""
     if m.shaped:
         return m
@@ -552,11 +669,12 @@ def _to_host(m: Measured, mox: Mox) -> Measured:
 
 
 def _rows(values: list[np.ndarray], stack: tuple[int, ...]) -> np.ndarray:
-    """The outputs of one call as float32, each flattened per scan step and joined:
-    ``(*stack, n)``. On the host, not in the measured program: 310 flattenings and
-    joins made a 1B Llama's program compile 0.15 s longer."""
+    """The outputs of one call as measured (float32, or float64 for 64-bit values: joined
+    with a float32 one, float64), each flattened per scan step and joined: ``(*stack, n)``.
+    On the host, not in the measured program: 310 flattenings and joins made a 1B Llama's
+    program compile 0.15 s longer."""
     lead = len(stack)
-    flat = [np.asarray(v, np.float32).reshape(*stack, math.prod(np.shape(v)[lead:])) for v in values]
+    flat = [np.asarray(v).reshape(*stack, math.prod(np.shape(v)[lead:])) for v in values]
     return flat[0] if len(flat) == 1 else np.concatenate(flat, axis=-1)
 
 
@@ -728,7 +846,7 @@ def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rt
     # (started once the original is lowered, so the two traces do not contend for the lock).
     lowered = threading.Event()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        fa = pool.submit(_dispatch, original, flat_a, idx_a, boundaries, lowered, eager)
+        fa = pool.submit(_with_callers_settings(_dispatch), original, flat_a, idx_a, boundaries, lowered, eager)
         fa.add_done_callback(lambda _: lowered.set())  # also when it fails
         lowered.wait()
         b = _dispatch(modified, flat_b, idx_b, boundaries, None, eager)
@@ -738,6 +856,26 @@ def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rt
         return c
     return dataclasses.replace(c, gradients=compare_gradients(original, modified, args, args_b, kwargs, grad_of,
                                                               rtol, atol))
+
+
+#: JAX's settings that change what a model traces to, which a ``with`` block (``with
+#: jax.enable_x64(True):``) sets for the calling thread only.
+_TRACE_SETTINGS = ("enable_x64", "default_matmul_precision", "numpy_dtype_promotion", "numpy_rank_promotion")
+
+
+def _with_callers_settings(fn: Any) -> Any:
+    """``fn``, to run on another thread with the calling thread's `_TRACE_SETTINGS`: on `compare`'s
+    helper thread the original ran with x64 off under ``with jax.enable_x64(True):`` (a NumPy
+    float64 input narrowed to float32, then refused by the float64 MoX)."""
+    settings = [(getattr(jax, k), getattr(jax.config, f"jax_{k}")) for k in _TRACE_SETTINGS]
+
+    def call(*args: Any) -> Any:
+        with contextlib.ExitStack() as stack:
+            for setting, value in settings:
+                stack.enter_context(setting(value))
+            return fn(*args)
+
+    return call
 
 
 def compare_gradients(original: Mox, modified: Mox, args: tuple[Any, ...], args_b: tuple[Any, ...], kwargs: dict[str, Any], loss: Any,
@@ -760,9 +898,8 @@ def compare_gradients(original: Mox, modified: Mox, args: tuple[Any, ...], args_
 
         g = jax.jit(jax.grad(f))([leaves[i] for i in where])
         if any_spread(g):  # a sharded model's gradients stay where they are: only statistics cross
-            return {jax.tree_util.keystr(flat[i][0]): v.astype(jnp.float32) for i, v in zip(where, g)}
-        return {jax.tree_util.keystr(flat[i][0]): np.asarray(v, np.float32).ravel()
-                for i, v in zip(where, jax.device_get(g))}
+            return {jax.tree_util.keystr(flat[i][0]): _measured(v) for i, v in zip(where, g)}
+        return {jax.tree_util.keystr(flat[i][0]): np.ravel(_measured(v)) for i, v in zip(where, jax.device_get(g))}
 
     ga, gb = grads(original, args), grads(modified, args_b)
     keys = [k for k, v in ga.items() if k in gb and np.size(gb[k]) == np.size(v)]

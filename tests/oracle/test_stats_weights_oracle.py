@@ -4,7 +4,9 @@ checked against float64 NumPy written here by hand, never against yax itself.
 (a) Statistics. Pairs of float32, bfloat16 and float16 arrays (up to 3 axes; magnitudes
 1e-30..1e30 by their exponents, and now and then the whole float32 range, subnormals
 and the largest values included; zeros, -0.0, NaN and ±Inf planted; the modified equal
-to the original, near it, scaled by a power of ten, or unrelated) go through:
+to the original, near it, scaled by a power of ten, or unrelated), and for `compare`'s
+reduction and `yax.compare` also float64 ones under ``jax.enable_x64(True)`` (1e-300..1e300,
+now and then subnormals to the largest float64; "near" down to 1e-15 relative), go through:
 
 - `compare`'s reduction as `compare` calls it (`_pairs`): on the host, and laid out over
   the 8 CPU devices (reduced where they are), as one value and per scan step (the first
@@ -16,7 +18,10 @@ to the original, near it, scaled by a power of ten, or unrelated) go through:
 
 On the host the statistics are float64 sums: they must equal the reference to 1e-13. On
 the devices they are float32 sums of values scaled by their largest: to 2e-5, and the
-mean and std (which cancel) to 2e-6 of the largest |value|.
+mean and std (which cancel) to 2e-6 of the largest |value|; float64 values' are float64
+sums there: to 1e-12. The reference of float64 values is float64 NumPy's per entry (|Δ|,
+the tolerance test) and exact rational sums, rounded once (NumPy's float64 sums of squares
+over- and underflow from 1e154 and 1e-154 on).
 
 (b) Weights. Pytrees of every dtype `save_weights` stores, random bits and edge values
 (each integer type's min and max, 2**40+3, subnormals, NaN payloads signalling and quiet,
@@ -37,6 +42,8 @@ import json
 import math
 import os
 import tempfile
+from decimal import Decimal, localcontext
+from fractions import Fraction
 from typing import Any
 
 import jax
@@ -83,12 +90,17 @@ def _report() -> Any:
 
 FLOATS = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
           "float16": np.dtype(np.float16)}
+#: float64, which JAX holds with x64 on (``jax.enable_x64(True)``, `x64`) and `compare` measures in float64
+WIDE = {"float64": np.dtype(np.float64)}
 SPECIAL = (0.0, -0.0, math.nan, math.inf, -math.inf)
 TOLERANCES = ((1e-5, 1e-6), (0.0, 0.0), (1e-2, 1e-30))  # compare's defaults, exact, loose
 
 
 #: the exponents of generated values per dtype: usually, and now and then (its whole range: subnormals to beyond its max)
-EXPONENTS = {"float32": ((-30, 30), (-46, 38)), "bfloat16": ((-30, 30), (-41, 38)), "float16": ((-4, 4), (-8, 5))}
+EXPONENTS = {"float32": ((-30, 30), (-46, 38)), "bfloat16": ((-30, 30), (-41, 38)), "float16": ((-4, 4), (-8, 5)),
+             "float64": ((-300, 300), (-323, 308))}
+#: the exponents of the relative change of a "near" pair: float64 resolves 1e-15
+NEAR = {"float64": (-15, -1)}
 
 
 def _magnitude(dtype: str, wide: bool) -> st.SearchStrategy[float]:
@@ -119,8 +131,8 @@ def _cast(values: list[float], dtype: np.dtype, shape: tuple[int, ...]) -> np.nd
 
 
 @st.composite
-def pairs(draw: Any) -> Pair:
-    dtype = draw(st.sampled_from(list(FLOATS)))
+def pairs(draw: Any, dtypes: tuple[str, ...] = tuple(FLOATS)) -> Pair:
+    dtype = draw(st.sampled_from(dtypes))
     shape = draw(st.one_of(st.lists(st.integers(1, 5), max_size=3).map(tuple), st.just((0,)), st.just((2, 0))))
     n = math.prod(shape)
     wide = draw(st.sampled_from((False, False, False, True)))
@@ -129,8 +141,8 @@ def pairs(draw: Any) -> Pair:
     if how == "same":
         ys = list(xs)
     elif how == "near":
-        r = draw(st.lists(st.builds(lambda s, e: s * 10.0 ** e, st.sampled_from((1.0, -1.0)), st.integers(-8, -1)),
-                          min_size=n, max_size=n))
+        r = draw(st.lists(st.builds(lambda s, e: s * 10.0 ** e, st.sampled_from((1.0, -1.0)),
+                                    st.integers(*NEAR.get(dtype, (-8, -1)))), min_size=n, max_size=n))
         ys = [a * (1 + b) for a, b in zip(xs, r)]
     elif how == "scaled":
         k = draw(st.integers(*EXPONENTS[dtype][0]))
@@ -141,7 +153,8 @@ def pairs(draw: Any) -> Pair:
         for i, v in draw(st.lists(st.tuples(st.integers(0, n - 1), st.sampled_from(SPECIAL)), max_size=3)):
             ys[i] = v
     rtol, atol = draw(st.sampled_from(TOLERANCES))
-    return Pair(dtype, _cast(xs, FLOATS[dtype], shape), _cast(ys, FLOATS[dtype], shape), how, rtol, atol)
+    dt = {**FLOATS, **WIDE}[dtype]
+    return Pair(dtype, _cast(xs, dt, shape), _cast(ys, dt, shape), how, rtol, atol)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,10 +170,30 @@ class Want:
     cosine: float
     allclose: bool
     undefined: frozenset[str]
-    borderline: bool  # an entry within 1e-5 of the tolerance: float32 may decide it either way
+    borderline: bool  # an entry within 1e-5 (float64: 1e-14) of the tolerance: the devices may decide it either way
+    wide: bool = False  # of float64 values
+
+
+def _exact(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    """``(mean |Δ|, ‖Δ‖/‖x‖, x·y/(‖x‖‖y‖))`` of float64 values in exact rational arithmetic (square
+    roots to 40 digits), rounded once to float64; NaN for a ratio whose denominator is 0."""
+    xs, ys = [Fraction(float(v)) for v in x], [Fraction(float(v)) for v in y]
+    d = [abs(b - a) for a, b in zip(xs, ys)]
+    sx, sy, sd = (sum((v * v for v in vs), Fraction(0)) for vs in (xs, ys, d))
+    dot = sum((a * b for a, b in zip(xs, ys)), Fraction(0))
+    with localcontext() as ctx:
+        ctx.prec = 40
+
+        def dec(f: Fraction) -> Decimal:
+            return Decimal(f.numerator) / Decimal(f.denominator)
+
+        rel = float((dec(sd) / dec(sx)).sqrt()) if sx else math.nan
+        cosine = float(dec(dot) / (dec(sx) * dec(sy)).sqrt()) if sx and sy else math.nan
+        return float(dec(sum(d, Fraction(0)) / len(d))), rel, cosine
 
 
 def reference(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> Want:
+    wide = np.result_type(x, y) == np.float64
     x, y = np.asarray(x, np.float64).ravel(), np.asarray(y, np.float64).ravel()
     fin = np.isfinite(x) & np.isfinite(y)
     changed = sum(1 for a, b in zip(x[~fin], y[~fin]) if not (a == b or (np.isnan(a) and np.isnan(b))))
@@ -168,8 +201,20 @@ def reference(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> Want:
     x, y = x[fin], y[fin]
     if not x.size:
         return Want(0, nonfinite, changed, math.nan, math.nan, math.nan, math.nan, changed == 0,
-                    frozenset({"max_abs", "mean_abs", "rel", "cosine"}), False)
-    d = np.abs(y - x)
+                    frozenset({"max_abs", "mean_abs", "rel", "cosine"}), False, wide)
+    with np.errstate(over="ignore"):  # float64 values: a difference beyond float64's range is +Inf, as NumPy's
+        d = np.abs(y - x)
+        bound = atol + rtol * np.abs(x)
+    borderline = bool(np.any(np.abs(d - bound) <= (1e-14 if wide else 1e-5) * np.maximum(bound, d)))
+    close = bool(np.all(d <= bound)) and changed == 0
+    if wide:
+        mean_abs, rel, cosine = _exact(x, y)
+        undefined = {k for k, v in (("rel", rel), ("cosine", cosine)) if math.isnan(v)}
+        if not np.any(x) and not np.any(d):
+            rel = 0.0
+            undefined.discard("rel")
+        return Want(x.size, nonfinite, changed, float(d.max()), mean_abs, rel, cosine, close, frozenset(undefined),
+                    borderline, wide)
     nx, ny, nd = (math.sqrt(float(np.sum(v * v))) for v in (x, y, d))
     dot = float(np.sum(x * y))
     undefined = set()
@@ -185,24 +230,25 @@ def reference(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> Want:
     else:
         cosine = math.nan
         undefined.add("cosine")
-    bound = atol + rtol * np.abs(x)
-    borderline = bool(np.any(np.abs(d - bound) <= 1e-5 * np.maximum(bound, d)))
-    return Want(x.size, nonfinite, changed, float(d.max()), float(d.mean()), rel, cosine,
-                bool(np.all(d <= bound)) and changed == 0, frozenset(undefined), borderline)
+    return Want(x.size, nonfinite, changed, float(d.max()), float(d.mean()), rel, cosine, close, frozenset(undefined),
+                borderline)
 
 
 def check(got: Any, want: Want, exact: bool, what: str) -> None:
-    """``got`` (a `Stats`) is ``want``: to 1e-13 on the host (``exact``), to float32's sums on the devices."""
+    """``got`` (a `Stats`) is ``want``: to 1e-13 on the host (``exact``), to float32's sums on the devices
+    (float64 values: to 1e-12). A float64 result among the subnormals may be an ulp of them off (5e-324:
+    rounded twice, scaled back after a division)."""
     where = f"{what}: got {got}, want {want}"
     assert (got.nonfinite, got.changed) == (want.nonfinite, want.changed), where
     assert {k for k, _ in got.undefined} == want.undefined, where
-    r = 1e-13 if exact else 2e-5
-    for k, rtol in (("max_abs", 1e-13 if exact else 1.2e-7), ("mean_abs", r), ("rel", r)):
+    r = 1e-13 if exact else 1e-12 if want.wide else 2e-5
+    tiny = 1e-322 if want.wide else 0.0
+    for k, rtol in (("max_abs", 1e-13 if exact or want.wide else 1.2e-7), ("mean_abs", r), ("rel", r)):
         g, w = getattr(got, k), getattr(want, k)
         if k in want.undefined:
             assert math.isnan(g), f"{k} {where}"
         else:
-            assert g == pytest.approx(w, rel=rtol, abs=0), f"{k} {where}"
+            assert g == pytest.approx(w, rel=rtol, abs=tiny), f"{k} {where}"
     if "cosine" in want.undefined:
         assert math.isnan(got.cosine), where
     else:
@@ -226,18 +272,29 @@ def laid_out(a: Any) -> jax.Array:
 
 
 def f32(a: np.ndarray) -> np.ndarray:
-    return np.asarray(a, np.float32)
+    """``a`` as `compare` measures it: float32, float64 as it is."""
+    return a if a.dtype == np.float64 else np.asarray(a, np.float32)
+
+
+def x64(p: Pair) -> Any:
+    """JAX's x64 mode for ``p``: on for float64 values, which JAX holds only with it."""
+    return jax.enable_x64(p.dtype in WIDE)
 
 
 @SETTINGS
-@given(pairs())
+@given(pairs((*FLOATS, *WIDE)))
 def test_compare_statistics_are_float64_numpys(p: Pair) -> None:
+    with x64(p):
+        _compare_statistics(p)
+
+
+def _compare_statistics(p: Pair) -> None:
     want = reference(p.x, p.y, p.rtol, p.atol)
     # on the host, as `compare` hands them: float32, flat
     [(got, rows)] = _pairs([(f32(p.x).ravel(), f32(p.y).ravel(), ())], (False, False), p.rtol, p.atol)
     check(got, want, True, "host")
     assert rows is None
-    COUNTS["stats: host"] += 1
+    COUNTS["stats: host" + (", float64" if want.wide else "")] += 1
     stack = p.x.shape[:1] if p.x.ndim >= 2 else ()
     if stack:  # the first axis as a scan's steps: `compare`'s rows, one per step
         rx, ry = f32(p.x).reshape(*stack, -1), f32(p.y).reshape(*stack, -1)
@@ -245,21 +302,21 @@ def test_compare_statistics_are_float64_numpys(p: Pair) -> None:
         check(got, want, True, "host, all steps")
         for i, row in enumerate(rows):
             check(row, reference(p.x[i], p.y[i], p.rtol, p.atol), True, f"host, step {i}")
-        COUNTS["stats: host, per step"] += 1
+        COUNTS["stats: host, per step" + (", float64" if want.wide else "")] += 1
     if not EIGHT:
         return
     # laid out over the devices: float32 as they are shaped, reduced where they are
     dx, dy = laid_out(f32(p.x)), laid_out(f32(p.y))
     [(got, rows)] = _pairs([(dx, dy, ())], (True, True), p.rtol, p.atol)
     check(got, want, False, "devices")
-    COUNTS["stats: devices"] += 1
+    COUNTS["stats: devices" + (", float64" if want.wide else "")] += 1
     if stack:
         [(got, rows)] = _pairs([(dx, dy, stack)], (True, True), p.rtol, p.atol)
         check(got, want, False, "devices, all steps")
         assert rows is not None
         for i, row in enumerate(rows):
             check(row, reference(p.x[i], p.y[i], p.rtol, p.atol), False, f"devices, step {i}")
-        COUNTS["stats: devices, per step"] += 1
+        COUNTS["stats: devices, per step" + (", float64" if want.wide else "")] += 1
 
 
 def _first(a: Any, b: Any) -> Any:
@@ -271,12 +328,19 @@ def _second(a: Any, b: Any) -> Any:
 
 
 @SETTINGS
-@given(pairs(), st.booleans())
+@given(pairs((*FLOATS, *WIDE)), st.booleans())
 def test_compare_end_to_end_is_float64_numpys(p: Pair, sharded: bool) -> None:
     """`yax.compare` of a function returning its first argument against one returning its second: the
     outputs are the two arrays, measured as `compare` measures a model (converted to float32 by the
-    measuring program, on the host or, laid out over the devices, where they are)."""
+    measuring program, float64 values as they are, on the host or, laid out over the devices, where
+    they are). float64 pairs run under ``jax.enable_x64(True)``."""
+    with x64(p):
+        _compare_end_to_end(p, sharded)
+
+
+def _compare_end_to_end(p: Pair, sharded: bool) -> None:
     a, b = jnp.asarray(p.x), jnp.asarray(p.y)
+    assert a.dtype == p.x.dtype
     f, g = yax.make_mox(_first)(a, b), yax.make_mox(_second)(a, b)
     if sharded and EIGHT:
         a, b = laid_out(a), laid_out(b)
@@ -285,7 +349,7 @@ def test_compare_end_to_end_is_float64_numpys(p: Pair, sharded: bool) -> None:
     c = yax.compare(f, g, a, b, rtol=p.rtol, atol=p.atol)
     check(c.outputs["out"], reference(p.x, p.y, p.rtol, p.atol), not sharded,
           "compare, laid out over the devices" if sharded else "compare")
-    COUNTS["compare end to end" + (", devices" if sharded else "")] += 1
+    COUNTS["compare end to end" + (", devices" if sharded else "") + (", float64" if p.dtype in WIDE else "")] += 1
 
 
 def value_reference(a: np.ndarray) -> dict[str, Any]:

@@ -54,9 +54,6 @@ class Watch(Hooks):
         if self.mode == "capture":
             self.got.setdefault(t.key, {})["out"] = list(values)
             return values
-        if self.mode == "measure_shaped":  # `compare` of sharded values: float32, each as laid out
-            self.got[t.key] = {"out": [v.astype(jnp.float32) for v in values]}
-            return values
         if self.mode == "grad":  # `capture(grad_of=)`: the value, and a zero delta added for its cotangent
             self.got.setdefault(t.key, {})["out"] = list(values)
             deltas = self.patches[t.key]

@@ -73,9 +73,7 @@ def scalar_loss(grad_of: Any, out: Any, what: str) -> Any:
 
 def watched(mox: Mox, plan: Plan, mode: str, flat: list[Any]) -> tuple[list[Any], dict[str, Any]]:
     """Evaluate ``mox`` on ``flat`` with ``plan``'s targets watched in ``mode``
-    (``"capture"``: the values as they are;
-    ``"measure_shaped"``: each output as float32, shaped and laid out as it is);
-    ``(flat outputs, got)``."""
+    (``"capture"``: the values as they are); ``(flat outputs, got)``."""
     w = Watch(plan, mode, False, {}, None, None, ())
     return run(mox, flat, hooks=w), w.got
 
