@@ -3,6 +3,7 @@ optax and the plain model, and saving the adapters."""
 
 import re
 
+import equinox as eqx
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -393,3 +394,183 @@ def test_lora_refuses_nnx_layer_kinds_it_has_no_adapter_for_listing_those_it_has
     with pytest.raises(yax.YaxRewriteError, match=r"adapts nnx's `Linear`, `LinearGeneral`, `Einsum`, `Conv` "
                        r"layers, .* is a `ConvTranspose`"):
         yax.sub('//module_call[@name="layer"]', yax.LoRA(rank=2), mox, params=nnx.state(model))
+
+
+# -- issue 37: `alpha` on nnx's `Linear`, and `key` on nnx and Equinox (the LoRA oracle's findings:
+# tests/oracle/test_lora_oracle.py) ---------------------------------------------------------------
+
+class TwoLinear(nnx.Module):
+    """Two `nnx.Linear` layers of one shape: adapters alike would show."""
+
+    def __init__(self):
+        self.l0, self.l1 = nnx.Linear(4, 4, rngs=nnx.Rngs(0)), nnx.Linear(4, 4, rngs=nnx.Rngs(1))
+
+    def __call__(self, x):
+        return self.l1(jnp.tanh(self.l0(x)))
+
+
+class TwoDense(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(4, name="l1")(jnp.tanh(nn.Dense(4, name="l0")(x)))
+
+
+class TwoEqx(eqx.Module):
+    l0: eqx.nn.Linear
+    l1: eqx.nn.Linear
+
+    def __call__(self, x):
+        return self.l1(jnp.tanh(self.l0(x)))
+
+
+@pytest.mark.parametrize("alpha", [1.0, 4.0, 100.0])
+def test_lora_alpha_scales_the_update_on_nnx_linear(alpha):
+    """It was lost: `nnx.LoRALinear` adds ``x @ lora_a @ lora_b`` unscaled, so `alpha` 1, 4 and 100
+    gave one output. Now ``x @ W + b + (x @ A @ B) * alpha / rank``, as on every other layer, and
+    `merge_lora` folds in ``W + A @ B * alpha / rank``."""
+    model, x = TwoLinear(), jax.random.normal(KEY, (3, 4))
+    mox = yax.make_mox(model)(x)
+    new, ns = yax.sub('//module_call[@type="Linear"]', yax.LoRA(rank=2, alpha=alpha), mox, params=nnx.state(model),
+                      key=jax.random.key(1))
+    trained = _random_lora_b(ns, jax.random.key(2))
+    h = x
+    for name in ("l0", "l1"):
+        p = trained[name]
+        h = h @ p["kernel"][...] + p["bias"][...] + (h @ p["lora"]["lora_a"][...] @ p["lora"]["lora_b"][...]) * (
+            alpha / 2)
+        h = jnp.tanh(h) if name == "l0" else h
+    out = yax.eval_mox(new, trained, x)[0]
+    np.testing.assert_allclose(out, h, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(nnx.merge(new.graphdef, trained)(x), h, rtol=1e-5, atol=1e-5)
+    merged, ms = yax.merge_lora(new, trained)
+    for name in ("l0", "l1"):
+        p = trained[name]
+        np.testing.assert_array_equal(ms[name]["kernel"][...], p["kernel"][...] + (
+            p["lora"]["lora_a"][...] @ p["lora"]["lora_b"][...]) * (alpha / 2))
+    np.testing.assert_allclose(yax.eval_mox(merged, ms, x)[0], h, rtol=1e-5, atol=1e-5)
+
+
+def _lora_as(frontend):
+    """``adapt(key) -> [lora_a of each layer]`` for a two-layer model of ``frontend``."""
+    x = jax.random.normal(KEY, (3, 4))
+    if frontend == "linen":
+        model = TwoDense()
+        params = model.init(KEY, x)
+        mox = yax.make_mox(model.apply)(params, x)
+        pattern, a_of = '//module_call[@type="Dense"]', lambda p: [p["params"][n]["lora_a"] for n in ("l0", "l1")]
+    elif frontend == "nnx":
+        model = TwoLinear()
+        params, mox = nnx.state(model), yax.make_mox(model)(x)
+        pattern, a_of = '//module_call[@type="Linear"]', lambda s: [s[n]["lora"]["lora_a"][...] for n in ("l0", "l1")]
+    else:
+        params = model = TwoEqx(eqx.nn.Linear(4, 4, key=jax.random.key(0)), eqx.nn.Linear(4, 4, key=jax.random.key(1)))
+        mox = yax.make_mox(model)(x[0])
+        pattern, a_of = '//module_call[@type="Linear"]', lambda m: [m.l0.lora_a, m.l1.lora_a]
+
+    def adapt(key):
+        return [np.asarray(a) for a in a_of(yax.sub(pattern, yax.LoRA(rank=2), mox, params=params, key=key)[1])]
+
+    return adapt
+
+
+@pytest.mark.parametrize("frontend", ["linen", "nnx", "equinox"])
+def test_lora_a_follows_the_key_per_layer_in_every_module_system(frontend):
+    """On nnx and Equinox `key` was ignored: every adapter's `lora_a` was the same for key 1 and key
+    2, and (Equinox) in every layer. Now each follows linen's rule: the key folded with the layer's
+    index, so other keys give other adapters, other layers others, the same key the same ones."""
+    adapt = _lora_as(frontend)
+    one, two, again = adapt(jax.random.key(1)), adapt(jax.random.key(2)), adapt(jax.random.key(1))
+    for i in range(2):
+        np.testing.assert_array_equal(again[i], one[i])
+        assert not np.array_equal(two[i], one[i]), f"layer {i}: key 2 gives key 1's lora_a"
+    assert not np.array_equal(one[0], one[1]), "both layers have the same lora_a"
+    assert np.all(np.isfinite(one[0])) and 0.1 < np.std(one[0]) * 2 < 10  # normal(1 / rank)
+
+
+@pytest.mark.parametrize("frontend", ["nnx", "equinox"])
+def test_lora_without_a_key_draws_as_with_key_0(frontend):
+    """nnx and Equinox adapters need no `key` (their modules come built): without one they are
+    drawn as with ``jax.random.key(0)``, still one per layer."""
+    adapt = _lora_as(frontend)
+    none, zero = adapt(None), adapt(jax.random.key(0))
+    for i in range(2):
+        np.testing.assert_array_equal(none[i], zero[i])
+    assert not np.array_equal(none[0], none[1])
+
+
+def test_lora_a_of_nnx_layers_stacked_by_scan_differs_per_layer_and_follows_the_key():
+    """A stack's adapters were one `lora_a` broadcast to every layer, whatever the key: now one
+    key per layer, split from the key folded with the stack's index (linen's `nn.scan` rule)."""
+    model, x = ScannedEinsums(), jax.random.normal(KEY, (2, 3, 8))
+    state = nnx.state(model)
+    mox = yax.make_mox(model)(x)
+
+    def lora_a(key):
+        _, ns = yax.sub('//module_call[@type="Einsum"]', yax.LoRA(rank=2), mox, params=state, key=key)
+        return np.asarray(ns["layers"]["lora_a"][...])
+
+    one, two = lora_a(jax.random.key(1)), lora_a(jax.random.key(2))
+    assert one.shape == (3, 8, 2)
+    assert not np.array_equal(one[0], one[1]) and not np.array_equal(one[1], one[2])
+    assert not np.array_equal(one, two)
+    np.testing.assert_array_equal(lora_a(jax.random.key(1)), one)
+
+
+class ScannedEqx(eqx.Module):
+    """Three `eqx.nn.Linear` layers stacked with `eqx.filter_vmap`, run by `jax.lax.scan`."""
+
+    layers: eqx.nn.Linear
+
+    def __init__(self):
+        self.layers = eqx.filter_vmap(lambda k: eqx.nn.Linear(4, 4, key=k))(jax.random.split(KEY, 3))
+
+    def __call__(self, x):
+        params, static = eqx.partition(self.layers, eqx.is_array)
+        return jax.lax.scan(lambda h, p: (jnp.tanh(eqx.combine(p, static)(h)), None), x, params)[0]
+
+
+def test_lora_a_of_equinox_layers_stacked_by_scan_differs_per_layer_and_follows_the_key():
+    model, x = ScannedEqx(), jnp.linspace(-1, 1, 4)
+    mox = yax.make_mox(model)(x)
+
+    def lora_a(key):
+        _, adapted = yax.sub('//module_call[@type="Linear"]', yax.LoRA(rank=2), mox, params=model, key=key)
+        return np.asarray(adapted.layers.lora_a)
+
+    one, two = lora_a(jax.random.key(1)), lora_a(jax.random.key(2))
+    assert one.shape == (3, 4, 2)
+    assert not np.array_equal(one[0], one[1]) and not np.array_equal(one[1], one[2])
+    assert not np.array_equal(one, two)
+    np.testing.assert_array_equal(lora_a(jax.random.key(1)), one)
+
+
+def test_lora_on_nnx_linear_whose_parameters_were_cast_keeps_them_as_they_are():
+    """The layer's class declares float32 parameters; the model holds them as bfloat16: the adapter
+    keeps the kernel itself and its `lora_a`/`lora_b` are bfloat16 too (it was refused: nnx's
+    float32 adapters made the output float32)."""
+    model, x = TwoLinear(), jnp.ones((2, 4), jnp.bfloat16)
+    nnx.update(model, jax.tree_util.tree_map(lambda v: v.astype(jnp.bfloat16), nnx.state(model)))
+    state = nnx.state(model)
+    mox = yax.make_mox(model)(x)
+    new, ns = yax.sub('//module_call[@type="Linear"]', yax.LoRA(rank=2), mox, params=state, key=jax.random.key(1))
+    for name in ("l0", "l1"):
+        assert ns[name]["kernel"][...] is state[name]["kernel"][...]
+        assert ns[name]["lora"]["lora_a"][...].dtype == ns[name]["lora"]["lora_b"][...].dtype == jnp.bfloat16
+    assert jnp.array_equal(yax.eval_mox(new, ns, x)[0], model(x))  # B = 0: exactly the model
+
+
+# The LoRA oracle's counterexamples (tests/oracle/test_lora_oracle.py), shrunk by hypothesis, replayed.
+
+def test_lora_oracle_counterexample_nnx_linear_alpha_half():
+    """1 → 1 `nnx.Linear`, rank 1, alpha 0.5: the trained adapter's output was ``x A B``, not
+    ``x A B * 0.5`` (off by 8.4e-4 where float32 allows 2e-7)."""
+    from oracle.test_lora_oracle import Case, Model, check
+
+    check(Case(Model("nnx.Linear", (1, 1), (False,), 1), rank=1, alpha=0.5, key=0, other_key=1, seed=0))
+
+
+def test_lora_oracle_counterexample_equinox_keys_0_and_1():
+    """1 → 1 `eqx.nn.Linear` called in `jax.vmap`: key 1 gave key 0's `lora_a`."""
+    from oracle.test_lora_oracle import Case, Model, check
+
+    check(Case(Model("equinox.vmap", (1, 1), (False,), 1), rank=1, alpha=0.5, key=0, other_key=1, seed=0))

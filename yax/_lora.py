@@ -5,7 +5,8 @@ the frontends.
 layer it replaces, the layer's frontend builds the adapter for that kind of
 layer (`Frontend.lora`: linen's ``Dense``/``DenseGeneral``/``Einsum`` as a
 `LoRA` linen module running the layer itself with ``kernel + (lora_a @
-lora_b) * alpha / rank``; nnx's ``Linear`` as ``nnx.LoRALinear``, its
+lora_b) * alpha / rank``; nnx's ``Linear`` as ``nnx.LoRALinear`` with that
+scale, its
 ``LinearGeneral``/``Einsum``/``Conv`` as a `LoRA` nnx module doing the
 same), and `merge_lora` asks the frontends to fold their adapters back
 (`Frontend.merge_lora`).
@@ -14,12 +15,15 @@ same), and `merge_lora` asks the frontends to fold their adapters back
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from . import frontends
+from ._check import check_if_enabled
 from ._ir import Mox
 from .errors import YaxRewriteError, where
 
@@ -32,11 +36,15 @@ class LoRA:
     ``yax.sub(pattern, yax.LoRA(rank=4), mox, params=, key=)`` builds, for each
     layer it replaces, its module system's adapter for that kind of layer
     (linen ``Dense``, ``DenseGeneral``, ``Einsum``: yax's own ``LoRA`` module;
-    nnx ``Linear``: ``nnx.LoRALinear``; nnx ``LinearGeneral``, ``Einsum``,
-    ``Conv``: yax's own nnx ``LoRA`` module), refusing layers whose math it
+    nnx ``Linear``: ``nnx.LoRALinear`` with the ``alpha / rank`` scale; nnx
+    ``LinearGeneral``, ``Einsum``, ``Conv``: yax's own nnx ``LoRA`` module;
+    ``eqx.nn.Linear``: yax's ``LoRALinear``), refusing layers whose math it
     does not know (GPT-2's ``FlaxConv1D``, a grouped ``Conv``); the layer's
     weights keep their values and ``lora_b`` starts at zero, so the adapted
-    model starts exactly equal to the original. Train only
+    model starts exactly equal to the original. ``lora_a`` is drawn from
+    ``key``, folded with the layer's index among those the `sub` adapts (and
+    split per layer of a scanned stack): other keys, other adapters; every
+    layer its own; the same key, the same ones (`first_a`). Train only
     ``lora_a``/``lora_b`` (`yax.lora_mask`), then fold them back with
     `yax.merge_lora`.
 
@@ -78,6 +86,37 @@ def delta(kernel: jax.Array, a: jax.Array, b: jax.Array, in_axes: tuple[int, ...
     return jnp.transpose(d, tuple(sorted(range(kernel.ndim), key=lambda i: (*in_axes, *out_axes)[i])))
 
 
+def first_a(key: Any, index: int, stack: tuple[int, ...], shape: tuple[int, ...], dtype: Any,
+            rank: int) -> jax.Array:
+    """The initial ``lora_a`` (of ``shape``, per layer) of the ``index``-th layer one `sub` adapts,
+    drawn from ``key`` by the rule linen's initialiser follows (docs/rewrite.md): ``normal(1 / rank)``
+    with ``fold_in(key, index)``, and for layers stacked along ``stack`` (a scan over layers, a
+    mapped ensemble) one key per layer split from it. So different keys give different adapters, so
+    do different layers, and the same key gives the same ones. The nnx and Equinox frontends, whose
+    adapters come built, draw theirs with it; without a key, as with ``jax.random.key(0)``."""
+    if key is None:
+        key = jax.random.key(0)
+    elif not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key)  # a raw ``uint32[2]`` key
+    a: jax.Array = _first_a(key, jnp.uint32(index), tuple(stack), tuple(shape), jnp.dtype(dtype), rank)
+    return a
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
+def _first_a(key: Any, index: jax.Array, stack: tuple[int, ...], shape: tuple[int, ...], dtype: Any,
+             rank: int) -> jax.Array:
+    def one(k: Any) -> jax.Array:
+        return jax.random.normal(k, shape, dtype) * (1.0 / rank)  # `initializers.normal(1 / rank)`
+
+    key = jax.random.fold_in(key, index)
+    if not stack:
+        return one(key)
+    draw = one
+    for _ in stack:
+        draw = jax.vmap(draw)
+    return draw(jax.random.split(key, math.prod(stack)).reshape(stack))
+
+
 def lora_mask(params: Any) -> Any:
     """A pytree of booleans like ``params``: True for ``lora_a``/``lora_b``
     leaves, for ``optax.masked`` or ``optax.multi_transform``."""
@@ -96,4 +135,4 @@ def merge_lora(mox: Mox, params: Any) -> tuple[Mox, Any]:
         raise YaxRewriteError("`merge_lora` found no LoRA adapters in this MoX; nothing to merge.")
     from .rewrite.shard import kept_layout
 
-    return kept_layout(mox, found[0], params, found[1])  # a merged kernel keeps the kernel's sharding
+    return check_if_enabled(kept_layout(mox, found[0], params, found[1]))  # a merged kernel keeps the kernel's sharding

@@ -251,7 +251,8 @@ def test_lora_trains_merges_and_is_an_equinox_model(name, pattern):
     def step(m):
         g = eqx.filter_grad(lambda m: loss(yax.eval_mox(new, m, x)))(m)
         g = jax.tree_util.tree_map(lambda gi, k: gi * k, eqx.filter(g, eqx.is_array), mask)
-        return eqx.apply_updates(m, jax.tree_util.tree_map(lambda gi: -0.05 * gi, g))
+        # a step small enough for any draw of `lora_a` (0.05 diverged for some keys on the transformer)
+        return eqx.apply_updates(m, jax.tree_util.tree_map(lambda gi: -0.01 * gi, g))
 
     trained = adapted
     for _ in range(5):

@@ -446,7 +446,7 @@ def test_lora_in_nnx_scan_trains_and_merges(name, traced):
     _, state = nnx.split(model)
     new, new_state = yax.sub('//module_call[@type="Linear"]', yax.LoRA(rank=2), mox, params=state)
     merged_model = nnx.merge(new.graphdef, new_state)
-    assert type(merged_model.blocks.fc1) is nnx.LoRALinear
+    assert isinstance(merged_model.blocks.fc1, nnx.LoRALinear)  # nnx's, with LoRA's `alpha / rank`
     assert merged_model.blocks.fc1.lora.lora_a.get_value().shape == (3, 32, 2)
     assert close(yax.eval_mox(new, new_state, ids)[0], model(ids))
     lora, rest = nnx.split_state(new_state, nnx.LoRAParam, ...)

@@ -20,7 +20,8 @@ rewritten model as an Equinox model (the replacement put in with
 ``eqx.tree_at``): leaves of the same path, shape and dtype keep their
 values (also those inside a submodule of the replaced module's type, so
 `yax.LoRA` keeps the ``eqx.nn.Linear`` it wraps), new ones take the
-replacement's own values (Equinox modules are initialised when built).
+replacement's own values (Equinox modules are initialised when built), but
+for the ``lora_a`` of `yax.LoRA`'s adapters, drawn from ``key`` per layer.
 """
 
 from __future__ import annotations
@@ -334,6 +335,18 @@ def _lora(node: Mox, rank: int, alpha: float) -> Any:
     return _lora_type()(base, lora_a, jnp.zeros((rank, a["out_features"]), dtype), alpha)
 
 
+def _lora_drawn(module: Any, key: Any, index: int, stack: tuple[int, ...]) -> dict[str, jax.Array]:
+    """``{"lora_a": …}`` of a `LoRALinear`, drawn from ``key`` as the ``index``-th layer a `sub`
+    adapts (`yax._lora.first_a`); ``{}`` for any other module (it comes built, with its own values)."""
+    adapter: Any = _lora_type()
+    if type(module) is not adapter:
+        return {}
+    from .._lora import first_a
+
+    a = module.lora_a
+    return {"lora_a": first_a(key, index, stack, a.shape, a.dtype, a.shape[-1])}
+
+
 def _merge(mox: Mox, model: Any) -> tuple[Mox, Any] | None:
     from ..rewrite import sub
 
@@ -429,7 +442,7 @@ class ModelVariables(Variables):
         if not ours:
             return {id(s.node): {} for s in sites}
         self._check(sites)
-        return {id(s.node): self._assign(s, keep) for s in sites}
+        return {id(s.node): self._assign(s, keep, key) for s in sites}
 
     def _check(self, sites: list[Any]) -> None:
         if self.model is None:
@@ -461,17 +474,20 @@ class ModelVariables(Variables):
                     out[f"{_rel(kp)}/{p}"] = p
         return out
 
-    def _assign(self, s: Any, keep: dict[str, str] | None) -> dict[Var, Var]:
+    def _assign(self, s: Any, keep: dict[str, str] | None, key: Any) -> dict[Var, Var]:
         scope, t = s.node.scope, s.traced
         flat = _array_leaves(t.var_avals)
         sc = self.scopes.get(scope)
         lead = tuple(s.stack)
         if sc is None:
+            # `yax.LoRA`'s adapters draw `lora_a` from `key`, folded with the scope's index (as linen's)
+            own = _lora_drawn(t.module, key, len(self.scopes), lead if s.chain else ())
             sc = self.scopes[scope] = _Scope(s.node, t.module, paths=[p for p, _ in flat])
             old = self._old[scope] = self._old_vars(scope)
             old_vals = dict(_array_leaves(_get(self.model, scope)))
             sources = self._sources(sc, keep)
             for (rel, x), tv in zip(flat, t.root.invars):
+                x = own.get(rel, x)
                 src = sources.get(rel) if keep is not None else sources.get(rel, rel)
                 ov = old.get(src) if src is not None else None
                 shape = (*lead, *tv.shape)
@@ -485,7 +501,7 @@ class ModelVariables(Variables):
                         f"replacement's is {tv.dtype}{list(shape)}. Map it to a leaf of that shape and dtype.")
                 if s.chain:  # a root input of its own, passed down (and stacked per scanned layer)
                     sc.canon[rel] = Var(shape, tv.dtype, tv.weak_type)
-                    sc.values[rel] = jnp.broadcast_to(x, shape) if lead else x
+                    sc.values[rel] = jnp.broadcast_to(x, shape) if lead and rel not in own else x
                 else:
                     sc.canon[rel], sc.values[rel] = tv, x
             if not any(v in old.values() for v in sc.canon.values()) and keep is None and old and any(

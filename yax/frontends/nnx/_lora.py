@@ -1,6 +1,8 @@
 """LoRA for nnx layers (`NnxFrontend.lora`, `NnxFrontend.merge_lora`).
 
-``nnx.Linear`` becomes nnx's own ``nnx.LoRALinear``. Every other layer kind
+``nnx.Linear`` becomes `LoRALinear`: nnx's own ``nnx.LoRALinear`` (its state
+laid out the same) with LoRA's scale, ``(x @ lora_a @ lora_b) * alpha / rank``,
+which nnx's leaves out. Every other layer kind
 that is linear in its ``kernel`` and whose kernel's input axes `KERNEL_AXES`
 knows (``LinearGeneral``, ``Einsum``, ``Conv``) becomes yax's `LoRA`
 adapter, which, like the linen frontend's, runs the layer itself with
@@ -19,6 +21,10 @@ call (nothing is mutated, so this works inside jax traces and nnx
 transforms), and runs the layer class's own ``__call__`` on it, not the one
 yax wraps while tracing, so the adapter is one node, as the layer was.
 
+Adapters come built, with their own values; `sub` keeps the layer's and
+draws each adapter's ``lora_a`` from its ``key`` (`drawn`), by linen's rule:
+folded with the layer's index, split per stacked layer.
+
 Each adapter type `merge` folds back is one `Folding`: where it holds
 ``lora_a``/``lora_b``, how they fold into the kernel, and the layer to
 rebuild.
@@ -36,7 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from ..._ir import Mox
-from ..._lora import delta
+from ..._lora import delta, first_a
 from ...errors import YaxRewriteError, where
 from ._base import flax_nnx
 from ._rebuild import builder
@@ -153,11 +159,56 @@ def _linear_kwargs(a: dict[str, Any]) -> dict[str, Any]:
                 param_dtype=a.get("param_dtype", jnp.float32), precision=a.get("precision"))
 
 
+@functools.cache
+def lora_linear_type() -> type:
+    """yax's `LoRALinear` (defined on first use: flax.nnx is imported lazily)."""
+    nnx = flax_nnx()
+    base: Any = nnx.LoRALinear
+
+    class LoRALinear(base):  # type: ignore[misc]  # nnx is imported lazily: its types are `Any` here
+        """``nnx.LoRALinear`` with LoRA's scale, what ``yax.sub(pattern,
+        yax.LoRA(rank=4, alpha=8), mox, params=state)`` puts in place of each
+        ``nnx.Linear``: ``x @ kernel + bias + (x @ lora_a @ lora_b) * alpha /
+        rank``, as every other adapter computes (nnx's own adds ``x @ lora_a @
+        lora_b`` unscaled). Its state is laid out as nnx's (``lora/lora_a``)."""
+
+        def __init__(self, in_features: int, out_features: int, *, lora_rank: int, alpha: float, rngs: Any,
+                     **kwargs: Any):
+            super().__init__(in_features, out_features, lora_rank=lora_rank, rngs=rngs, **kwargs)
+            self.rank, self.alpha = lora_rank, alpha
+
+        def __call__(self, x: Any, out_sharding: Any = None) -> Any:
+            y = nnx.Linear.__call__(self, x, out_sharding=out_sharding)  # the layer itself, part of this call
+            return y + self.lora(x) * (self.alpha / self.rank)
+
+    LoRALinear.__qualname__ = "LoRALinear"
+    return LoRALinear
+
+
 def _lora_linear(node: Mox, rank: int, alpha: float) -> Any:
     nnx = flax_nnx()
     a = node.attrs
-    return nnx.LoRALinear(a["in_features"], a["out_features"], lora_rank=rank, rngs=nnx.Rngs(0),
-                          **_linear_kwargs(a))
+    kwargs = _linear_kwargs(a)
+    held = getattr((node.var_tree or {}).get("kernel"), "dtype", None)
+    if held is not None:
+        # the layer's parameters as the model holds them (cast to bfloat16 after loading, say), not as
+        # its class declares them: the kernel is kept as it is, and the adapters take its type
+        kwargs["param_dtype"] = held
+    return lora_linear_type()(a["in_features"], a["out_features"], lora_rank=rank, alpha=alpha,
+                              lora_param_dtype=kwargs["param_dtype"], lora_dtype=kwargs["dtype"],
+                              a_initializer=nnx.initializers.normal(1.0 / rank), rngs=nnx.Rngs(0), **kwargs)
+
+
+def drawn(module: Any, key: Any, index: int, stack: tuple[int, ...]) -> dict[tuple[str, ...], jax.Array]:
+    """``{path in the adapter's state: lora_a}`` for an adapter `adapter` built, ``lora_a`` drawn
+    from ``key`` as the ``index``-th layer a `sub` adapts (`yax._lora.first_a`); ``{}`` for any
+    other module (it comes built, with its own values)."""
+    where = {lora_linear_type(): ("lora", "lora_a"), lora_type(): ("lora_a",)}.get(type(module))
+    if where is None:
+        return {}
+    a = module.lora.lora_a if where[0] == "lora" else module.lora_a
+    shape, dtype = a.get_value().shape, a.get_value().dtype
+    return {where: first_a(key, index, stack, shape, dtype, module.rank)}
 
 
 def adapter(node: Mox, rank: int, alpha: float) -> Any:
@@ -202,10 +253,16 @@ def _fold_generic(node: Mox) -> Callable[[jax.Array, jax.Array, jax.Array], jax.
     return fold
 
 
+def _fold_linear(node: Mox) -> Callable[[jax.Array, jax.Array, jax.Array], jax.Array]:
+    scale = node.attrs["alpha"] / node.attrs["rank"]
+    return lambda k, la, lb: k + delta(k, la, lb, (0,), scale)
+
+
 def _foldings() -> dict[type, Folding]:
     nnx = flax_nnx()
     return {
         nnx.LoRALinear: Folding(("lora",), lambda n: lambda k, la, lb: k + jnp.matmul(la, lb), _linear),
+        lora_linear_type(): Folding(("lora",), _fold_linear, _linear),
         lora_type(): Folding((), _fold_generic, lambda n: n.attrs["base"](rngs=nnx.Rngs(0))),
     }
 

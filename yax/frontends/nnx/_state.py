@@ -9,8 +9,9 @@ module's place in the state, at the module's attribute path. Leaves with the
 same name, variable type, shape and dtype as the old module's keep their
 values (``nnx.LoRALinear`` keeps ``kernel`` and ``bias``); new leaves take
 the replacement's own values (nnx modules are initialised when built, so no
-key is needed). The new graphdef is the old model with the replacement set at
-every attribute that held the old module, so
+key is needed), but for the ``lora_a`` of `yax.LoRA`'s adapters, drawn from
+``key`` per layer (`_lora.drawn`). The new graphdef is the old model with
+the replacement set at every attribute that held the old module, so
 ``nnx.merge(new_mox.graphdef, new_state)`` is the rewritten model.
 """
 
@@ -28,6 +29,7 @@ from ..._ir import Kind, Mox, Packing, Var
 from ..._vocab import key_name, type_str
 from ...errors import YaxRewriteError, where
 from .._protocol import Variables
+from . import _lora
 from ._base import NAME, flax_nnx, is_module, is_module_type
 
 
@@ -279,7 +281,7 @@ class StateVariables(Variables):
                 "Pass `state` from `graphdef, state = nnx.split(model)`."
             )
         self._old_in = old_in
-        return {id(s.node): self._assign(s, old_in, values) for s in sites}
+        return {id(s.node): self._assign(s, old_in, values, key) for s in sites}
 
     def dropped(self) -> set[Var]:
         """The root vars of the replaced modules' variables no replacement keeps."""
@@ -319,22 +321,25 @@ class StateVariables(Variables):
                         "equations with functions.") from None
 
     def _assign(self, s: Any, old_in: dict[tuple[str, ...], tuple[type, Any]],
-                values: dict[tuple[str, ...], Any]) -> dict[Var, Var]:
+                values: dict[tuple[str, ...], Any], key: Any) -> dict[Var, Var]:
         scope, t = s.node.scope, s.traced
         paths = [p for p, _, _ in flat_state(t.var_avals)]
         c = self.canon.get(scope)
         lead = tuple(s.stack)
         if c is None:
+            # `yax.LoRA`'s adapters draw `lora_a` from `key`, folded with the scope's index (as linen's)
+            own = _lora.drawn(t.module, key, len(self.canon), lead if s.chain else ())
             c = self.canon[scope] = {}
             self.modules[scope] = t.module
             for (rel, typ, x), tv in zip(flat_state(t.var_avals), t.root.invars):
+                x = own.get(rel, x)
                 old = old_in.get(scope + rel)
                 shape = (*lead, *tv.shape)
                 if old is not None and old[0] is typ and old[1].shape == shape and old[1].dtype == tv.dtype:
                     c[rel], self.kept[scope + rel] = old[1], values[scope + rel]
                 elif s.chain:  # a root input of its own, passed down (and stacked per scanned layer)
                     c[rel] = Var(shape, tv.dtype, tv.weak_type)
-                    self.kept[scope + rel] = jax.numpy.broadcast_to(x, shape) if lead else x
+                    self.kept[scope + rel] = jax.numpy.broadcast_to(x, shape) if lead and rel not in own else x
                 else:
                     c[rel], self.kept[scope + rel] = tv, x
         elif list(c) != paths:
