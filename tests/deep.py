@@ -33,7 +33,8 @@ def nested_calls(depth: int, shape=(2, 3)) -> Mox:
                       frontend="linen")
     # innermost first: level k reads its caller's `a` into its own `p`
     p, q = Var(shape, f32), Var(shape, f32)
-    node_children: tuple = (Equation(sin.primitive, dict(sin.params), (p,), (q,), path=""),)
+    # equations run at the path of the call they are in (`yax.check_mox`)
+    node_children: tuple = (Equation(sin.primitive, dict(sin.params), (p,), (q,), path="M" + "/m" * depth),)
     inner_in, inner_out = p, q
     for k in range(depth, 0, -1):
         path = "M" + "/m" * k
@@ -41,9 +42,11 @@ def nested_calls(depth: int, shape=(2, 3)) -> Mox:
         node = Mox(Kind.MODULE_CALL, children=node_children, inputs=(a,), outputs=(b,), invars=(inner_in,),
                    outvars=(inner_out,), path=path, name="m", info=info)
         r = Var(shape, f32)
-        node_children = (node, Equation(add.primitive, dict(add.params), (b, one), (r,), path=path.rsplit("/", 1)[0]))
+        caller = path.rsplit("/", 1)[0] if k > 1 else ""  # the outermost call's caller is the root
+        node_children = (node, Equation(add.primitive, dict(add.params), (b, one), (r,), path=caller))
         inner_in, inner_out = a, r
-    return dataclasses.replace(root, children=node_children, invars=(inner_in,), outvars=(inner_out,))
+    return dataclasses.replace(root, children=node_children, inputs=(inner_in,), invars=(inner_in,),
+                               outvars=(inner_out,), outputs=(inner_out,))
 
 
 def nested_jits(depth: int, shape=(2, 3)) -> Mox:

@@ -56,14 +56,18 @@ def test_the_where_trap_names_log_and_agrees_with_jax_debug_nans():
     assert yax.first_nonfinite(mox, w, x + 1.0, grad_of=lambda out: out) is None
 
 
+def all_finite(tree):
+    return all(bool(jnp.isfinite(a).all()) for a in jax.tree_util.tree_leaves(tree))
+
+
 class SqrtNet(nn.Module):
     @nn.compact
     def __call__(self, x):
         h = nn.relu(nn.Dense(4)(x))
-        return nn.Dense(2)(jnp.sqrt(h))  # sqrt at the dead units' 0: an infinite derivative
+        return nn.Dense(2)(jnp.sqrt(h))  # sqrt at the dead units' 0: an infinite derivative, which relu drops
 
 
-def test_sqrt_at_zero_names_the_module_and_agrees_with_jax_debug_infs():
+def test_sqrt_at_zero_under_relu_is_masked_and_agrees_with_jax_debug_infs():
     m, x = SqrtNet(), jnp.linspace(-1, 1, 6).reshape(2, 3)
     params = m.init(KEY, x)
     mox = yax.make_mox(m.apply)(params, x)
@@ -71,13 +75,95 @@ def test_sqrt_at_zero_names_the_module_and_agrees_with_jax_debug_infs():
     def loss(out):
         return jnp.mean(out ** 2)
 
+    assert all_finite(jax.grad(lambda p: loss(m.apply(p, x)))(params))
     found = yax.first_nonfinite(mox, params, x, grad_of=loss)
     assert (found.equation.name, found.path, found.call.path) == ("sqrt", "SqrtNet", "SqrtNet")
+    assert found.masked and found.masked_by.name == "custom_jvp_call" and found.masked_call.path == "SqrtNet/relu"
+    assert str(found).startswith("No non-finite gradient: every gradient is finite.")
     assert found.output.posinf + found.output.neginf > 0 and found.inputs[0].zeros > 0
     # JAX's infinity check stops where the rule's `0.5 / sqrt(x)` is computed, a `div`
     assert found.backward == debug_names(lambda p: loss(m.apply(p, x)), params, flag="jax_debug_infs") == "div"
     with jax.debug_nans(True):  # switched off while it runs: still an answer, not an exception
         assert yax.first_nonfinite(mox, params, x, grad_of=loss).equation is found.equation
+
+
+class MaskedSqrt(nn.Module):
+    """Issue 37, point 7: sqrt at 0 sends +Inf, relu's rule drops it; every gradient is finite."""
+
+    @nn.compact
+    def __call__(self, x):
+        h = nn.Dense(4)(x)
+        h = h + jnp.sqrt(jnp.sum(nn.relu(h - 100.0) ** 2, -1, keepdims=True))
+        return nn.Dense(2)(h)
+
+
+def test_a_masked_infinite_cotangent_is_not_a_non_finite_gradient():
+    m, x = MaskedSqrt(), jnp.ones((2, 3))
+    params = m.init(KEY, x)
+    mox = yax.make_mox(m.apply)(params, x)
+
+    def loss(out):
+        return jnp.mean(out ** 2)
+
+    assert all_finite(jax.grad(lambda p, x: loss(m.apply(p, x)), argnums=(0, 1))(params, x))
+    for argnums in (0, (0, 1)):
+        found = yax.first_nonfinite(mox, params, x, grad_of=loss, argnums=argnums)
+        assert found.direction == "backward" and found.masked
+        assert (found.equation.name, found.path, found.backward) == ("sqrt", "MaskedSqrt", "div")
+        assert found.output.posinf == 2 and found.cotangents[0].nonfinite == 0
+        assert (found.masked_by.name, found.masked_call.path, found.masked_step) == \
+            ("custom_jvp_call", "MaskedSqrt/relu", ())
+        first = str(found).split("\n")[0]
+        assert first.startswith("No non-finite gradient: every gradient is finite. A non-finite cotangent comes "
+                                "from the backward pass of `sqrt` in `MaskedSqrt`")
+        assert "It is masked before it reaches the gradients: the backward pass of `custom_jvp_call` in " \
+               "`MaskedSqrt/relu` (relu) received it and sent only finite cotangents." in first
+        assert "first non-finite gradient" not in str(found) and "masked=True" in repr(found)
+
+
+def masked_then_trap(w, x):
+    h = x * w
+    y = jnp.where(h > 0, jnp.log(h), 0.0)  # the where trap: a NaN that reaches `w`
+    return jnp.sum(y + jnp.sqrt(jnp.sum(jax.nn.relu(y - 100.0) ** 2)))  # sqrt at 0, masked by relu: first
+
+
+def test_the_first_non_finite_cotangent_that_reaches_the_gradient_is_reported_not_a_masked_one():
+    w, x = jnp.asarray(1.5), jnp.array([0.0, 1.0, 2.0])
+    mox = yax.make_mox(masked_then_trap)(w, x)
+    assert not bool(jnp.isfinite(jax.grad(masked_then_trap)(w, x)))
+    found = yax.first_nonfinite(mox, w, x, grad_of=lambda out: out)
+    assert (found.equation.name, found.backward, found.masked, found.masked_by) == ("log", "div", False, None)
+    assert str(found).startswith("The first non-finite gradient comes from the backward pass of `log`")
+    # with `x` finite at 0 no longer, only the masked one is left
+    found = yax.first_nonfinite(mox, w, x + 1.0, grad_of=lambda out: out)
+    assert found.masked and found.equation.name == "sqrt" and found.masked_call.path == "relu"
+
+
+def test_a_masked_non_finite_gradient_of_the_loss_itself():
+    w, x = jnp.asarray(1.5), jnp.array([-1.0, 1.0, 2.0])
+    mox = yax.make_mox(lambda w, x: {"y": jax.nn.relu(x * w)})(w, x)
+
+    def loss(out):
+        return jnp.sum(jnp.sqrt(out["y"]))  # +Inf at relu's 0, which relu's rule drops
+
+    assert bool(jnp.isfinite(jax.grad(lambda w: loss({"y": jax.nn.relu(x * w)}))(w)))
+    found = yax.first_nonfinite(mox, w, x, grad_of=loss)
+    assert found.equation is None and found.path == "out['y']" and found.output.posinf == 1
+    assert found.masked and found.masked_call.path == "relu"
+    assert str(found).startswith("No non-finite gradient: every gradient is finite. A non-finite cotangent comes "
+                                 "from the loss itself, its gradient with respect to the model's output `out['y']`.")
+
+
+def test_a_gradient_that_overflows_as_its_finite_cotangents_are_added_up():
+    def f(w, a):
+        return (jnp.sum(w * a) + jnp.sum(w * a)).astype(jnp.float32)  # each sends 40000 to `w`: 80000 > f16's max
+
+    w, a = jnp.asarray(1e-3, jnp.float16), jnp.array([40000.0], jnp.float16)
+    assert bool(jnp.isfinite(f(w, a))) and not bool(jnp.isfinite(jax.grad(f)(w, a)))
+    found = yax.first_nonfinite(yax.make_mox(f)(w, a), w, a, grad_of=lambda out: out)
+    assert found.equation is None and found.path == "args[0]" and found.output.posinf == 1 and not found.masked
+    assert str(found) == ("The gradient with respect to `args[0]` is f16[]  no finite values (1 +Inf), though every "
+                          "cotangent sent to it is finite: adding them up overflowed.")
 
 
 @pytest.mark.parametrize("dtype, tiny", [(jnp.float16, 1e-3), (jnp.bfloat16, 1e-20)])
@@ -133,6 +219,42 @@ def test_the_trap_inside_an_nn_scan_names_the_step():
     assert names in ("scan", "while", found.backward)  # jax_debug_nans stops at the loop as a whole
     found_x = yax.first_nonfinite(mox, params, x, grad_of=loss, argnums=(0, 1))
     assert found_x.step == (2,)
+
+
+class MaskedStep(nn.Module):
+    @nn.compact
+    def __call__(self, x, _):
+        scale = self.param("scale", nn.initializers.ones, ())
+        h = jnp.tanh(nn.Dense(x.shape[-1])(x)) ** 2 * scale
+        x = x + jnp.where(h > 0, jnp.log(h), 0.0)  # the trap where scale is 0
+        return x + jnp.sqrt(nn.relu(x - 100.0)), None  # sqrt at 0 under relu at every step: masked
+
+
+class ScanMasked(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        x, _ = nn.scan(MaskedStep, variable_axes={"params": 0}, split_rngs={"params": True},
+                       length=4)(name="layers")(x, None)
+        return nn.Dense(2)(x)
+
+
+def test_inside_an_nn_scan_a_masked_cotangent_and_the_step_whose_nan_reaches_the_gradient():
+    m, x = ScanMasked(), jnp.linspace(-1, 1, 6).reshape(2, 3)
+    params = m.init(KEY, x)
+    mox = yax.make_mox(m.apply)(params, x)
+
+    def loss(out):
+        return jnp.mean(out ** 2)
+
+    found = yax.first_nonfinite(mox, params, x, grad_of=loss)
+    assert found.masked and (found.equation.name, found.step) == ("sqrt", (3,))  # the last step runs first
+    assert (found.masked_call.path, found.masked_step) == ("ScanMasked/layers/relu", (3,))
+    assert "`ScanMasked/layers/relu` (relu) at scan step 3 received it" in str(found)
+    # the trap at step 0 runs last in the backward pass, after every step's masked sqrt: it is the one reported
+    params["params"]["layers"]["scale"] = jnp.array([0.0, 1.0, 1.0, 1.0])
+    assert not all_finite(jax.grad(lambda p: loss(m.apply(p, x)))(params))
+    found = yax.first_nonfinite(mox, params, x, grad_of=loss)
+    assert (found.equation.name, found.path, found.step, found.masked) == ("log", "ScanMasked/layers", (0,), False)
 
 
 def test_a_healthy_scanned_transformer_has_none_and_compiles_once():

@@ -8,6 +8,7 @@ from ._capture import NonFinite as NonFinite
 from ._capture import capture as capture
 from ._capture import first_nonfinite as first_nonfinite
 from ._capture import patch as patch
+from ._check import check_mox as check_mox
 from ._compare import Comparison as Comparison
 from ._compare import Stats as Stats
 from ._compare import compare as compare
@@ -42,6 +43,7 @@ from ._xml import to_xml as to_xml
 from ._xpath import explain as explain
 from ._xpath import query as query
 from .errors import YaxCaptureError as YaxCaptureError
+from .errors import YaxCheckError as YaxCheckError
 from .errors import YaxDependencyError as YaxDependencyError
 from .errors import YaxError as YaxError
 from .errors import YaxEvalError as YaxEvalError

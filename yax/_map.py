@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from ._check import check_if_enabled
 from ._ir import Equation, Mox, holds_mox
 from .errors import YaxRewriteError
 
@@ -29,6 +30,12 @@ def map_mox(fn: Callable[[Node], Node], mox: Mox, *, before: Callable[[Node], No
       >>> names
       ['sin', '<lambda>']
     """
+    return check_if_enabled(mapped(fn, mox, before=before))
+
+
+def mapped(fn: Callable[[Node], Node], mox: Mox, *, before: Callable[[Node], Node] | None = None) -> Mox:
+    """`map_mox` without its check under ``YAX_ENABLE_CHECKS``: for the rewrite engine, whose
+    trees are whole only when it is done (a root before its new variables are its parameters)."""
 
     # Without recursion (a MoX of any depth maps): a frame per node being mapped holds
     # the node, its children (a call's, or the computations an equation holds as

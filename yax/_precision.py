@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._check import check_if_enabled
 from ._ir import CALL_KINDS, Equation, Kind, Mox
 from ._vocab import dtype_str, key_name
 from .errors import NeedsParams, YaxRewriteError
@@ -268,7 +269,7 @@ def mixed_precision(mox: Mox, policy: Mapping[str, Any] | None = None, params: A
         except YaxRewriteError as e:
             raise YaxRewriteError(f"{_said(e)} To leave a layer out of the policy, map a query for it to None: "
                           "`{**policy, '//module_call[@path=\"...\"]': None}`.") from None
-    return new if params is None else (new, new_params)
+    return check_if_enabled(new if params is None else (new, new_params))
 
 
 def _said(e: BaseException) -> str:

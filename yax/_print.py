@@ -102,6 +102,8 @@ class _Printer:
         self.name = Names()
         self.lines: list[str] = []
         self.at: dict[int, int] = {}  # id(child node) -> its line
+        self.heads: dict[int, int] = {}  # id(block: a root, nested computation or call) -> its `{ lambda` line
+        self.ends: dict[int, int] = {}  # id(block) -> its `in (...) }` line
         self.source = source  # end each call's and equation's line with the user's `# file.py:line`
 
     def where(self, node: Equation | Mox) -> str:
@@ -132,10 +134,12 @@ class _Printer:
             what, node, indent, head = todo.pop()
             pad = " " * indent
             if what == "close":  # a block's last line: its results, named after its body
+                self.ends[id(node)] = len(self.lines)
                 self.lines.append(f"{pad}  in ({' '.join(self.atom(a) for a in node.outvars)}) }}")
             elif what == "block":
                 consts = " ".join(self.binder(v) for v in node.constvars)
                 invars = " ".join(self.binder(v) for v in node.invars)
+                self.heads[id(node)] = len(self.lines)
                 self.lines.append(f"{pad}{head}{{ lambda {consts}{' ' if consts else ''}; {invars}. let")
                 todo.append(("close", node, indent, ""))
                 todo.extend(("child", c, indent + 4, "") for c in reversed(node.children))
@@ -184,11 +188,21 @@ def pprint(mox: Mox, *, source: bool = False) -> str:
 def window(root: Mox, node: Equation | Mox, radius: int = 4) -> str:
     """The printed lines of ``root`` around ``node``, the node's marked: what a
     splice error shows (as ``jax.core.check_jaxpr`` shows equations around a fault)."""
+    return marked(root, node, radius=radius)[0]
+
+
+def marked(root: Mox, node: Equation | Mox, atoms: tuple[Symbol, ...] = (), *, line: str = "node",
+           radius: int = 4) -> tuple[str, list[str]]:
+    """`window` around one line of ``node`` (``line``: ``"node"``, its own line, the line
+    calling it for a call; ``"head"``, the ``{ lambda`` line of its block; ``"end"``, its
+    block's ``in (...)`` line), and ``atoms`` as that text names them (``b``, ``2.0:f32[]``)."""
     p = _Printer()
     p.block(root, 0)
-    i = p.at.get(id(node))
+    at = {"node": p.at, "head": p.heads, "end": p.ends}[line]
+    i = at.get(id(node))
+    names = [p.atom(a) for a in atoms]
     if i is None:
-        return ""
+        return "", names
     lo, hi = max(0, i - radius), min(len(p.lines), i + radius + 1)
     lines = [f"{'>>> ' if j == i else '    '}{p.lines[j]}" for j in range(lo, hi)]
-    return "\n".join(["    ...", *lines, "    ..."] if lo or hi < len(p.lines) else lines)
+    return "\n".join(["    ...", *lines, "    ..."] if lo or hi < len(p.lines) else lines), names

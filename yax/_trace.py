@@ -23,6 +23,7 @@ import numpy as np
 from . import _roots, frontends
 from ._activations import ACTIVATIONS as ACTIVATIONS
 from ._build import build
+from ._check import check_if_enabled
 from ._ir import Packing
 from ._record import recording
 from ._sharding import input_specs
@@ -95,7 +96,7 @@ def make_mox(fn: Callable[..., Any], *, static_argnums: int | Sequence[int] | No
             return not static and (is_dynamic(x) or isinstance(x, (bool, int, float, complex)))
 
         # remembered while it lives: a node cut from it and used in another MoX names its variables here
-        return _roots.note(_traced_root(target, args, kwargs, frontend.name, origin, dynamic))
+        return _roots.note(check_if_enabled(_traced_root(target, args, kwargs, frontend.name, origin, dynamic)))
 
     return traced
 

@@ -86,6 +86,31 @@ class YaxRenderError(YaxError):
     """Graphviz failed to render a graph or took longer than allowed."""
 
 
+class YaxCheckError(YaxError):
+    """A MoX breaks one of its invariants (`yax.check_mox`): a value read before
+    anything binds it or bound twice, an equation whose output types are not
+    what its primitive computes, a call whose inputs or outputs disagree with its
+    parameters, results or signature, a node at the wrong path, or a root that
+    disagrees with its signature.
+
+    The message names the node and shows the printed IR around it, the node
+    marked ``>>>``. A MoX from `make_mox` or a yax rewrite always passes, so
+    this error from one of them (under ``YAX_ENABLE_CHECKS=1``) is a bug in
+    yax; for a tree built or changed by hand, fix the node shown.
+    """
+
+    def __init__(self, problem: str, window: str = "", hint: bool = True):
+        self.problem, self.window = problem, window
+        if not hint:
+            super().__init__(problem)
+            return
+        shown = f"\n{window}\n" if window else " "
+        super().__init__(
+            f"The MoX is not well formed: {problem}{shown}If it came from `yax.make_mox` or a yax rewrite, this is "
+            "a bug in yax: please report it with the model and the call. If it was built or changed by hand, fix "
+            "the node shown (`>>>`).")
+
+
 class YaxDependencyError(YaxError, ImportError):
     """An optional dependency is missing: a package from one of yax's extras,
     or a program such as Graphviz's ``dot``. The message says how to get it."""

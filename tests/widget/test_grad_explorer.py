@@ -203,7 +203,12 @@ def test_the_backward_nan_search_selects_the_row_whose_rule_gave_the_first_nan()
     found = yax.first_nonfinite(ex.mox, v, X, grad_of=lambda out: out.sum())
     assert found.equation.name == "sqrt" and found.call is planted
     assert reply["id"] == ids[id(planted)] and reply["eq"] == ids[id(found.equation)]
-    assert "backward pass of `sqrt` in `Sick/planted`" in reply["message"]
+    # relu's rule drops sqrt's Inf: every gradient is finite, and the message says so first
+    assert found.masked and reply["masked"] is True
+    assert reply["message"].startswith("No non-finite gradient: every gradient is finite. A non-finite cotangent "
+                                       "comes from the backward pass of `sqrt` in `Sick/planted`")
+    assert "masked before it reaches the gradients: the backward pass of `custom_jvp_call` in " \
+           "`Sick/planted/relu` (relu)" in reply["message"]
     assert reply["message"].endswith("(batch `example`, gradient of sum(out))")
     # the colouring of the same scalar says where NaN or Inf gradients were left out (relu's output: sqrt's
     # rule sent Inf where it is 0; relu's own rule sends 0 there, so `a`'s gradient is finite)
@@ -211,6 +216,33 @@ def test_the_backward_nan_search_selects_the_row_whose_rule_gave_the_first_nan()
     relu = next(c for c in capturable_calls(ex.mox) if c.path == "Sick/planted/relu")
     assert "NaN or Inf in its gradient left out" in ex._overlay["why"][str(ids[id(relu)])]
     assert str(ids[id(next(c for c in capturable_calls(ex.mox) if c.path == "Sick/a"))]) not in ex._overlay["why"]
+
+
+class Trap(nn.Module):
+    """The where trap: a NaN that reaches the gradient of ``scale`` (0, so ``h`` is 0 and log's rule gives 0/0)."""
+
+    @nn.compact
+    def __call__(self, h):
+        h = jnp.tanh(h) ** 2 * self.param("scale", nn.initializers.zeros, ())
+        return jnp.where(h > 0, jnp.log(h), 0.0)
+
+
+class Trapped(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(5, name="b")(Trap(name="trap")(nn.Dense(6, name="a")(x)))
+
+
+def test_the_backward_nan_search_names_the_rule_whose_nan_reaches_the_gradient():
+    m = Trapped()
+    v = m.init(jax.random.key(0), X)
+    ex = recording(Explorer(m, v, X, warm=False))
+    reply = ask(ex, rid=1, type="nonfinite", scalar="sum")
+    assert reply["type"] == "ok" and reply["found"] is True and reply["masked"] is False, reply
+    assert reply["message"].startswith("The first non-finite gradient comes from the backward pass of `log` in "
+                                       "`Trapped/trap`")
+    trap = next(c for c in capturable_calls(ex.mox) if c.path == "Trapped/trap")
+    assert reply["id"] == node_ids(ex.mox)[id(trap)]
 
 
 def test_a_finite_gradient_is_said_so():

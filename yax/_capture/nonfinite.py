@@ -217,14 +217,22 @@ def first_nonfinite(mox: Mox, *args: Any, grad_of: Callable[[Any], Any] | None =
     grad_of(eval_mox(mox, *a)), argnums)`` in the order JAX runs it (the
     reverse of evaluation order, scan steps from the last) and names the first
     forward equation whose derivative rule turned finite cotangents into a NaN
-    or an Inf: the classic ``jnp.where(x > 0, jnp.log(x), 0)`` at ``x = 0``,
-    ``sqrt`` at 0, an overflow in float16. One jitted program flags the
-    cotangent every equation sends to every floating input (inside ``jit``,
-    ``remat`` and ``scan`` bodies, per step; custom derivative rules, ``cond``
-    and ``while`` as wholes), only where ``jax.grad`` computes one (values that
-    do not depend on the differentiated arguments get none); a second brings
-    out the cotangents and forward values at that equation, and its rule is
-    run alone to name the primitive that went non-finite.
+    or an Inf that reaches the gradients: the classic ``jnp.where(x > 0,
+    jnp.log(x), 0)`` at ``x = 0``, an overflow in float16. A NaN or an Inf
+    that a later rule drops does not make a gradient non-finite (``sqrt`` at 0
+    under a ``relu``: relu's rule sends 0 where ``sqrt``'s sent Inf); when
+    every gradient is finite but such a value appears, the result is
+    ``masked``: it names where the value came from and the equation that
+    dropped it. One jitted program flags the cotangent every equation sends to
+    every floating input and receives at every floating output (inside
+    ``jit``, ``remat`` and ``scan`` bodies, per step; custom derivative rules,
+    ``cond`` and ``while`` as wholes), only where ``jax.grad`` computes one
+    (values that do not depend on the differentiated arguments get none), and
+    whether the gradients are finite; where several rules made NaN or Inf,
+    a few more runs of it, some of their cotangents zeroed, tell which reaches
+    the gradients. A second program brings out the cotangents and forward
+    values at the equation found, and its rule is run alone to name the
+    primitive that went non-finite.
 
     Args:
       mox: the root MoX.
@@ -237,8 +245,9 @@ def first_nonfinite(mox: Mox, *args: Any, grad_of: Callable[[Any], Any] | None =
     Returns:
       A `NonFinite` (printed, it shows the equation, the module, the scan step,
       statistics of the inputs and the MoX around it; with ``grad_of``, its
-      ``direction`` is ``"backward"`` and it shows the cotangents), or ``None``
-      when every value is finite.
+      ``direction`` is ``"backward"`` and it shows the cotangents; ``masked``
+      when every gradient is finite nonetheless), or ``None`` when every value
+      (with ``grad_of``: every cotangent) is finite.
 
     Example:
       >>> import jax, jax.numpy as jnp, flax.linen as nn, yax
@@ -259,8 +268,16 @@ def first_nonfinite(mox: Mox, *args: Any, grad_of: Callable[[Any], Any] | None =
       >>> yax.eval_mox(mox, w, x)           # finite: `where` dropped log(0) = -inf
       Array(0., dtype=float32)
       >>> back = yax.first_nonfinite(mox, w, x, grad_of=lambda out: out)   # d/dw, like jax.grad
-      >>> back.direction, back.equation.name, back.backward, back.output.nan
-      ('backward', 'log', 'div', 1)
+      >>> back.direction, back.equation.name, back.backward, back.output.nan, back.masked
+      ('backward', 'log', 'div', 1, False)
+      >>> def dead_sqrt(w, x):   # sqrt at relu's 0: an Inf that relu's own rule drops
+      ...     return jnp.sqrt(jax.nn.relu(x * w)).sum()
+      >>> x = jnp.array([-1.0, 1.0])
+      >>> bool(jnp.isfinite(jax.grad(dead_sqrt)(w, x)))
+      True
+      >>> back = yax.first_nonfinite(yax.make_mox(dead_sqrt)(w, x), w, x, grad_of=lambda out: out)
+      >>> back.masked, back.equation.name, back.masked_by.name, back.masked_call.path
+      (True, 'sqrt', 'custom_jvp_call', 'relu')
     """
     check_root(mox, "first_nonfinite")
     flat = flatten_inputs(mox, args, kwargs)

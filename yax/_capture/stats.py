@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -11,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._ir import Equation, Mox
-from .._sharding import reduced_stats, spread
+from .._sharding import reduced_stats, spread, subnormal_count
 from .._vocab import type_str
 
 
@@ -34,7 +33,10 @@ class ValueStats:
     @classmethod
     def of(cls, x: Any) -> ValueStats:
         """The statistics of ``x``: in NumPy (float64) on the host, or, for an array
-        laid out over several devices, reduced where it is (float32)."""
+        laid out over several devices, reduced where it is (float32; float64 values in
+        float64), unless it holds subnormal values, which XLA reads as 0 (then on the host).
+        The mean and std are of the values scaled by the largest |value|, so that no sum or
+        square overflows (1e300 in float64)."""
         size = int(np.size(x))
         try:
             dtype = np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
@@ -42,7 +44,7 @@ class ValueStats:
             dtype = np.dtype(object)
         if not (jnp.issubdtype(dtype, jnp.number) or dtype == np.bool_):  # jnp's knows bfloat16 and float8
             return cls(type_str(x), np.nan, np.nan, np.nan, np.nan, 0, 0, 0, 0, size)
-        if spread(x):
+        if spread(x) and not int(subnormal_count(x)):
             stats, counts = jax.device_get(reduced_stats(x))
             n, nan, posinf, neginf, zeros = (int(c) for c in counts)
             lo, hi, mean, std = (float(v) if n else float("nan") for v in stats)
@@ -50,12 +52,13 @@ class ValueStats:
         a = np.asarray(x)
         f = a.astype(np.float64) if not np.iscomplexobj(a) else np.abs(a).astype(np.float64)
         fin = f[np.isfinite(f)]
-
-        def stat(g: Callable[[Any], Any]) -> float:
-            return float(g(fin)) if fin.size else float("nan")
-
-        return cls(type_str(x), stat(np.min), stat(np.max), stat(np.mean), stat(np.std), int(np.isnan(f).sum()),
-                   int(np.isposinf(f).sum()), int(np.isneginf(f).sum()), int((f == 0).sum()), size)
+        counts = (int(np.isnan(f).sum()), int(np.isposinf(f).sum()), int(np.isneginf(f).sum()), int((f == 0).sum()))
+        if not fin.size:
+            return cls(type_str(x), np.nan, np.nan, np.nan, np.nan, *counts, size)
+        big = float(np.abs(fin).max()) or 1.0
+        scaled = fin / big
+        return cls(type_str(x), float(fin.min()), float(fin.max()), big * float(scaled.mean()),
+                   big * float(scaled.std()), *counts, size)
 
     @property
     def nonfinite(self) -> int:
@@ -94,7 +97,18 @@ class NonFinite:
         ``output`` the cotangent it sent to its input ``input_index``,
         ``inputs`` the forward values the rule used, ``cotangents`` the
         cotangents that came in at its outputs (finite), and ``backward`` the
-        first primitive of the rule whose result is non-finite.
+        first primitive of the rule whose result is non-finite. It is the
+        first equation, in the order the backward pass runs, whose non-finite
+        cotangent reaches the gradients; ``path`` names an argument
+        (``args[0]...``) when only adding up the finite cotangents sent to it
+        overflowed.
+      masked: backward only: every gradient with respect to the differentiated
+        arguments is finite, though a non-finite cotangent appears on the way:
+        the one described above, which a later rule drops (a ``relu`` or
+        ``where`` sends zeros where its branch was not taken).
+      masked_by: then the first equation, in backward order, whose rule received
+        a non-finite cotangent and sent only finite ones (``None`` if none was
+        found), ``masked_call`` the call it ran in and ``masked_step`` its scan steps.
     """
 
     equation: Equation | None
@@ -110,6 +124,10 @@ class NonFinite:
     cotangents: tuple[ValueStats, ...] = ()
     backward: str = ""
     input_index: int = 0
+    masked: bool = False
+    masked_by: Equation | None = dataclasses.field(default=None, repr=False)
+    masked_call: Mox | None = dataclasses.field(default=None, repr=False)
+    masked_step: tuple[int, ...] = ()
 
     def __str__(self) -> str:
         if self.direction == "backward":
@@ -131,15 +149,23 @@ class NonFinite:
 
     def _backward_str(self) -> str:
         at = f" at scan step {', '.join(map(str, self.step))}" if self.step else ""
+        if self.equation is None and self.path.startswith("args"):
+            return (f"The gradient with respect to `{self.path}` is {self.output}, though every cotangent sent to it "
+                    "is finite: adding them up overflowed.")
         if self.equation is None:
+            if self.masked:
+                return (f"No non-finite gradient: every gradient is finite. A non-finite cotangent comes from the "
+                        f"loss itself, its gradient with respect to the model's output `{self.path}`. "
+                        f"{self._masked()}\n  gradient of `grad_of` with respect to `{self.path}`  {self.output}")
             return (f"The first non-finite gradient comes from the loss itself: the gradient of `grad_of` with "
                     f"respect to the model's output `{self.path}` is {self.output}")
         rule = f" (its `{self.backward}`)" if self.backward else ""
         where = f"`{self.path}`" if self.path else "the root"
-        lines = [f"The first non-finite gradient comes from the backward pass of `{self.equation.name}` in "
-                 f"{where}{at}: its derivative rule{rule} sent a non-finite cotangent to "
-                 f"input {self.input_index}.",
-                 f"  cotangent sent to input {self.input_index}  {self.output}"]
+        origin = (f"the backward pass of `{self.equation.name}` in {where}{at}: its derivative rule{rule} sent a "
+                  f"non-finite cotangent to input {self.input_index}")
+        head = (f"No non-finite gradient: every gradient is finite. A non-finite cotangent comes from {origin}. "
+                f"{self._masked()}" if self.masked else f"The first non-finite gradient comes from {origin}.")
+        lines = [head, f"  cotangent sent to input {self.input_index}  {self.output}"]
         lines += [f"  cotangent in {i}  {s}" for i, s in enumerate(self.cotangents)]
         lines += [f"  input {i} (forward)  {s}" for i, s in enumerate(self.inputs)]
         if any(s.nonfinite for s in self.cotangents):
@@ -149,6 +175,16 @@ class NonFinite:
             lines.append("  Its forward inputs already hold non-finite values: the forward pass went wrong first "
                          "(`first_nonfinite` without `grad_of` finds where).")
         return self._ending(lines)
+
+    def _masked(self) -> str:
+        """Where the non-finite cotangent of a `masked` result died."""
+        if self.masked_by is None:
+            return "It is masked before it reaches the gradients."
+        at = f" at scan step {', '.join(map(str, self.masked_step))}" if self.masked_step else ""
+        call = self.masked_call
+        where = f"`{call.path}` ({call.type})" if call is not None else "the root"
+        return (f"It is masked before it reaches the gradients: the backward pass of `{self.masked_by.name}` in "
+                f"{where}{at} received it and sent only finite cotangents.")
 
     def _ending(self, lines: list[str]) -> str:
         """``lines``, then the inputs of the call the equation ran in and the printed MoX around it."""

@@ -16,8 +16,9 @@ import jax
 import numpy as np
 
 from .. import _roots, errors, frontends
+from .._check import check_if_enabled
 from .._ir import Equation, Kind, ModuleInfo, Mox, Signature, Var
-from .._map import map_mox
+from .._map import mapped
 from ..errors import YaxError, YaxRewriteError
 from .replacement import Decider, Site, checked, decider, is_decider, is_module, module_of
 from .select import locate, matches, outside_rules
@@ -158,7 +159,7 @@ def _built(mox: Mox, sites: list[Site], var_maps: dict[int, dict[Var, Var]], dro
             var_maps[id(s.node)] = {tv: threads.inner(v, s.chain) for tv, v in var_maps[id(s.node)].items()}
     built = {id(s.node): spliced(s.traced, s.node, s.casts, var_maps[id(s.node)]) for s in sites}
     before = threads.before if threads.on_chains else None
-    return map_mox(lambda n: built.get(id(n), n), mox, before=before) if built else mox
+    return mapped(lambda n: built.get(id(n), n), mox, before=before) if built else mox
 
 
 def misfit(repl: Any, node: Any, mox: Mox, *, cast: bool = False, cache: dict[Any, Any] | None = None,
@@ -249,7 +250,7 @@ def sub(pattern: Any, repl: Any, mox: Mox, *, params: Any = None, key: Any = Non
             f"`sub` rewrites the root MoX from `yax.make_mox`, but got {getattr(mox, 'kind', type(mox).__name__)!r}."
         )
     try:
-        return _sub(pattern, repl, mox, params, key, cast, must_match, keep)
+        return check_if_enabled(_sub(pattern, repl, mox, params, key, cast, must_match, keep))
     except YaxError:
         raise
     except Exception as e:

@@ -35,7 +35,7 @@ import jax
 from .. import _roots, errors, frontends
 from .._calls import how
 from .._ir import CALL_KINDS, Equation, Kind, Literal, Mox, Var
-from .._map import map_mox
+from .._map import mapped
 from .._vocab import type_str
 from .select import ancestry, chain_of
 
@@ -215,7 +215,7 @@ def _relative(call: Mox, scope: tuple[str, ...]) -> Mox:
             return dataclasses.replace(x, info=dataclasses.replace(x.info, scope=tuple(s[n:])))
         return x
 
-    return map_mox(one, call) if n else call
+    return mapped(one, call) if n else call
 
 
 # -- the replacement -------------------------------------------------------------------

@@ -27,7 +27,7 @@ from .._vocab import type_str
 from ..errors import YaxRewriteError
 from ..frontends import MappedCall, Template
 from . import own, thread
-from .splice import subst
+from .splice import repath, subst
 
 Node = Equation | Mox
 
@@ -264,8 +264,9 @@ def _cut(repl: Any) -> Any:
     if not isinstance(repl, Mox):
         return repl
     node = repl
-    if node.kind in (Kind.ACTIVATION, Kind.FUNCTION):
-        return Mox(kind=Kind.ROOT, children=node.children, inputs=node.invars, invars=node.invars,
+    if node.kind in (Kind.ACTIVATION, Kind.FUNCTION):  # its children moved to the root's path, as if traced
+        return Mox(kind=Kind.ROOT, children=tuple(repath(c, node.path, "") for c in node.children),
+                   inputs=node.invars, invars=node.invars,
                    outvars=node.outvars, outputs=tuple(a for a in node.outvars if isinstance(a, Var)),
                    constvars=node.constvars, consts=node.consts, name=node.name)
     return repl

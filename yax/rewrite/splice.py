@@ -8,8 +8,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, overload
 
-from .._ir import FN_KINDS, Equation, Kind, Mox, Symbol, Var
-from .._map import map_mox
+from .._ir import FN_KINDS, Equation, Kind, Mox, Symbol, Var, holds_mox
+from .._map import mapped
 
 Node = Equation | Mox
 
@@ -34,7 +34,7 @@ def subst(node: Node, m: Mapping[Var, Symbol]) -> Node:
             return n
         return dataclasses.replace(n, inputs=ins, outvars=outs)
 
-    return map_mox(one, node) if isinstance(node, Mox) else one(node)
+    return mapped(one, node) if isinstance(node, Mox) else one(node)
 
 
 @overload
@@ -46,18 +46,21 @@ def repath(node: Node, old: str, new: str, scope: tuple[str, ...] | None = None)
 def repath(node: Node, old: str, new: str, scope: tuple[str, ...] | None = None) -> Node:
     """``node`` moved from path ``old`` to ``new`` (and module scopes under ``scope``)."""
     def p(path: str) -> str:
-        if path == old or not old:
-            return new + path[len(old):] if old else (f"{new}/{path}" if path else new)
-        if path.startswith(old + "/"):
-            return new + path[len(old):]
-        return f"{new}/{path}" if path else new
+        rest = path[len(old) + 1:] if old and (path == old or path.startswith(old + "/")) else path
+        return f"{new}/{rest}" if new and rest else new or rest  # `new=""`: moved up to the root
 
     def one(n: Node) -> Node:
         if isinstance(n, Mox) and n.scope is not None and scope is not None:
             return dataclasses.replace(n, path=p(n.path), info=dataclasses.replace(n.info, scope=scope + n.scope))
         return dataclasses.replace(n, path=p(n.path))
 
-    return map_mox(one, node) if isinstance(node, Mox) else one(node)
+    if isinstance(node, Mox):
+        return mapped(one, node)
+    if node.subs:  # its nested computations run at its path too (a custom_vjp's); what they compute is unchanged
+        node = dataclasses.replace(node, params={
+            k: mapped(one, v) if isinstance(v, Mox) else tuple(mapped(one, x) for x in v) if holds_mox(v) else v
+            for k, v in node.params.items()})
+    return one(node)
 
 
 def spliced(t: Any, node: Node, casts: tuple[tuple[Equation, ...], dict[int, Var]],
@@ -68,6 +71,7 @@ def spliced(t: Any, node: Node, casts: tuple[tuple[Equation, ...], dict[int, Var
     root, outs = t.root, t.outvars
     ins = tuple(root.invars[t.n_vars:])
     body, cast_out = casts
+    body = tuple(repath(e, "", node.path) for e in body)  # the casts back run in the new node, at its path
     scope = getattr(node, "scope", None)
     calls = [c for c in root.children if isinstance(c, Mox)]
     only = calls[0] if len(root.children) == 1 and calls else None
