@@ -1,8 +1,12 @@
-"""yax.first_nonfinite(..., grad_of=loss): the first NaN or Inf of the backward pass,
-on planted cases (the ``where`` trap around ``log``, ``sqrt`` at 0, a division
-whose gradient overflows in float16/bfloat16, a NaN gradient at one step of an
-``nn.scan``), checked against ``jax_debug_nans``/``jax_debug_infs`` running
-``jax.grad`` of the same function: both name the same primitive."""
+"""yax.first_nonfinite(..., grad_of=loss): the first NaN or Inf of the backward pass
+that reaches the gradients, on planted cases (the ``where`` trap around ``log``, a
+division whose gradient overflows in float16/bfloat16, a NaN gradient at one step of
+an ``nn.scan``), checked against ``jax_debug_nans``/``jax_debug_infs`` running
+``jax.grad`` of the same function: both name the same primitive. A NaN or Inf that a
+later rule drops (``sqrt`` at 0 under ``relu``, issue 37) leaves every gradient
+finite: the result says so (``masked``), where it came from and what dropped it, and
+a later one that does reach the gradients is the one named. The oracle for all of
+it is tests/oracle/test_nonfinite_oracle.py."""
 
 from __future__ import annotations
 

@@ -175,6 +175,14 @@ def _dummies(shape: tuple[int, tuple[Any, ...]], zero: Any, lead: tuple[int, ...
             "subs": [_dummies(s, zero, (*lead, length)) for length, s in subs]}
 
 
+def _flags(cts: dict[str, Any], shape: tuple[int, tuple[Any, ...]], lead: tuple[int, ...] = ()) -> dict[str, Any]:
+    """The dummies' cotangents as flags, one array a level (``[*lead, tap]``): a few
+    transfers to the host, not one a tap."""
+    n, subs = shape
+    d = jnp.stack([jnp.isnan(c) for c in cts["d"]], axis=-1) if n else jnp.zeros((*lead, 0), bool)
+    return {"d": d, "subs": [_flags(c, s, (*lead, length)) for c, (length, s) in zip(cts["subs"], subs)]}
+
+
 def _switches(shape: tuple[int, tuple[Any, ...]], lead: tuple[int, ...] = ()) -> dict[str, Any]:
     """Every switch off: one array a level (a scan's stacked per step), so a pass costs few transfers."""
     n, subs = shape
@@ -218,9 +226,9 @@ class _Event:
 
 @dataclasses.dataclass(frozen=True)
 class _Pass:
-    """What one run of the search program flagged: per level the taps (``{"d": flags,
-    "subs": [...]}``), the outputs whose cotangent from the loss is not finite, and
-    whether each differentiated argument's gradient holds a NaN or an Inf."""
+    """What one run of the search program flagged: per level its taps (``{"d": [*steps,
+    tap], "subs": [...]}``, `_flags`), the outputs whose cotangent from the loss is not
+    finite, and whether each differentiated argument's gradient holds a NaN or an Inf."""
 
     level: dict[str, Any]
     outs: list[bool]
@@ -263,8 +271,8 @@ class Search:
 
                 grads, cts, out_cts = jax.grad(loss, argnums=(0, 1, 2))([flat[i] for i in diff], ds,
                                                                         [zero] * len(outs))
-                bad = [jnp.any(~jnp.isfinite(g)) for g in grads]
-                return jax.tree_util.tree_map(jnp.isnan, (cts, out_cts)), bad
+                bad = jnp.stack([jnp.any(~jnp.isfinite(g)) for g in grads])
+                return (_flags(cts, self.shape), jnp.isnan(jnp.stack(out_cts)) if out_cts else jnp.zeros(0, bool)), bad
 
             jitted: Callable[..., Any] = model_jit(run_it)
             return jitted
