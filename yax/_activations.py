@@ -151,13 +151,6 @@ def _items(tbl: Any) -> list[tuple[str, Any]]:
     return list(tbl.items() if isinstance(tbl, dict) else vars(tbl).items())
 
 
-def _put(tbl: Any, k: str, v: Any) -> None:
-    if isinstance(tbl, dict):
-        tbl[k] = v
-    else:
-        setattr(tbl, k, v)
-
-
 def _own(f: Any, modname: str) -> bool:
     """A function defined in the table's module (``quick_gelu``)."""
     return inspect.isfunction(f) and f.__module__ == modname and not hasattr(f, "__yax_activation__")
@@ -300,8 +293,8 @@ def _patch() -> None:
             original = _unwrapped(v)
             hit = t.get(id(original))
             if hit is not None and hit[1] is original and v is not hit[2]:  # (else placed by a trace running)
-                _undo.append((holder, k, original, hit[2]))
-                _put(holder, k, hit[2])
+                if _replace(holder, k, v, hit[2]):
+                    _undo.append((holder, k, original, hit[2]))
 
 
 def _unpatch() -> None:
@@ -310,13 +303,29 @@ def _unpatch() -> None:
         _users -= 1
         if not _users:
             for holder, k, v, placed in reversed(_undo):
-                if _get(holder, k) is placed:  # else the user put something there meanwhile: theirs
-                    _put(holder, k, v)
+                _replace(holder, k, placed, v)  # else the user put something there meanwhile: theirs
             _undo.clear()
             for holder, k, v in _slots():  # a wrapper the user wrote back while traces ran
                 if _unwrapped(v) is not v:
-                    _put(holder, k, _unwrapped(v))
+                    _replace(holder, k, v, _unwrapped(v))
             _during = None
+
+
+def _replace(holder: Any, k: str, old: Any, new: Any) -> bool:
+    """Put ``new`` at ``holder[k]`` if ``old`` is there still; whether it did. The user writes
+    names and tables without our lock: the entry is read again just before the write, so that
+    what the user wrote since `_slots` read it (a cell patching ``ACT2FN`` while the explorer's
+    worker traces) stays theirs. Python has no compare-and-set on a dict: a write landing
+    between this read and the store (one bytecode apart) would still be overwritten."""
+    if isinstance(holder, dict):
+        if holder.get(k, _MISSING) is old:
+            holder[k] = new
+            return True
+        return False
+    if getattr(holder, k, _MISSING) is old:
+        setattr(holder, k, new)
+        return True
+    return False
 
 
 def _slots() -> list[tuple[Any, str, Any]]:

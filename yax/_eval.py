@@ -5,7 +5,9 @@ Equations are evaluated by binding their primitive, exactly like
 ``vmap`` and sharding, and a jitted unmodified MoX lowers to the same HLO as
 the original function. Nested computations (a scan body, a jit callee) are
 bound with their original jaxpr when nothing in them was marked, and with a
-jaxpr re-traced from the nested MoX otherwise (once, then cached).
+jaxpr re-traced from the nested MoX otherwise (once, then cached). A re-traced
+body that cannot hold constants (remat's) takes those a rewrite put in as
+leading inputs.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from ._ir import Equation, Kind, Literal, Mox, Symbol, holds_mox
 from ._vocab import type_str
 from .errors import YaxEvalError, YaxInputError, arg_name
 
-# Equation -> {param name: jaxpr} built from nested MoX nodes.
-_retraced: weakref.WeakKeyDictionary[Equation, dict[Any, Any]] = weakref.WeakKeyDictionary()
+# Equation -> ({param name: jaxpr} built from nested MoX nodes, constants its open body takes first).
+_retraced: weakref.WeakKeyDictionary[Equation, tuple[dict[str, Any], tuple[Any, ...]]] = weakref.WeakKeyDictionary()
 
 
 def _read(env: dict[Symbol, Any], a: Symbol) -> Any:
@@ -65,7 +67,8 @@ def run(mox: Mox, args: Sequence[Any], consts: Sequence[Any] | None = None,
 def bind(c: Equation, vals: list[Any]) -> list[Any]:
     """Bind one equation's primitive on ``vals``; its outputs as a list."""
     try:
-        params = _bind_params(c)
+        params, lifted = _bind_params(c)
+        vals = [*lifted, *vals]
         if isinstance(params, tuple):  # older JAX: (subfuns, params)
             subfuns, params = params
             vals = [*subfuns, *vals]
@@ -115,37 +118,52 @@ def _exec(children: Sequence[Any], env: dict[Symbol, Any], taps: list[Any] | Non
             stack.append((iter(c.children), c))
 
 
-def _bind_params(eqn: Equation) -> Any:
+def _bind_params(eqn: Equation) -> tuple[Any, tuple[Any, ...]]:
+    """The params to bind ``eqn`` with, and the values to put before its inputs
+    (constants a rewrite put into a body that cannot hold them, see `_to_jaxpr`)."""
     subs = eqn.subs
     if not subs:
-        return eqn.primitive.get_bind_params(eqn.params)
+        return eqn.primitive.get_bind_params(eqn.params), ()
     cached = _retraced.get(eqn)
     if cached is None:
-        cached = {}
+        jaxprs: dict[str, Any] = {}
+        lifted: tuple[Any, ...] = ()
         for k, v in eqn.params.items():
             if k in eqn._jaxprs:
-                cached[k] = eqn._jaxprs[k]
+                jaxprs[k] = eqn._jaxprs[k]
             elif isinstance(v, Mox):
-                cached[k] = _to_jaxpr(v, eqn)
+                jaxprs[k], lifted = _to_jaxpr(v, eqn)
             elif holds_mox(v):
-                cached[k] = tuple(_to_jaxpr(x, eqn) for x in v)
-        _retraced[eqn] = cached
-    return eqn.primitive.get_bind_params({**eqn.params, **cached})
+                jaxprs[k] = tuple(_to_jaxpr(x, eqn, lift=False)[0] for x in v)
+        cached = _retraced[eqn] = (jaxprs, lifted)
+    jaxprs, lifted = cached
+    return eqn.primitive.get_bind_params({**eqn.params, **jaxprs}), lifted
 
 
-def _to_jaxpr(sub: Mox, eqn: Equation) -> Any:
-    """A JAX jaxpr for a nested MoX, with the type JAX expects in ``eqn``."""
+# Primitives whose open body takes the equation's inputs as they come, so
+# constants can go in as more leading inputs (``jax.checkpoint``).
+_TAKES_MORE_INPUTS = frozenset({"checkpoint", "remat", "remat2"})
+
+
+def _to_jaxpr(sub: Mox, eqn: Equation, lift: bool = True) -> tuple[Any, tuple[Any, ...]]:
+    """A JAX jaxpr for a nested MoX, with the type JAX expects in ``eqn``, and
+    the constants it takes as leading inputs (open bodies only)."""
     avals = [jax.ShapeDtypeStruct(v.shape, v.dtype, weak_type=v.weak_type) for v in sub.invars]
     closed = jax.make_jaxpr(lambda *xs: run(sub, xs))(*avals)
     if sub.attrs.get("closed", True):
-        return closed
-    # Open jaxprs (remat's body) take no constants.
-    if closed.consts:
+        return closed, ()
+    if not closed.consts:
+        return closed.jaxpr, ()
+    # An open jaxpr (remat's body) holds no constants: a rewrite that put an
+    # array into it (a replacement closing over a mask) gets it as an input.
+    if not (lift and eqn.primitive.name in _TAKES_MORE_INPUTS):
         raise YaxEvalError(
             f"The body of `{eqn.name}` in `{eqn.path or 'the root'}` captures constants, which "
             f"`{eqn.name}` cannot hold. Pass the values as inputs instead."
         )
-    return closed.jaxpr
+    consts = tuple(closed.consts)
+    opened = jax.make_jaxpr(lambda cs, *xs: jax.core.eval_jaxpr(closed.jaxpr, cs, *xs))(consts, *avals)
+    return opened.jaxpr, consts
 
 
 # -- the public entry point ----------------------------------------------------------

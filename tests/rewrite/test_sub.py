@@ -459,3 +459,55 @@ def test_a_decider_is_named_path_node_or_marked_and_a_two_argument_function_is_t
         yax.sub("//activation", choose, mox)
     with pytest.raises(yax.YaxRewriteError, match="takes a function"):
         yax.decider(3)
+
+
+@pytest.mark.parametrize("frontend", ["linen", "nnx"])
+def test_a_replacement_closing_over_an_array_inside_a_remat_body(frontend):
+    """A remat body is an open jaxpr and holds no constants: an array a replacement closes
+    over goes into it as an input (the oracle found `eval_mox` refusing what `sub` accepted)."""
+    mask = jnp.array([1.0, 0.0, 2.0])
+
+    def swapped(h):  # the replacement, and the hand-written model's block
+        return jnp.tanh(h) * mask
+
+    if frontend == "linen":
+        class Net(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                return nn.remat(nn.Dense)(3, name="d")(x).sum()
+
+        net = Net()
+        params = net.init(KEY, jnp.ones((2, 3)))
+        mox = yax.make_mox(net.apply)(params, jnp.ones((2, 3)))
+        args = lambda x: (params, x)  # noqa: E731
+        w, b = params["params"]["d"]["kernel"], params["params"]["d"]["bias"]
+    else:
+        from flax import nnx
+
+        class Net(nnx.Module):
+            def __init__(self, rngs):
+                self.d = nnx.Linear(3, 3, rngs=rngs)
+
+            def __call__(self, x):
+                return nnx.remat(lambda m, x: m(x))(self.d, x).sum()
+
+        net = Net(nnx.Rngs(0))
+        mox = yax.make_mox(net)(jnp.ones((2, 3)))
+        state = nnx.state(net)
+        args = lambda x: (state, x)  # noqa: E731
+        w, b = net.d.kernel[...], net.d.bias[...]
+    assert yax.query("//remat2//dot_general", mox), mox
+    new = yax.sub("//remat2//dot_general", lambda a, k: swapped(a @ k), mox)
+
+    def hand(x):
+        return (swapped(x @ w) + b).sum()
+
+    def run(m, x):  # nnx's MoX returns (output, state after the call)
+        out = yax.eval_mox(m, *args(x))
+        return out[0] if frontend == "nnx" else out
+
+    x = jnp.arange(6.0).reshape(2, 3) / 5
+    np.testing.assert_allclose(run(new, x), hand(x), rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(lambda x: run(new, x))(x), hand(x), rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(lambda x: run(new, x))(x), jax.grad(hand)(x), rtol=1e-6)
+    np.testing.assert_allclose(run(mox, x), ((x @ w) + b).sum(), rtol=1e-6)  # the original untouched
