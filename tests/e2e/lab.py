@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -131,20 +132,34 @@ def start_kernel(url: str, path: str) -> None:
     urllib.request.urlopen(req, timeout=120).close()
 
 
+#: What JupyterLab logs, on a busy machine, when a kernel connection is replaced (the page's session
+#: taking the kernel `start_kernel` started) while its own background requests were still out: the
+#: debugger's state and the kernel subshell it asks ipykernel 7 for. Neither request comes from yax
+#: or the notebook; every other console and page error fails the test.
+_JUPYTERLAB_OWN = re.compile(
+    r"Canceled future for (debug_request|create_subshell_request) message before replies were done")
+
+
 class Notebook:
     """An open notebook page (its kernel started first, `start_kernel`); collects console errors."""
 
     def __init__(self, page: Any, url: str, name: str, path: str = "lab/tree"):
         self.page = page
         self.errors: list[str] = []
-        page.on("console", lambda m: self.errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
-        page.on("pageerror", lambda e: self.errors.append(f"page error: {e}\n{e.stack or ''}"))
+        page.on("console", lambda m: self._error(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: self._error(f"page error: {e}\n{e.stack or ''}"))
         page.on("response", lambda r: self.errors.append(f"HTTP {r.status}: {r.url}") if r.status >= 400 else None)
         start_kernel(url, name.split("?")[0])
         page.goto(f"{url}/{path}/{name}")
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
         self.settle()
         self.idle()
+
+    def _error(self, text: str) -> None:
+        if _JUPYTERLAB_OWN.search(text):
+            print("JupyterLab's own (not counted):", text)
+        else:
+            self.errors.append(text)
 
     def settle(self) -> None:
         """Accept the "Select Kernel" dialog (with the notebook's own kernel) if it shows: on a busy

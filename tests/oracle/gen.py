@@ -23,7 +23,9 @@ axis.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -31,10 +33,32 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 #: examples per property in the test command's run; more with `--oracle-examples N` (or the variable)
 EXAMPLES = int(os.environ.get("YAX_ORACLE_EXAMPLES", "25"))
+#: every oracle's Hypothesis settings: no deadline (each example compiles), the blob to reproduce printed
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, print_blob=True, derandomize=False,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def reporting(counts: collections.Counter[str]) -> Any:
+    """An autouse fixture adding ``counts`` (what a test module's examples exercised) to the JSON
+    file ``$YAX_ORACLE_COUNTS`` names, for the report after a run: ``_report = reporting(COUNTS)``."""
+
+    @pytest.fixture(scope="module", autouse=True)
+    def _report() -> Any:
+        yield
+        path = os.environ.get("YAX_ORACLE_COUNTS")
+        if path:
+            old = json.load(open(path)) if os.path.exists(path) else {}
+            for k, v in counts.items():
+                old[k] = old.get(k, 0) + v
+            json.dump(old, open(path, "w"), indent=1)
+
+    return _report
 
 ACTS: dict[str, Callable[..., Any]] = {
     "relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu, "tanh": jax.nn.tanh,
@@ -269,7 +293,9 @@ def _linen(spec: Spec, key: Any, x: Any) -> Built:
             return h
 
     net = Net()
-    params = _cast(net.init(key, x), spec.dtype)
+    # initialised at float32 or wider, as the parameters are: a bfloat16 input into float32
+    # parameters comes out float32, which a scan's carry refuses (the cast puts them at spec.dtype)
+    params = _cast(net.init(key, x.astype(jnp.promote_types(x.dtype, jnp.float32))), spec.dtype)
 
     def weights(p: Any) -> list[Any]:
         out = []

@@ -29,37 +29,37 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
-import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import yax
 
-from .gen import ACTS, DENSE_TYPE, EXAMPLES, Built, Spec, build, reference, site_values, sites, specs
+from .gen import (
+    ACTS,
+    DENSE_TYPE,
+    SETTINGS,
+    Built,
+    Spec,
+    build,
+    reference,
+    reporting,
+    site_values,
+    sites,
+    specs,
+)
 
 #: checks run per API in this process, written to $YAX_ORACLE_COUNTS (a JSON file) for the closing report
 COUNTS: collections.Counter[str] = collections.Counter()
 
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, print_blob=True, derandomize=False,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _report() -> Any:
-    yield
-    path = os.environ.get("YAX_ORACLE_COUNTS")
-    if path:
-        old = json.load(open(path)) if os.path.exists(path) else {}
-        for k, v in COUNTS.items():
-            old[k] = old.get(k, 0) + v
-        json.dump(old, open(path, "w"), indent=1)
+_report = reporting(COUNTS)
 
 
 def tol(spec: Spec, want: Any) -> dict[str, float]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import zlib
 from typing import Any
 
@@ -43,7 +42,7 @@ from hypothesis import strategies as st
 
 import yax
 
-EXAMPLES = int(os.environ.get("YAX_ORACLE_EXAMPLES", "25"))
+from .gen import EXAMPLES
 
 #: what the oracle builds: linen's two dense layers, nnx's, Equinox's called on a batch inside
 #: `jax.vmap` (a mapped call) and on one example

@@ -40,8 +40,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
-import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -50,31 +48,20 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import yax
 
-EXAMPLES = int(os.environ.get("YAX_ORACLE_EXAMPLES", "25"))
+from .gen import SETTINGS, reporting
+
 #: what the examples exercised (forward: none, argument, block; backward: none, masked, loss,
 #: block, and whether an earlier non-finite cotangent was masked first), for a look after a run
 COUNTS: collections.Counter[str] = collections.Counter()
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, print_blob=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 D, B = 4, 3
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _report() -> Any:
-    """Adds `COUNTS` to the JSON file ``$YAX_ORACLE_COUNTS`` names, as the other oracles do."""
-    yield
-    path = os.environ.get("YAX_ORACLE_COUNTS")
-    if path:
-        old = json.load(open(path)) if os.path.exists(path) else {}
-        for k, v in COUNTS.items():
-            old[k] = old.get(k, 0) + v
-        json.dump(old, open(path, "w"), indent=1)
+_report = reporting(COUNTS)
 
 
 def _id(x: Any) -> Any:

@@ -28,7 +28,6 @@ import contextlib
 import copy
 import functools
 import math
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,7 +52,8 @@ from yax_widget import Session, _payloads, _values
 from yax_widget import _session as session_module
 from yax_widget._protocol import answer
 
-EXAMPLES = int(os.environ.get("YAX_ORACLE_EXAMPLES", "25"))
+from .gen import EXAMPLES
+
 #: SiLU, not GELU: GELU's far negative tail is 0 op by op and a tiny negative number compiled, so its
 #: count of zeros depends on how it ran (the session's compiled measurement, the op-by-op reference)
 REPLACEMENTS = ("SiLU", "tanh", "LoRA r=4", "halve")

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import math
 import os
 import tempfile
@@ -51,7 +50,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -60,14 +59,7 @@ import yax
 from yax._compare import _pairs
 from yax.internal import ValueStats, reduced_stats
 
-
-def examples() -> int:
-    """Examples per property: ``YAX_ORACLE_EXAMPLES`` (``--oracle-examples N``), 25 by default."""
-    return int(os.environ.get("YAX_ORACLE_EXAMPLES", "25"))
-
-
-SETTINGS = settings(max_examples=examples(), deadline=None, print_blob=True, derandomize=False,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+from .gen import SETTINGS, reporting
 
 #: checks run in this process, added to $YAX_ORACLE_COUNTS (a JSON file) for the closing report
 COUNTS: collections.Counter[str] = collections.Counter()
@@ -75,15 +67,7 @@ COUNTS: collections.Counter[str] = collections.Counter()
 EIGHT = len(jax.devices()) >= 8
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _report() -> Any:
-    yield
-    path = os.environ.get("YAX_ORACLE_COUNTS")
-    if path:
-        old = json.load(open(path)) if os.path.exists(path) else {}
-        for k, v in COUNTS.items():
-            old[k] = old.get(k, 0) + v
-        json.dump(old, open(path, "w"), indent=1)
+_report = reporting(COUNTS)
 
 
 # -- (a) statistics --------------------------------------------------------------------------
