@@ -153,8 +153,14 @@ class _Converter:
             marked = True
             kind, cid = m
             info: CallInfo | None = self.rec.calls.get(cid)
-            if info is None:  # an earlier trace's, in a jaxpr JAX had cached (`_record._IDS`): no call of ours
-                emit(eqn)
+            if info is None:
+                if cid in self.rec.raised:
+                    # the entry of a call that ended by an exception the model caught: no call, and
+                    # the barrier is the identity, so its results are its operands
+                    for o, a in zip(eqn.outvars, eqn.invars):
+                        self.vars[o] = self.atom(a)  # type: ignore[assignment]
+                else:  # an earlier trace's, in a jaxpr JAX had cached (`_record._IDS`): no call of ours
+                    emit(eqn)
                 continue
             if kind == "in":
                 n = len(info.sig.ins.dyn)

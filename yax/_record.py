@@ -69,6 +69,9 @@ class Recorder:
 
     def __init__(self) -> None:
         self.calls: dict[int, CallInfo] = {}
+        #: calls that ended by an exception (caught by the model's code or Flax's: ``hasattr`` through
+        #: a module's ``__getattr__``): their entry markers are dropped and the call is in no tree
+        self.raised: set[int] = set()
         self._ids = _IDS  # one count for every trace: see `_IDS`
         self.stack: list[tuple[int, Any]] = []  # (call id, module or None)
         #: the name of the first outermost module called (a frontend's paths below that module's root
@@ -87,6 +90,14 @@ class Recorder:
 
 
 _local = threading.local()
+
+#: A value of this context in JAX's trace caches for each trace (`recording`), so that no trace
+#: shares what a cache holds with the user's code or another trace. Without it a function the user
+#: had jitted and run (``jax.jit(model.apply)``, ``nn.jit`` on ``__call__``, a jitted helper) was
+#: handed back from JAX's cache as traced before, with no markers: a MoX with no calls, silently;
+#: and the other way round, the user's next ``lower`` got the jaxpr yax had traced, barriers and all.
+_OWN_CACHE = jax.make_user_context(None)
+_TRACES = itertools.count(1)
 
 
 def recorder() -> Recorder | None:
@@ -154,6 +165,11 @@ def marked_call(call: CallInfo, fn: Callable[..., Any], args: tuple[Any, ...], k
     rec.stack.append((cid, call.module))
     try:
         out = fn(*args, **kwargs)
+    except BaseException:
+        # an exit marker never comes: the call is forgotten (what it bound stays in its caller)
+        del rec.calls[cid]
+        rec.raised.add(cid)
+        raise
     finally:
         rec.stack.pop()
     leaves, treedef = jax.tree_util.tree_flatten(out, is_leaf=is_leaf)
@@ -179,6 +195,7 @@ def recording(hooks: list[Callable[[Recorder], Any]]) -> Iterator[Recorder]:
     _local.recorder = rec
     try:
         with contextlib.ExitStack() as stack:
+            stack.enter_context(_OWN_CACHE(next(_TRACES)))
             for hook in hooks:
                 stack.enter_context(hook(rec))
             yield rec

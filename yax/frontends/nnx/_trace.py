@@ -140,10 +140,46 @@ def _path(module: Any, rec: Recorder, tr: _Trace) -> tuple[str, tuple[str, ...]]
                 if node is module and keys:
                     path, scope = "/".join([ppath, *map(key_name, keys)]), (*pscope, *map(key_name, keys))
                     break
-    elif rec.root_name is None:
-        rec.root_name = name
+    else:
+        owner = _owner(module)
+        if owner is not None:  # a module of a graph called from outside it: ``m.left(x) + m.right(x)``
+            root = owner[0]
+            stamp(root, type(root).__name__, tr)
+            st = _stamp_of(vars(module).get(_STAMP), tr.token)
+            if st is not None:
+                if rec.root_name is None:
+                    rec.root_name = type(root).__name__
+                return st[1], st[2]
+        if rec.root_name is None:
+            rec.root_name = name
     stamp(module, path, tr, scope)
     return path, scope
+
+
+def _owner(module: Any) -> tuple[Any, tuple[str, ...]] | None:
+    """The module whose graph holds ``module`` (called outside any call: functional code merging a
+    model and calling its parts, ``m.left(x) + m.right(x)``), and the keys down to it; ``None`` when
+    nothing holds it or more than one object does (then the module is named by its class).
+    nnx objects hold no parent: the holders are found among the objects referring to each
+    ancestor's instance dict (the garbage collector's referrers, once per such call)."""
+    import gc
+
+    keys: list[str] = []
+    node, seen = module, {id(module)}
+    while True:
+        refs = gc.get_referrers(node)
+        holders = [r for r in refs if type(r) is not dict]  # objects holding their attributes inline
+        dicts = {id(r): r for r in refs if type(r) is dict}  # instance dicts, or any dict: owners count
+        if dicts:  # one more scan for all of them
+            holders += [h for h in gc.get_referrers(*dicts.values()) if id(getattr(h, "__dict__", None)) in dicts]
+        parents = [(h, k) for h in {id(h): h for h in holders}.values() if is_graph_type(type(h))  # type: ignore[arg-type]
+                   for k, v in vars(h).items() if v is node]
+        if len(parents) != 1 or id(parents[0][0]) in seen:
+            break
+        node, key = parents[0]
+        seen.add(id(node))
+        keys.append(str(key))
+    return (node, tuple(reversed(keys))) if keys else None
 
 
 # -- what a call node records -----------------------------------------------------------
