@@ -87,6 +87,10 @@ class Spec:
     outer: str | None = None  # an activation in a plain function around the model
     dtype: str = "float32"
     scale: float = 1.0  # the input's magnitude
+    #: the model calls a method of its own that raises, in a ``try`` it catches (gemma's ``hasattr``)
+    caught: bool = False
+    #: what is traced is the forward already wrapped in ``jax.jit`` and run once (not nnx: the model is)
+    jitted: bool = False
 
     def widths(self) -> list[int]:
         """The feature size after each block."""
@@ -130,7 +134,18 @@ def specs(draw: Any, frontends: tuple[str, ...] = FRONTENDS, dtypes: tuple[str, 
     if frontend == "jax" and outer is None and not any(b.kind == "act" for b in blocks):
         outer = draw(st.sampled_from(sorted(ACTS)))  # plain JAX has call nodes only for activations
     scale = 10.0 ** draw(st.integers(-30, 30)) if scales else 1.0
-    return Spec(frontend, tuple(blocks), shape, outer, draw(st.sampled_from(dtypes)), scale)
+    dtype = draw(st.sampled_from(dtypes))
+    caught, jitted = draw(st.booleans()), frontend != "nnx" and draw(st.booleans())
+    return Spec(frontend, tuple(blocks), shape, outer, dtype, scale, caught, jitted)
+
+
+class Probed(ValueError):
+    """What a model's own probe raises and catches: no call node, no value changed."""
+
+
+def probe(h: Any) -> None:
+    jnp.sin(h)  # bound before raising: dead code in the caller
+    raise Probed("not this one")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -248,6 +263,11 @@ def build(spec: Spec, seed: int = 0) -> Built:
     B, S, d = spec.shape
     x = (jax.random.normal(jax.random.fold_in(key, 99), (B, S, d), "float32") * spec.scale).astype(spec.dtype)
     built = {"linen": _linen, "nnx": _nnx, "equinox": _equinox, "jax": _plain}[spec.frontend](spec, key, x)
+    if spec.jitted:  # the user's own jitted forward, run before yax traces it
+        jitted = jax.jit(built.fn)
+        jitted(*built.args())
+        built.fn = jitted
+    return built
     return built
 
 
@@ -270,8 +290,16 @@ def _linen(spec: Spec, key: Any, x: Any) -> Built:
             return nn.Dense(self.width, use_bias=self.bias)(h), None
 
     class Net(nn.Module):
+        def probe(self, h: Any) -> None:
+            probe(h)
+
         @nn.compact
         def __call__(self, h: Any) -> Any:
+            if spec.caught:
+                try:
+                    self.probe(h)
+                except Probed:
+                    pass
             for i, b in enumerate(spec.blocks):
                 name = f"b{i}"
                 if b.kind == "dense":
@@ -328,7 +356,15 @@ def _equinox(spec: Spec, key: Any, x: Any) -> Built:
     class Net(eqx.Module):
         layers: tuple[Any, ...]
 
+        def probe(self, h: Any) -> None:
+            probe(h)
+
         def __call__(self, h: Any) -> Any:
+            if spec.caught:
+                try:
+                    self.probe(h)
+                except Probed:
+                    pass
             for b, layer in zip(spec.blocks, self.layers):
                 if b.kind == "dense":
                     h = each(layer, h)
@@ -376,7 +412,15 @@ def _nnx(spec: Spec, key: Any, x: Any) -> Built:
                 if b.kind != "act":
                     setattr(self, f"b{i}", nnx.Linear(d, b.width, use_bias=b.bias, rngs=rngs))
 
+        def probe(self, h: Any) -> None:
+            probe(h)
+
         def __call__(self, h: Any) -> Any:
+            if spec.caught:
+                try:
+                    self.probe(h)
+                except Probed:
+                    pass
             for i, b in enumerate(spec.blocks):
                 layer = getattr(self, f"b{i}", None)
                 if b.kind == "dense":
