@@ -160,10 +160,15 @@ def _traced_root(target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
                 raise
             except Exception as e:
                 name = getattr(target, "__qualname__", type(target).__name__)
+                static = (
+                    "\nAn argument used as a Python value there (`int(...)`, a shape, an `if`) must be static: "
+                    "pass its position in `static_argnums=(i,)` or its name in `static_argnames=('name',)` "
+                    "to `make_mox` (or to `Explorer`/`%yax`), and give it as a NumPy array or Python value."
+                    if isinstance(e, jax.errors.ConcretizationTypeError) else "")
                 raise YaxTraceError(
                     f"JAX could not trace `{name}`: {type(e).__name__}: {e}\n"
                     "The function must be traceable by `jax.make_jaxpr` with these arguments; "
-                    "Python scalars are static (like `train=False`), arrays are traced."
+                    "Python scalars are static (like `train=False`), arrays are traced." + static
                 ) from e
         name = getattr(target, "__name__", None) or type(target).__name__
         mox = build(closed, rec, ins, outs[-1], name=name, frontend=frontend, origin=origin)
@@ -221,9 +226,10 @@ def _call(f: Callable[..., Any], *args: Any) -> Any:
 _roomy = types.FunctionType(_call.__code__.replace(co_stacksize=64_600), _call.__globals__, "_roomy")
 
 
-def trace_target(target: Any, *args: Any, **kwargs: Any) -> tuple[Any, tuple[Any, ...]]:
+def trace_target(target: Any, *args: Any, static_argnums: int | Sequence[int] | None = None,
+                 static_argnames: str | Sequence[str] | None = None, **kwargs: Any) -> tuple[Any, tuple[Any, ...]]:
     """The MoX of ``target`` (anything `make_mox` takes) on ``*args, **kwargs``,
     and the positional arguments it is evaluated with (for an nnx module,
     its state comes first: docs/nnx.md)."""
-    mox = make_mox(target)(*args, **kwargs)
+    mox = make_mox(target, static_argnums=static_argnums, static_argnames=static_argnames)(*args, **kwargs)
     return mox, frontends.get(mox.frontend).arguments(target, args)

@@ -59,6 +59,9 @@ class Explorer(anywidget.AnyWidget):
         as float32) so that each substitution compiles and runs only the
         modified model (default: when running in a Jupyter kernel, where
         the widget is shown; otherwise the first comparison does it).
+      static_argnums, static_argnames: the arguments that are Python values for the
+        trace, as for `yax.make_mox` (a grid size read with ``int(...)``); counted among
+        the arguments the model is called with. The other batches must hold the same.
 
     Example:
       >>> import jax, jax.numpy as jnp, flax.linen as nn
@@ -97,11 +100,13 @@ class Explorer(anywidget.AnyWidget):
     _scalars = traitlets.List().tag(sync=True)  #: the scalars of the output a gradient colouring may differentiate
 
     def __init__(self, target: Any, *args: Any, key: Any = None, warm: bool | None = None,
-                 batches: Any = None, grad_of: Any = None, **kwargs: Any):
+                 batches: Any = None, grad_of: Any = None, static_argnums: Any = None,
+                 static_argnames: Any = None, **kwargs: Any):
         super().__init__()
         #: Everything the explorer does, without the widget (`yax_widget.Session`).
         self.session = Session(target, *args, key=key, warm=in_kernel() if warm is None else warm,
-                               batches=batches, grad_of=grad_of, on_change=self._mirror, **kwargs)
+                               batches=batches, grad_of=grad_of, on_change=self._mirror,
+                               static_argnums=static_argnums, static_argnames=static_argnames, **kwargs)
         self._mirror(self.session.state)
         self.on_msg(self._on_msg)
 

@@ -190,7 +190,8 @@ class Session:
     """
 
     def __init__(self, target: Any, *args: Any, key: Any = None, warm: bool = False, batches: Any = None,
-                 grad_of: Any = None, on_change: Callable[[dict[str, Any]], None] | None = None, **kwargs: Any):
+                 grad_of: Any = None, on_change: Callable[[dict[str, Any]], None] | None = None,
+                 static_argnums: Any = None, static_argnames: Any = None, **kwargs: Any):
         if grad_of is not None and not callable(grad_of):
             raise yax.YaxInputError(
                 f"`grad_of` must be a function of what the model returns giving a scalar (a loss), but got a "
@@ -204,10 +205,18 @@ class Session:
                 raise yax.YaxInputError(
                     f"`Explorer` expected a root MoX from `yax.make_mox`, but got a `{target.kind}` node. "
                     "Try `Explorer(model, variables, batch)`.")
+            if static_argnums is not None or static_argnames is not None:
+                raise yax.YaxInputError(
+                    "`static_argnums`/`static_argnames` say how to trace a model, but `Explorer` was given a "
+                    "MoX, traced already. Pass them to `yax.make_mox`, or give `Explorer` the model.")
             mox = target
         else:  # an nnx module's MoX runs (state, *args) -> (out, new_state): docs/nnx.md
             target, args = hf_call(target, args)  # a Hugging Face wrapper: its `params` become an argument
-            mox, args = trace_target(target, *args, **kwargs)
+            mox, args = trace_target(target, *args, static_argnums=static_argnums,
+                                     static_argnames=static_argnames, **kwargs)
+        #: the static options as `make_mox` takes them, for "copy as code" (``", static_argnums=(1,)"``)
+        self._static = "".join(f", {k}={v!r}" for k, v in (("static_argnums", static_argnums),
+                                                             ("static_argnames", static_argnames)) if v is not None)
         self._in_use = NamedBatch(EXAMPLE, args, kwargs)  # the batch the values and the comparison use
         # opened with `jax.ShapeDtypeStruct` leaves (a 70B model planned before any weight exists):
         # the structure works (tree, queries, rewrites, history, code); values need arrays
@@ -657,7 +666,8 @@ class Session:
         if not lines:
             return "# no changes: the model is the original"
         head = ["import jax", "import yax", "",
-                *opening_lines(self.target_kind, self.names, len(self.args), self.kwargs, self.has_params), ""]
+                *opening_lines(self.target_kind, self.names, len(self.args), self.kwargs, self.has_params,
+                               self._static), ""]
         if any("KEY" in line for line in lines):
             head.insert(2, f"KEY = {_key_code(self._key)}")
         return "\n".join(head + lines)

@@ -97,11 +97,13 @@ def _guessed_keywords(kwargs: dict, taken: set[str]) -> tuple[str, list[str]]:
     return text, named
 
 
-def opening_lines(kind: str, names: list[str] | None, n_args: int, kwargs: dict, has_params: bool) -> list[str]:
+def opening_lines(kind: str, names: list[str] | None, n_args: int, kwargs: dict, has_params: bool,
+                  static: str = "") -> list[str]:
     """The lines of "copy as code" that make ``mox`` and ``params`` as the explorer
     was opened, so the script runs as pasted. ``names``: the arguments as typed
     in ``%yax`` (the model, then the inputs' expressions, ``key=expr`` for a
-    keyword); a comment lists the notebook names they read. Without them the
+    keyword); a comment lists the notebook names they read. ``static``: the
+    ``", static_argnums=(1,)"`` text `make_mox` is given. Without them the
     frontend's usual names are written (one per keyword input that is no plain
     Python value, named by its keyword), with a comment listing them to rename.
 
@@ -136,7 +138,8 @@ def opening_lines(kind: str, names: list[str] | None, n_args: int, kwargs: dict,
     if fe is None:
         lines = [f"mox = {model}"] + ([f"params = {inputs[0]}"] if has_params and inputs else [])
     else:
-        lines = fe.script(model, inputs, kw, has_params)
+        lines = [line.replace(f"yax.make_mox({model})", f"yax.make_mox({model}{static})")
+                 for line in fe.script(model, inputs, kw, has_params)]
     return ([comment] if comment else []) + lines
 
 
