@@ -26,6 +26,12 @@ $PY -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[dev,widget]"
 
+# DeepMind's `gemma` library for the zoo (tests/test_gemma.py), as a user on a slim machine installs
+# it: its model modules need kauldron, whose typing module imports tensorflow (the CPU build, about
+# 20 s from PyPI) and clu; gemma's own dependency list (grain, orbax, the data pipeline) is skipped.
+.venv/bin/python -m pip install -q "tensorflow-cpu==2.21.0" "clu==0.0.12" typeguard immutabledict chex
+.venv/bin/python -m pip install -q --no-deps "gemma==3.3.0" "kauldron==1.4.2" einops sentencepiece
+
 # Oldest supported JAX (keep in step with pyproject's lower bounds).
 $PY -m venv .venv-oldest
 .venv-oldest/bin/python -m pip install -q --upgrade pip

@@ -149,18 +149,12 @@ def test_resubstituting_the_same_modules_changes_nothing(name):
 
 @by_case
 def test_lora_on_the_attention_projections_trains_and_merges(name):
-    """Only the adapters train and the merge computes the trained model; a layer
-    whose math LoRA does not know (GPT-2's FlaxConv1D) is refused instead."""
+    """Only the adapters train and the merge computes the trained model, on every
+    family's attention projections: GPT-2's ``FlaxConv1D`` (a kernel stored
+    (out, in) and transposed in the layer) included, since LoRA reads which axes
+    meet the input from the layer's own jaxpr."""
     c, mox = traced(name)
     params, *inputs = c.args
-    if c.row.refuses:
-        before = _snapshot(mox, params)
-        with pytest.raises(yax.YaxRewriteError, match=f"`{c.row.refuses}`") as e:
-            yax.sub(c.row.qv, yax.LoRA(rank=2), mox, params=params, key=jax.random.key(1))
-        assert str(e.value).endswith("Nothing was changed.")
-        assert_unchanged(before, mox, params)
-        assert_close(yax.eval_mox(mox, *c.args, **c.kwargs), c.fn(*c.args, **c.kwargs))
-        return
     target = c.row.lora or c.row.qv
     n = len(yax.query(target, mox))
     assert n >= 1

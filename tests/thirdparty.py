@@ -58,7 +58,6 @@ class Row:
     act: str = "gelu"  # the activation's node name, its key in the model's `ACT2FN` table
     swap: str = "relu"  # the activation the swap test puts in its place (a `jax.nn` name)
     lora: str | None = None  # LoRA's targets where they are not `qv`
-    refuses: str | None = None  # the layer type `yax.LoRA` must refuse on `qv` (then there is no LoRA training)
     init: dict = dataclasses.field(default_factory=dict)  # more arguments of the model class
 
 
@@ -67,8 +66,7 @@ ZOO: dict[str, Row] = {
     "bert_remat": Row("FlaxBertForMaskedLM", TEXT, (IDS, ONES, 0 * IDS, POS, None),  # each layer under nn.remat
                       init={"gradient_checkpointing": True}),
     "gpt2": Row("FlaxGPT2LMHeadModel", dict(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=16),
-                (IDS, ONES, POS), qv='//module_call[@type="FlaxConv1D"][@name="c_attn"]', act="gelu_new",
-                refuses="FlaxConv1D"),  # tied embeddings; q, k and v in one FlaxConv1D
+                (IDS, ONES, POS), qv='//module_call[@type="FlaxConv1D"][@name="c_attn"]', act="gelu_new"),  # tied embeddings; q, k and v in one FlaxConv1D (a transposed kernel)
     "bart": Row("FlaxBartForConditionalGeneration",
                 dict(vocab_size=100, d_model=32, max_position_embeddings=16, encoder_layers=2, decoder_layers=2,
                      encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64),

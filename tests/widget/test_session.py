@@ -167,11 +167,11 @@ def test_a_drop_on_a_query_box_showing_another_query_is_refused():
 
 
 def test_a_drop_on_the_query_box_fitting_some_matches_offers_to_replace_just_those():
-    from models import case_cnn_eval  # a Conv, which linen LoRA refuses, and a Dense, which it adapts
+    from models import case_cnn_eval  # a BatchNorm, which linen LoRA refuses, and a Dense, which it adapts
 
     f, args, kw = case_cnn_eval()
     s = Session(f, *args, **kw)
-    q = '//module_call[@type="Dense" or @type="Conv"]'
+    q = '//module_call[@type="Dense" or @type="BatchNorm"]'
     s.query(q)
     conv, dense = yax.query(q, s.mox)
     ids = node_ids(s.mox)
@@ -179,9 +179,9 @@ def test_a_drop_on_the_query_box_fitting_some_matches_offers_to_replace_just_tho
     reply = ask(s, type="substitute", target="query", name="LoRA r=4", xpath=q)
     assert reply["type"] == "error" and (reply["fits"], reply["matches"]) == ([ids[id(dense)]], 2)
     assert reply["message"].startswith(
-        f"LoRA r=4 fits 1 of the 2 matches of `{q}`. The `Conv` at `CNN/Conv_0` is refused: `yax.LoRA` adapts "
-        "linen's `Dense`, `DenseGeneral`, `Einsum` layers, whose math it knows, but the module_call `Conv_0` at "
-        "`CNN/Conv_0` is a `Conv`."), reply["message"]
+        f"LoRA r=4 fits 1 of the 2 matches of `{q}`. The `BatchNorm` at `CNN/BatchNorm_0` is refused: `yax.LoRA` "
+        "adapts a layer linear in one weight, but the module_call `BatchNorm_0` at `CNN/BatchNorm_0` has no weight "
+        "of two or more axes (only `bias`, `scale`)."), reply["message"]
     assert reply["message"].endswith("Replace just the 1 that fits (the explorer offers it with a button; in Python, "
                                      "`explorer.substitute(error.fitting, 'LoRA r=4')`), or narrow the query. "
                                      "Nothing was changed.")

@@ -268,7 +268,11 @@ def _sub(pattern: Any, repl: Any, mox: Mox, params: Any, key: Any, cast: bool, m
     if layout is None:
         raise YaxRewriteError(
             f"`params` is a `{type(params).__name__}`, which no module system of this MoX holds its variables "
-            "in. Pass the variables the MoX was traced with (the first argument of `model.apply`, or an nnx state)."
+            "in. Pass the variables the MoX was traced with (the first argument of `model.apply`, or an nnx state). "
+            "A MoX of a function that takes the model as an argument (a jitted `forward(model, cache, tokens)`) "
+            "holds no variables of its own to rewrite: trace the model itself (`yax.make_mox(model)(tokens, cache)`) "
+            "for rewrites that add or change variables; rewrites without new variables (an activation swap) work on "
+            "either."
         )
     cache = {} if cache is None else cache
     held = _held(layout)

@@ -724,7 +724,7 @@ class LinenFrontend(Frontend):
         if inspect.ismethod(target) and isinstance(target.__self__, nn.Module) and target.__name__ == "apply":
             return target.__self__.__call__, 0  # `model.apply(variables, *inputs)`: the inputs of `__call__`
         return (target.__call__, 0) if isinstance(target, nn.Module) else None
-    lora_kinds = ("Dense", "DenseGeneral", "Einsum")
+    lora_kinds = ("Dense", "DenseGeneral", "Einsum", "Conv")  # and any other layer linear in one weight
 
     def lora(self, node: Mox, spec: Any) -> Any:
         return _lora.adapter(node, spec.rank, spec.alpha)

@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from ..._ir import Mox
-from ..._lora import delta, first_a
+from ..._lora import abstract_inputs, contraction, delta, first_a, no_weight, weight_name
 from ...errors import YaxRewriteError, where
 from ._base import flax_nnx
 from ._rebuild import builder
@@ -104,15 +104,16 @@ def lora_type() -> type:
         of each ``LinearGeneral``, ``Einsum`` and ``Conv`` it adapts."""
 
         def __init__(self, base: Callable[..., Any], in_axes: tuple[int, ...], rank: int, alpha: float, *,
-                     rngs: Any):
+                     rngs: Any, weight: str = "kernel"):
             self.base = base          # builds the adapted layer (``base(rngs=…)``), for `merge`
-            self._in_axes = in_axes   # the kernel axes that meet the input (private: rows show what a user set)
+            self.in_axes = in_axes    # the weight's axes that meet the input
+            self.adapts = weight      # the adapted variable: ``kernel``, or a custom layer's one weight
             self.rank, self.alpha = rank, alpha
             self._layer, own = nnx.split(base(rngs=nnx.Rngs(0)))
             self._own = tuple(own)    # the layer's variables, held here under their own names
             for name, v in own.items():
-                setattr(self, name, type(v)(v.get_value()))
-            kernel = self.kernel.get_value()
+                setattr(self, name, type(v)(v.get_value(), **v.get_metadata()))  # its sharding kept
+            kernel = getattr(self, weight).get_value()
             n_in = math.prod(kernel.shape[i] for i in in_axes)
             init = nnx.initializers.normal(1.0 / rank)
             self.lora_a = nnx.LoRAParam(init(rngs.params(), (n_in, rank), kernel.dtype))
@@ -120,9 +121,9 @@ def lora_type() -> type:
 
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             own = {name: getattr(self, name) for name in self._own}
-            kernel = own["kernel"][...]
-            kernel = kernel + delta(kernel, self.lora_a[...], self.lora_b[...], self._in_axes, self.alpha / self.rank)
-            state = {name: type(v)(kernel if name == "kernel" else v[...]) for name, v in own.items()}
+            kernel = own[self.adapts][...]
+            kernel = kernel + delta(kernel, self.lora_a[...], self.lora_b[...], self.in_axes, self.alpha / self.rank)
+            state = {name: type(v)(kernel if name == self.adapts else v[...]) for name, v in own.items()}
             layer = nnx.merge(self._layer, nnx.State(state))
             return _unwrapped(type(layer).__call__)(layer, *args, **kwargs)
 
@@ -152,6 +153,39 @@ def _generic(node: Mox, rank: int, alpha: float) -> Any:
             "Write an adapter for that layer (a module computing the layer plus a low-rank update) and pass it "
             "to `yax.sub`.")
     return lora_type()(built[0], axes, rank, alpha, rngs=flax_nnx().Rngs(0))
+
+
+def _any(node: Mox, rank: int, alpha: float) -> Any:
+    """The `LoRA` for a layer of a kind `KERNEL_AXES` does not list (a custom ``ShardedLinear``,
+    an ``Einsum`` of one's own): any layer linear in one weight, the axes that meet the input
+    read from its jaxpr (`yax._lora.contraction`); ``None`` for a module without a weight of its
+    own; raises, saying why, for one LoRA cannot adapt."""
+    nnx = flax_nnx()
+    held = {k: v for k, v in (node.var_tree or {}).items() if len(getattr(v, "shape", ())) >= 2}
+    if not held:
+        return None
+    built = _base(node)
+    why = built if isinstance(built, str) else None
+    if not isinstance(built, str):
+        graph, state = nnx.split(built[1])
+        own = {k: v for k, v in state.items() if hasattr(v, "get_value")}
+        values = {k: v.get_value() for k, v in own.items()}
+        name = weight_name(values)
+        why = no_weight(values) if name is None else None
+    if why is None:
+        def apply(w: Any, inputs: list[Any]) -> Any:
+            args, kwargs = node.sig.args(inputs)
+            layer = nnx.merge(graph, nnx.State({k: type(v)(w if k == name else v.get_value()) for k, v in own.items()}))
+            return _unwrapped(type(layer).__call__)(layer, *args, **kwargs)
+
+        w = own[name].get_value()
+        axes = contraction(apply, jax.ShapeDtypeStruct(w.shape, w.dtype), abstract_inputs(node))
+        why = axes if isinstance(axes, str) else None
+    if why is not None:
+        raise YaxRewriteError(
+            f"`yax.LoRA` adapts an nnx layer linear in one weight, but {where(node)} has {why}. Write an adapter "
+            "for that layer (a module computing the layer plus a low-rank update) and pass it to `yax.sub`.")
+    return lora_type()(built[0], axes, rank, alpha, rngs=nnx.Rngs(0), weight=name)
 
 
 def _linear_kwargs(a: dict[str, Any]) -> dict[str, Any]:
@@ -219,7 +253,7 @@ def adapter(node: Mox, rank: int, alpha: float) -> Any:
         KERNEL_AXES.update(_kernel_axes())
     if node.module_type is flax_nnx().Linear:
         return _lora_linear(node, rank, alpha)
-    return _generic(node, rank, alpha) if node.module_type in KERNEL_AXES else None
+    return _generic(node, rank, alpha) if node.module_type in KERNEL_AXES else _any(node, rank, alpha)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,15 +274,8 @@ def _linear(node: Mox) -> Any:
 
 def _fold_generic(node: Mox) -> Callable[[jax.Array, jax.Array, jax.Array], jax.Array]:
     a = node.attrs
-    base = a["base"]  # `type(**fields)` of the adapted layer: its kernel's input axes, as `adapter` found them
-
-    if not KERNEL_AXES:
-        KERNEL_AXES.update(_kernel_axes())
-
     def fold(k: jax.Array, la: jax.Array, lb: jax.Array) -> jax.Array:
-        axes = KERNEL_AXES[base.func](dict(base.keywords), k.ndim)
-        assert not isinstance(axes, str)  # `adapter` made this LoRA only for a layout it knows
-        return k + delta(k, la, lb, axes, a["alpha"] / a["rank"])
+        return k + delta(k, la, lb, tuple(a["in_axes"]), a["alpha"] / a["rank"])
 
     return fold
 
@@ -283,12 +310,13 @@ def merge(mox: Mox, state: Any) -> tuple[Mox, Any] | None:
     merged = dict(at)
     for n in {n.scope: n for n in nodes}.values():
         f = by_type[n.module_type]
-        kernel = at[(*n.scope, "kernel")]
+        w = n.attrs.get("adapts", "kernel")  # yax's `LoRA` says which; the `LoRALinear`s adapt `kernel`
+        kernel = at[(*n.scope, w)]
         a, b = (at[(*n.scope, *f.lora, name)] for name in ("lora_a", "lora_b"))
         fold = f.fold(n)
         for _ in range(a.ndim - 2):  # layers stacked by `nnx.scan`/`nnx.vmap` lead each leaf
             fold = jax.vmap(fold)
-        merged[(*n.scope, "kernel")] = fold(kernel, a, b).astype(kernel.dtype)
+        merged[(*n.scope, w)] = fold(kernel, a, b).astype(kernel.dtype)
     new_state = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(state), [merged[p] for p, _, _ in flat])
 
     def layer_of(path: str, node: Mox) -> Any:
