@@ -679,3 +679,54 @@ def test_lora_on_a_layer_held_narrower_than_its_class_makes_it_is_exact_and_merg
     with pytest.raises(yax.YaxRewriteError, match=r"holds its parameters as bfloat16 and its class has no field for "
                        r"their dtype"):
         yax.merge_lora(new, lp)
+
+
+class ShardedLinear(nnx.Module):
+    """A linear layer as reference implementations write it for tensor parallelism: its kernel
+    an `nnx.Param` annotated with a `PartitionSpec`, sharded when made under a mesh."""
+
+    def __init__(self, in_features, out_features, *, kernel_sharding, rngs):
+        self.in_features, self.out_features, self.kernel_sharding = in_features, out_features, kernel_sharding
+        self.weight = nnx.Param(nnx.initializers.lecun_normal()(rngs.params(), (in_features, out_features)),
+                                out_sharding=kernel_sharding)
+
+    def __call__(self, x):
+        return jnp.einsum("...d,df->...f", x, self.weight[...])
+
+
+class TensorParallelMLP(nnx.Module):
+    def __init__(self, rngs):
+        from jax.sharding import PartitionSpec as P
+
+        self.up = ShardedLinear(8, 16, kernel_sharding=P(None, "model"), rngs=rngs)
+        self.down = ShardedLinear(16, 8, kernel_sharding=P("model", None), rngs=rngs)
+
+    def __call__(self, x):
+        return self.down(jax.nn.gelu(self.up(x)))
+
+
+def test_lora_on_a_custom_sharded_nnx_linear_keeps_its_sharding_trains_and_merges():
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((4,), ("model",), axis_types=(jax.sharding.AxisType.Auto,))
+    with jax.set_mesh(mesh):
+        model, x = TensorParallelMLP(nnx.Rngs(0)), jax.random.normal(KEY, (2, 3, 8))
+        state = nnx.state(model)
+        assert state["up"]["weight"][...].sharding == NamedSharding(mesh, P(None, "model"))
+        mox = yax.make_mox(model)(x)
+        new, ns = yax.sub('//module_call[@type="ShardedLinear"]', yax.LoRA(rank=2), mox, params=state)
+        assert yax.query('//module_call[@type="LoRA"]/@path', new) == ["TensorParallelMLP/up", "TensorParallelMLP/down"]
+        assert ns["down"]["weight"][...].sharding == NamedSharding(mesh, P("model", None))  # the kernel as it was
+        merged_layer = nnx.merge(new.graphdef, ns)
+        assert nnx.state(merged_layer)["up"]["weight"].get_metadata()["out_sharding"] == P(None, "model")
+        np.testing.assert_array_equal(yax.eval_mox(new, ns, x)[0], model(x))
+        trained = _random_lora_b(ns, jax.random.key(6))
+        out = yax.eval_mox(new, trained, x)[0]
+        ref = nnx.clone(model)  # by hand: each weight plus its low-rank update, inputs on axis 0
+        for name in ("up", "down"):
+            t = trained[name]
+            getattr(ref, name).weight[...] = state[name]["weight"][...] + t["lora_a"][...] @ t["lora_b"][...] * 2.0
+        np.testing.assert_allclose(out, ref(x), rtol=1e-5, atol=1e-5)
+        merged, ms = yax.merge_lora(new, trained)
+        np.testing.assert_allclose(yax.eval_mox(merged, ms, x)[0], out, rtol=1e-5, atol=1e-5)

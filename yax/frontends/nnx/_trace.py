@@ -184,7 +184,7 @@ def _owner(module: Any) -> tuple[Any, tuple[str, ...]] | None:
 
 # -- what a call node records -----------------------------------------------------------
 
-_PRINTABLE = (bool, int, float, str, type(None), np.dtype, type)
+_PRINTABLE = (bool, int, float, str, type(None), np.dtype, type, jax.sharding.PartitionSpec)  # a layer's sharding spec
 
 
 def _printable(v: Any) -> bool:
