@@ -610,6 +610,8 @@ def test_flax_bridge_models_trace_evaluate_query_and_rewrite():
     lmox = yax.make_mox(m.apply)(v, x)
     np.testing.assert_allclose(yax.eval_mox(lmox, v, x), m.apply(v, x), rtol=1e-6)
     assert [n.type for n in yax.query('//module_call[@type="Linear"]', lmox)] == ["Linear"]
+    # Flax's own helper inside the bridge's call is part of that call, not a row of its own (issue 41)
+    assert yax.query("count(//method_call)", lmox) == 0.0 and "_update_variables" not in yax.summary(lmox)
 
 
 def test_flax_bridge_models_open_in_the_explorer_and_bridge_modules_are_replacements():
@@ -691,7 +693,7 @@ def test_a_bridge_inside_a_bridge_has_true_paths_and_counts_and_says_what_it_can
     np.testing.assert_allclose(yax.eval_mox(mox, state, x)[0], m(x), rtol=1e-6)
     assert [n.path for n in yax.query("//module_call", mox)] == [
         "Outer", "Outer/inner", "Outer/inner/LinenWithNnx", "Outer/inner/LinenWithNnx/ToLinen_0",
-        "Outer/inner/LinenWithNnx/ToLinen_0/Linear", "Outer/head"]  # and a helper method_call of ToLinen
+        "Outer/inner/LinenWithNnx/ToLinen_0/Linear", "Outer/head"]
     inner = yax.query('//module_call[@type="ToNNX"]', mox)[0]
     assert (inner.num_params, mox.calls[0].num_params) == (16, 26)  # 3*4+4 inside the bridge, +4*2+2
     gelu, gs = yax.sub("//activation", jax.nn.gelu, mox, params=state)
@@ -707,4 +709,37 @@ def test_a_bridge_inside_a_bridge_has_true_paths_and_counts_and_says_what_it_can
     assert yax.query('//module_call[@name="head"]/@compute', half) == ["bfloat16"]
     ex = Explorer(m, x)
     assert [r[3] for r in ex._tree["rows"]] == ["Outer", "inner", "LinenWithNnx", "ToLinen_0", "Linear",
-                                                "ToLinen_0._update_variables", "relu", "head"]
+                                                "relu", "head"]  # no row for Flax's own `_update_variables`
+
+
+# -- issue 41 point 7: rewrites of a model that is one layer (`nnx.Linear` traced as the model) ---
+
+def test_a_root_nnx_layer_takes_lora_mixed_precision_and_replace_modules_as_a_root_linen_dense_does():
+    import flax.linen as nn
+
+    x = jax.random.normal(jax.random.key(1), (2, 4))
+    layer = nnx.Linear(4, 3, rngs=nnx.Rngs(0))
+    state = nnx.state(layer)
+    mox = yax.make_mox(layer)(x)
+    dense = nn.Dense(3)  # the same layer in linen, the same weights: the reference
+    v = {"params": {"kernel": state["kernel"][...], "bias": state["bias"][...]}}
+    lmox = yax.make_mox(dense.apply)(v, x)
+
+    new, ns = yax.sub("//module_call", yax.LoRA(rank=2), mox, params=state)
+    assert type(nnx.merge(new.graphdef, ns)).__name__ == "LoRALinear"  # the adapter is the model now
+    np.testing.assert_array_equal(yax.eval_mox(new, ns, x)[0], layer(x))
+    b = 0.3 * jax.random.normal(jax.random.key(2), ns["lora"]["lora_b"][...].shape)
+    ns["lora"]["lora_b"][...] = b
+    want = layer(x) + x @ ns["lora"]["lora_a"][...] @ b * (4.0 / 2)  # by hand: alpha / rank
+    np.testing.assert_allclose(yax.eval_mox(new, ns, x)[0], want, rtol=1e-5, atol=1e-6)
+    merged, ms = yax.merge_lora(new, ns)
+    assert type(nnx.merge(merged.graphdef, ms)) is nnx.Linear
+    np.testing.assert_allclose(yax.eval_mox(merged, ms, x)[0], want, rtol=1e-5, atol=1e-6)
+
+    half, hs = yax.mixed_precision(mox, params=state)
+    lhalf = yax.mixed_precision(lmox)
+    assert yax.query("//module_call/@compute", half) == yax.query("//module_call/@compute", lhalf) == ["bfloat16"]
+    np.testing.assert_array_equal(yax.eval_mox(half, hs, x)[0], yax.eval_mox(lhalf, v, x))
+
+    general = yax.replace_modules(layer, "//module_call", lambda path, m: nnx.LinearGeneral(4, 3, rngs=nnx.Rngs(5)), x)
+    assert type(general) is nnx.LinearGeneral and type(layer) is nnx.Linear  # the original is untouched

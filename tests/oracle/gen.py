@@ -91,6 +91,9 @@ class Spec:
     caught: bool = False
     #: what is traced is the forward already wrapped in ``jax.jit`` and run once (not nnx: the model is)
     jitted: bool = False
+    #: nnx only: what is traced is functional code, ``f(state, x)`` merging the model and calling it
+    #: (its layers are siblings of one class, each to be named by its attribute path)
+    functional: bool = False
 
     def widths(self) -> list[int]:
         """The feature size after each block."""
@@ -136,7 +139,8 @@ def specs(draw: Any, frontends: tuple[str, ...] = FRONTENDS, dtypes: tuple[str, 
     scale = 10.0 ** draw(st.integers(-30, 30)) if scales else 1.0
     dtype = draw(st.sampled_from(dtypes))
     caught, jitted = draw(st.booleans()), frontend != "nnx" and draw(st.booleans())
-    return Spec(frontend, tuple(blocks), shape, outer, dtype, scale, caught, jitted)
+    functional = frontend == "nnx" and draw(st.booleans())
+    return Spec(frontend, tuple(blocks), shape, outer, dtype, scale, caught, jitted, functional)
 
 
 class Probed(ValueError):
@@ -251,7 +255,11 @@ class Built:
 
     def out(self, result: Any) -> Any:
         """The model's output from what eval_mox returns (nnx: ``(out, new_state)``)."""
-        return result[0] if self.spec.frontend == "nnx" else result
+        return result[0] if self.spec.frontend == "nnx" and not self.spec.functional else result
+
+    def own(self) -> Any:
+        """What the model itself gives."""
+        return self.fn(self.x) if self.spec.frontend == "nnx" and not self.spec.functional else self.fn(*self.args())
 
 
 def _cast(tree: Any, dtype: str) -> Any:
@@ -439,12 +447,17 @@ def _nnx(spec: Spec, key: Any, x: Any) -> Built:
     if spec.dtype != "float32":
         graphdef, state = nnx.split(net)
         net = nnx.merge(graphdef, _cast(state, spec.dtype))
-    state = nnx.state(net)
+    graphdef, state = nnx.split(net)
 
     def weights(s: Any) -> list[Any]:
         pure = nnx.to_pure_dict(s)
         return [dict(pure.get(f"b{i}", {})) for i in range(len(spec.blocks))]
 
+    if spec.functional:
+        def forward(s: Any, h: Any) -> Any:
+            return nnx.merge(graphdef, s)(h)
+
+        return Built(spec, forward, state, weights, x)
     return Built(spec, net, state, weights, x)
 
 

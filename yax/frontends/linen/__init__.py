@@ -127,6 +127,8 @@ def _interceptor(next_fun: Callable[..., Any], args: tuple[Any, ...], kwargs: di
     same = bool(rec.stack) and rec.stack[-1][1] is module
     if same and rec.calls[rec.stack[-1][0]].info.method == method:
         return next_fun(*args, **kwargs)  # `super().__call__(x)`: part of the same call
+    if same and method.startswith("_") and type(module).__module__.startswith("flax."):
+        return next_fun(*args, **kwargs)  # Flax's own helper inside its module's call (`ToLinen._update_variables`)
     path = _path(module, rec)
     call = CallInfo(kind=Kind.METHOD_CALL if same else Kind.MODULE_CALL, path=path,
                     name=module.path[-1] if module.path else path.rsplit("/", 1)[-1], module=module,
@@ -712,6 +714,9 @@ class LinenFrontend(Frontend):
     def variables(self, mox: Mox, params: Any) -> Variables | None:
         if params is not None and not isinstance(params, Mapping):
             return None
+        if params is not None and mox.frontend != self.name and not any(
+                n.info.frontend == self.name for n in mox.modules()):
+            return None  # a mapping of some other system's variables (an nnx state handed to a function)
         return DictVariables(mox, params)
 
     def variables_argument(self, mox: Mox, args: tuple[Any, ...]) -> Any:

@@ -69,11 +69,14 @@ def _references(root: Any) -> dict[int, list[tuple[Any, str]]]:
     return refs
 
 
-def _swap_in(root: Any, old: Any, new: Any, refs: dict[int, list[tuple[Any, str]]]) -> None:
+def _swap_in(root: Any, old: Any, new: Any, refs: dict[int, list[tuple[Any, str]]]) -> Any:
+    """``new`` in place of ``old`` at every attribute holding it; the model after (``new``
+    itself where ``old`` is the model: `nnx.Linear` traced as the model, say)."""
     if old is root:
-        raise YaxRewriteError("The pattern matched the model itself; replace the model instead.")
+        return new
     for holder, k in refs.get(id(old), []):
         setattr(holder, k, new)
+    return root
 
 
 def _what(x: Any) -> str:
@@ -198,7 +201,7 @@ def replace_modules(model: Any, pattern: Any, repl: Any, *args: Any, **kwargs: A
     plan = _surgery_plan(mox, calls, copy, repl)
     refs = _references(copy)
     for old, new in plan:
-        _swap_in(copy, old, new, refs)
+        copy = _swap_in(copy, old, new, refs)
     return copy
 
 
@@ -379,7 +382,7 @@ class StateVariables(Variables):
         model = nnx.merge(self.root.graphdef, self.params)
         refs = _references(model)
         for scope, r in self.modules.items():
-            _swap_in(model, _get(model, scope), nnx.clone(r), refs)
+            model = _swap_in(model, _get(model, scope), nnx.clone(r), refs)
         graphdef, shape = nnx.split(model)
         (state_vars, *rest), kwargs = self.root.sig.args(self.root.invars)
         out, state_out = self.root.sig.results(self.root.outvars)
