@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import flax.core
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -714,7 +715,7 @@ class LinenFrontend(Frontend):
     def variables(self, mox: Mox, params: Any) -> Variables | None:
         if params is not None and not isinstance(params, Mapping):
             return None
-        if params is not None and mox.frontend != self.name and not any(
+        if not isinstance(params, (dict, flax.core.FrozenDict, type(None))) and mox.frontend != self.name and not any(
                 n.info.frontend == self.name for n in mox.modules()):
             return None  # a mapping of some other system's variables (an nnx state handed to a function)
         return DictVariables(mox, params)
