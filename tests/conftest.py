@@ -47,8 +47,3 @@ def pytest_configure(config):
     if n is not None:
         os.environ["YAX_ORACLE_EXAMPLES"] = str(n)
 
-
-def pytest_ignore_collect(collection_path, config):
-    """The core suite (``-m core``, also run on the oldest supported JAX, whose environment has no
-    `gemma` library) holds no test of tests/test_gemma.py: it is not even imported there."""
-    return True if collection_path.name == "test_gemma.py" and config.getoption("-m") == "core" else None

@@ -62,13 +62,20 @@ def shown_params(eqn: Equation) -> list[tuple[str, Any]]:
     return out
 
 
+def shown_attrs(node: Mox) -> dict[str, Any]:
+    """The module's fields but those its class lists in ``__yax_internal__``: bookkeeping of
+    yax's own modules (which weight `LoRA` adapts, and along which axes), not the layer's."""
+    hidden = getattr(node.module_type, "__yax_internal__", ())
+    return {k: v for k, v in node.attrs.items() if k not in hidden}
+
+
 def key_attrs(node: Mox) -> dict[str, Any]:
     """The module fields that differ from their defaults: the ones worth showing."""
     if node.module_type is None:
         return dict(node.attrs)
     defaults = node.info.defaults
     out = {}
-    for k, v in node.attrs.items():
+    for k, v in shown_attrs(node).items():
         if k in defaults:
             d = defaults[k]
             try:

@@ -38,8 +38,9 @@ import types
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-#: Packages whose frames are never the user's: the libraries a model is built with and yax itself.
-LIBRARIES = ("jax", "jaxlib", "flax", "equinox", "yax", "yax_widget")
+#: Packages whose frames are never the user's: the libraries a model is built with and yax itself,
+#: and kauldron, which wraps Flax's ``Module.apply``/``init`` process-wide once imported (gemma does).
+LIBRARIES = ("jax", "jaxlib", "flax", "equinox", "kauldron", "yax", "yax_widget")
 
 
 class Location(NamedTuple):

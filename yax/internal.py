@@ -7,7 +7,7 @@ Contents:
   node lookup      `view` (the XML view: ``.nodes``, ``.ids``; cached), `build_view`, `node_ids`,
                    `to_xml_text`/`from_xml_text` (how the view escapes text XML cannot hold)
   node kinds       `Kind`, `CALL_KINDS`, `FN_KINDS`, `param_copies` (sets of a scanned call's parameters)
-  formatting       `type_str`, `value_str`, `shown_params`, `key_attrs`,
+  formatting       `type_str`, `value_str`, `shown_params`, `key_attrs`, `shown_attrs`,
                    `precisions` (the dtypes each call computes with, `yax.Policy` by ``id(node)``),
                    `is_mixed` (whether a MoX's calls use more than one floating dtype)
   fit checks       `misfit`, `is_decider`, `is_module`
@@ -61,6 +61,7 @@ from ._jit import model_jit as model_jit
 from ._precision import is_mixed as is_mixed
 from ._precision import precisions as precisions
 from ._print import key_attrs as key_attrs
+from ._print import shown_attrs as shown_attrs
 from ._print import shown_params as shown_params
 from ._record import CallInfo as CallInfo
 from ._record import marked_call as marked_call

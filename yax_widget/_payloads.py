@@ -29,6 +29,7 @@ from yax.internal import (
     node_ids,
     param_copies,
     precisions,
+    shown_attrs,
     shown_params,
     structure_keys,
     type_str,
@@ -87,7 +88,7 @@ def call_row(node: yax.Mox, ids: Mapping[int, int], parent: int, copies: int = 1
         _types(node.outputs),                 # 7 out: the output types
         0 if helper else node.num_params,     # 8 params: the parameter count (a helper's are its module's)
         sum(isinstance(e, yax.Equation) for e in node.children),  # 9 neq: equations run directly in it
-        _fields(node.attrs, 400),             # 10 fields: every field (the row's tooltip)
+        _fields(shown_attrs(node), 400),      # 10 fields: every field (the row's tooltip)
         1 if helper else copies,              # 11 copies: sets of those parameters (a scanned stack's layers)
         policy,                               # 12 policy: params/compute/output dtypes, "" where all calls agree
         fold,                                 # 13 fold: structure key, equal for calls of the same structure

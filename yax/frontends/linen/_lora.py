@@ -45,6 +45,8 @@ class LoRA(nn.Module):
 
     #: the adapted layer runs as part of this call: one node, as the layer was
     __yax_inline__ = True
+    #: what yax worked out about the layer, not shown on its row (`yax._print.shown_attrs`)
+    __yax_internal__ = ("weight", "in_axes", "held_dtype")
 
     @nn.compact
     def __call__(self, x: Any, *args: Any, **kwargs: Any) -> Any:
@@ -82,8 +84,10 @@ def adapter(node: Mox, rank: int, alpha: float) -> LoRA | None:
     held = {np.dtype(x.dtype) for x in jax.tree_util.tree_leaves(params)}
     held_dtype = held.pop().type if len(held) == 1 else None
     if "param_dtype" in fields and held_dtype is not None:
-        fields["param_dtype"], held_dtype = held_dtype, None
-        base = type(base)(**fields)
+        if np.dtype(held_dtype) != np.dtype(fields["param_dtype"]):
+            fields["param_dtype"] = held_dtype
+            base = type(base)(**fields)
+        held_dtype = None
     own = _own(node, base)
     if not isinstance(own, str):
         own = {k: v for k, v in own.items() if not isinstance(v, dict)}

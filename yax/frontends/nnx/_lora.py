@@ -103,6 +103,9 @@ def lora_type() -> type:
         ``yax.sub(pattern, yax.LoRA(rank=4), mox, params=state)`` puts in place
         of each ``LinearGeneral``, ``Einsum`` and ``Conv`` it adapts."""
 
+        #: what yax worked out about the layer, not shown on its row (`yax._print.shown_attrs`)
+        __yax_internal__ = ("adapts", "in_axes")
+
         def __init__(self, base: Callable[..., Any], in_axes: tuple[int, ...], rank: int, alpha: float, *,
                      rngs: Any, weight: str = "kernel"):
             self.base = base          # builds the adapted layer (``base(rngs=…)``), for `merge`
