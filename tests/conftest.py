@@ -47,3 +47,12 @@ def pytest_configure(config):
     if n is not None:
         os.environ["YAX_ORACLE_EXAMPLES"] = str(n)
 
+
+
+def pytest_ignore_collect(collection_path, config):
+    """tests/gemma_checks.py imports gemma, which patches Flax for the whole process: only the
+    interpreter tests/test_gemma.py starts for it (``YAX_GEMMA_CHECKS=1``) collects it, doctests
+    included."""
+    if collection_path.name == "gemma_checks.py" and os.environ.get("YAX_GEMMA_CHECKS") != "1":
+        return True
+    return None

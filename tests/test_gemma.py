@@ -11,6 +11,7 @@ and each is reported here by name, with its own failure."""
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
 import subprocess
 import sys
@@ -28,7 +29,8 @@ NAMES = [f.name for f in ast.parse(CHECKS.read_text()).body
 def outcomes(tmp_path_factory):
     report = tmp_path_factory.mktemp("gemma") / "report.xml"
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(CHECKS),
-                          f"--junitxml={report}"], capture_output=True, text=True, timeout=1200, cwd=HERE.parent)
+                          f"--junitxml={report}"], capture_output=True, text=True, timeout=1200, cwd=HERE.parent,
+                         env={**os.environ, "YAX_GEMMA_CHECKS": "1"})
     if not report.exists():
         pytest.fail(f"the gemma checks did not run (exit {run.returncode}):\n{run.stdout[-4000:]}{run.stderr[-4000:]}")
     found = {}
