@@ -24,6 +24,9 @@ npm --prefix js run build
 
 $PY -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
+# PyTorch (dev extras, pinned: tests/test_reference.py records Hugging Face's PyTorch models) from
+# PyTorch's CPU wheel index: PyPI's Linux wheel of the same version pulls several GB of CUDA.
+.venv/bin/python -m pip install -q "torch==2.13.0" --extra-index-url https://download.pytorch.org/whl/cpu
 .venv/bin/python -m pip install -q -e ".[dev,widget]"
 
 # DeepMind's `gemma` library for the zoo (tests/test_gemma.py), as a user on a slim machine installs

@@ -10,8 +10,12 @@ from ._capture import first_nonfinite as first_nonfinite
 from ._capture import patch as patch
 from ._check import check_mox as check_mox
 from ._compare import Comparison as Comparison
+from ._compare import Comparisons as Comparisons
+from ._compare import Matching as Matching
 from ._compare import Stats as Stats
 from ._compare import compare as compare
+from ._compare import compare_all as compare_all
+from ._compare import port_tolerances as port_tolerances
 from ._diff import Diff as Diff
 from ._diff import diff as diff
 from ._dot import to_dot as to_dot
@@ -31,6 +35,7 @@ from ._precision import Policy as Policy
 from ._precision import default_policy as default_policy
 from ._precision import mixed_precision as mixed_precision
 from ._print import pprint as pprint
+from ._reference import Reference as Reference
 from ._serial import dump_yson as dump_yson
 from ._summary import summary as summary
 from ._trace import make_mox as make_mox

@@ -3,6 +3,7 @@ at the outputs and at every module boundary the two share."""
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -10,16 +11,19 @@ import math
 import os
 import threading
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
-from . import _calls, _capture, frontends
+from . import _calls, _capture, _reference, frontends
 from ._eval import eval_mox, flatten_inputs, run
 from ._ir import FN_KINDS, Equation, Kind, Mox
 from ._jit import model_jit
+from ._reference import Reference
 from ._sharding import any_spread, subnormal
 from ._vocab import type_str
 from .errors import YaxInputError
@@ -66,6 +70,37 @@ class Stats:
 
 
 @dataclasses.dataclass(frozen=True)
+class Matching:
+    """How a model's calls were matched with the modules of a `Reference` (`Comparison.matching`).
+
+    Attributes:
+      source: what the reference recorded (``torch GPT2LMHeadModel``).
+      calls: model call key -> reference module name, for every pair compared (a call inside
+        a scan: the names of its steps' modules, in step order).
+      only_model: the model's numeric calls with no module of the reference.
+      only_reference: the reference's modules with no call of the model.
+      layouts: call key or parameter path -> how the reference's values are laid out
+        against the model's, where they differ by a known permutation (``NCHW ↔ NHWC``):
+        they were compared transposed, and this says so.
+      weights: model parameter path -> reference weight name, for every pair compared.
+      only_model_weights / only_reference_weights: the parameters either side has alone.
+    """
+
+    source: str
+    calls: dict[str, str | tuple[str, ...]]
+    only_model: tuple[str, ...]
+    only_reference: tuple[str, ...]
+    layouts: dict[str, str] = dataclasses.field(default_factory=dict)
+    weights: dict[str, str] = dataclasses.field(default_factory=dict)
+    only_model_weights: tuple[str, ...] = ()
+    only_reference_weights: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return (f"Matching({self.source}: {len(self.calls)} calls matched, {len(self.only_model)} only in the "
+                f"model, {len(self.only_reference)} only in the reference; {len(self.weights)} weights matched)")
+
+
+@dataclasses.dataclass(frozen=True)
 class Comparison:
     """The result of `compare`: per output, and per call boundary (in the
     order the original evaluates them) of the calls both models share,
@@ -83,6 +118,10 @@ class Comparison:
       unavailable: key -> why a call of the original was not compared (inside a ``while``
         loop, a ``cond`` branch or a custom derivative rule; output types changed).
       gradients: with ``grad_of``: parameter path -> `Stats` of the gradients.
+      matching: against a `Reference`: which of the model's calls and parameters were
+        matched with which of the reference's modules and weights (`Matching`).
+      weights: against a `Reference` that holds weights: parameter path -> `Stats` of the
+        model's parameter against the reference's weight.
     """
 
     outputs: dict[str, Stats]
@@ -100,11 +139,14 @@ class Comparison:
     labels: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
     unavailable: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
     gradients: dict[str, Stats] | None = dataclasses.field(default=None, repr=False)
+    matching: Matching | None = dataclasses.field(default=None, repr=False)
+    weights: dict[str, Stats] | None = dataclasses.field(default=None, repr=False)
 
     @property
     def allclose(self) -> bool:
         return all(s.allclose for s in self.outputs.values()) and all(
-            s.allclose for s in (self.gradients or {}).values())
+            s.allclose for s in (self.gradients or {}).values()) and all(
+            s.allclose for s in (self.weights or {}).values())
 
     def label(self, key: str) -> str:
         """``key`` named as the modified model names it, with the step when it is the first divergence."""
@@ -133,11 +175,14 @@ class Comparison:
             "labels": dict(self.labels),
             "unavailable": dict(self.unavailable),
             "gradients": None if self.gradients is None else {k: s.to_dict() for k, s in self.gradients.items()},
+            "weights": None if self.weights is None else {k: s.to_dict() for k, s in self.weights.items()},
+            "matching": None if self.matching is None else dataclasses.asdict(self.matching),
         }
 
     def __repr__(self) -> str:
         rows = {"outputs": self.outputs, "boundaries": self.boundaries, **(
-            {"gradients": self.gradients} if self.gradients is not None else {})}
+            {"gradients": self.gradients} if self.gradients is not None else {}), **(
+            {"weights": self.weights} if self.weights is not None else {})}
         names = {k: self.label(k) + (f" ×{_times(self.stacks[k])}" if k in self.stacks else "")
                  for part in rows.values() for k in part}
         width = max([len(v) for v in names.values()] + [8])
@@ -156,6 +201,12 @@ class Comparison:
                 notes += [f"{names[k]}: {stat} undefined: {why}" for stat, why in s.undefined]
         if self.unavailable:
             notes += [f"{self.label(k)}: not compared: {why}" for k, why in self.unavailable.items()]
+        if self.matching is not None:
+            m = self.matching
+            notes += [f"{k}: {why}" for k, why in m.layouts.items()]
+            notes.append(f"matched with {m.source}: {len(m.calls)} calls ({len(m.only_model)} only in the model, "
+                         f"{len(m.only_reference)} only in the reference), {len(m.weights)} weights")
+            notes += [f"only in the reference: {', '.join(m.only_reference)}"] if m.only_reference else []
         return "\n".join(lines + (["-- notes", *notes] if notes else []))
 
 
@@ -793,8 +844,9 @@ def _shaped(x: Any, shape: tuple[int, ...]) -> Any:
     return x if isinstance(x, jax.Array) and tuple(x.shape) == tuple(shape) else np.asarray(x).reshape(shape)
 
 
-def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rtol: float = 1e-5,
-            atol: float = 1e-6, boundaries: bool = True, grad_of: Any = None, **kwargs: Any) -> Comparison:
+def compare(original: Mox | Reference, modified: Mox | Reference, *args: Any, new_params: Any = None,
+            rtol: float | None = None, atol: float | None = None, boundaries: bool = True, grad_of: Any = None,
+            names: _reference.Names = None, **kwargs: Any) -> Comparison:
     """Run ``original`` and ``modified`` on the same inputs (each compiled
     once, with ``jax.jit``) and measure the differences: per output, and at every call
     boundary both share (matched by key: path, method and call order, with equal
@@ -811,11 +863,16 @@ def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rt
       *args, **kwargs: the inputs, as for `eval_mox(original, ...)`.
       new_params: the modified model's parameters, if a rewrite changed
         them: they replace the first positional argument for ``modified``.
-      rtol, atol: the tolerances of the ``allclose`` verdicts.
+      rtol, atol: the tolerances of the ``allclose`` verdicts (default 1e-5 and 1e-6;
+        against a `Reference`, `port_tolerances` of the values' dtypes).
       boundaries: also compare call boundaries (default True).
       grad_of: a function of what the model returns giving a scalar (a loss): the
         gradients of ``grad_of(model(*args))`` with respect to the first argument (the
         parameters) are compared too, per parameter both models have (``gradients``).
+      names: with a `Reference` in place of one model: how its module names map to the
+        model's call keys where automatic matching does not find them (a dict, a list of
+        ``(pattern, replacement)`` regular expressions, or a function of a reference name
+        giving a key or ``None``); see `yax.Reference`.
 
     Returns:
       A `Comparison`; its ``repr`` is a table, ``to_dict()`` plain data.
@@ -829,6 +886,14 @@ def compare(original: Mox, modified: Mox, *args: Any, new_params: Any = None, rt
       >>> c.first_divergence, c.label(c.first_divergence)
       ('Sequential/relu', 'Sequential/relu (now gelu)')
     """
+    if isinstance(original, Reference) or isinstance(modified, Reference):
+        ref, mox = (original, modified) if isinstance(original, Reference) else (modified, original)
+        assert isinstance(ref, Reference) and not isinstance(mox, Reference), "compare two MoXes or one and a Reference"
+        if new_params is not None or grad_of is not None or not boundaries:
+            raise YaxInputError("`compare` with a `Reference` takes the model's inputs, `names`, `rtol` and `atol`; "
+                                "`new_params`, `grad_of` and `boundaries` are for two MoXes.")
+        return compare_reference(ref, mox, *args, names=names, rtol=rtol, atol=atol, **kwargs)
+    rtol, atol = 1e-5 if rtol is None else rtol, 1e-6 if atol is None else atol
     idx_a, idx_b = paired_outputs(original, modified)
     if new_params is not None and not args:
         raise YaxInputError("`new_params` replaces the first positional argument, but no arguments were given.")
@@ -916,3 +981,349 @@ def _output_names(mox: Mox) -> dict[int, str]:
 def compiled_programs(mox: Mox) -> dict[Any, Any]:
     """The jitted programs `compare` keeps for ``mox`` (empty until it ran)."""
     return _programs.get(mox, {})
+
+
+# -- against a recorded run of another implementation ------------------------------------------------
+
+#: Tolerances against a `Reference`, in epsilons of the coarsest dtype of the values compared:
+#: ``rtol = n * eps`` and ``atol = n * eps * max|reference|`` (the boundary's own scale). Two
+#: implementations of the same function sum in other orders: in float32 (and float64), measured on
+#: Hugging Face's PyTorch GPT-2, BERT and Llama against their Flax classes (tests/test_reference.py),
+#: the largest faithful difference is under 18 eps of the boundary's norm, and the smallest planted
+#: port bug (GELU's tanh form for its erf form) over 800, so n = 64. In 16-bit types one rounding is
+#: already a large part of a value: n = 2, PyTorch's own ``assert_close`` default for bfloat16
+#: (``rtol`` 1.6e-2) and float16 (1e-3, one epsilon).
+EPS_UNITS = {2: 2, 4: 64, 8: 64}
+
+
+def port_tolerances(*dtypes: Any) -> tuple[float, float]:
+    """``(rtol, atol / max|reference|)`` for comparing values of these dtypes with a `Reference`:
+    `EPS_UNITS` epsilons of the coarsest (float32's for integers).
+
+    Example:
+      >>> import jax.numpy as jnp, yax
+      >>> yax.port_tolerances(jnp.float32)          # 64 eps of float32
+      (7.62939453125e-06, 7.62939453125e-06)
+      >>> yax.port_tolerances(jnp.float32, jnp.bfloat16)   # 2 eps of bfloat16
+      (0.015625, 0.015625)
+    """
+    floats = [np.dtype(d) for d in dtypes if jnp.issubdtype(d, jnp.inexact)]
+    coarse = max(floats, key=lambda d: float(ml_dtypes.finfo(d).eps),  # type: ignore[no-untyped-call]
+                 default=np.dtype(np.float32))
+    eps = float(ml_dtypes.finfo(coarse).eps)  # type: ignore[no-untyped-call]  # knows bfloat16; untyped
+    n = EPS_UNITS.get(coarse.itemsize if coarse.kind != "c" else coarse.itemsize // 2, 64)
+    return n * eps, n * eps
+
+
+def _flat_pairs(model: list[Any], ref: tuple[np.ndarray, ...], pairs: list[tuple[int, int, _reference.Layout | None]],
+                rtol: float | None, atol: float | None) -> Stats:
+    """The `Stats` of a model's arrays against a reference's, paired as ``pairs`` say (the
+    reference's read in the layout paired with it), the reference as the original."""
+    ys = [np.asarray(model[i]) for i, _, _ in pairs]
+    xs = [lay.read(ref[j], y.shape) if lay else ref[j] for (_, j, lay), y in zip(pairs, ys)]
+    r, a = port_tolerances(*(x.dtype for x in xs), *(y.dtype for y in ys))
+    wide = [np.asarray(x, np.float64) for x in xs]
+    scale = max((float(np.max(np.abs(w), initial=0.0, where=np.isfinite(w))) for w in wide), default=0.0)
+    x = np.concatenate([np.ravel(_measured(v)) for v in xs])
+    y = np.concatenate([np.ravel(_measured(v)) for v in ys])
+    return _stats(x, y, r if rtol is None else rtol, a * scale if atol is None else atol)
+
+
+def _first_ways(pairs: list[tuple[int, int, list[_reference.Layout | None]]]
+                ) -> list[tuple[int, int, _reference.Layout | None]]:
+    return [(i, j, ways[0]) for i, j, ways in pairs]
+
+
+def _describe(arrays: Any) -> str:
+    return " ".join(f"{np.dtype(a.dtype).name}{list(a.shape)}" for a in arrays) or "nothing"
+
+
+def _layout_note(what: str, pairs: list[tuple[int, int, _reference.Layout | None]]) -> str | None:
+    laid = [(j, lay) for _, j, lay in pairs if lay is not None]
+    if not laid:
+        return None
+    return "; ".join(f"the reference's {what} {j} is compared {lay.name}" if lay.broadcast else
+                     f"the reference's {what} {j} is laid out {lay.name}: compared as its transpose {lay.axes}"
+                     for j, lay in laid)
+
+
+def compare_reference(reference: Reference, mox: Mox, *args: Any, names: _reference.Names = None,
+                      rtol: float | None = None, atol: float | None = None, **kwargs: Any) -> Comparison:
+    """`compare` of a MoX with a `Reference`: the model runs once (`yax.capture` of its calls
+    matched with the reference's modules) and each matched call's outputs are measured
+    against the reference's, the reference as the original. The first argument's leaves (the
+    parameters) are measured against the reference's weights where it holds some."""
+    if not isinstance(mox, Mox) or mox.kind != Kind.ROOT:
+        raise YaxInputError(f"`compare` with a `Reference` expected a root MoX beside it, but got "
+                            f"{type(mox).__name__}.")
+    idx = _calls.index(mox)
+    numeric = [k for k, c in idx.calls.items() if _numeric(c.outputs)]
+    stacks = {k: idx.positions[id(idx.calls[k])].stack for k in numeric}
+    modules = [n for n in reference.outputs if n != ""]
+    pairs = _reference.match(numeric, modules, names, {k: st[0] for k, st in stacks.items() if len(st) == 1})
+    blocked = _unavailable(mox)
+    unavailable = {k: why for k, why in blocked.items() if k in pairs}
+    for k in numeric:
+        if len(stacks[k]) > 1 and k not in pairs:
+            unavailable[k] = (f"it runs inside nested scans ({_times(stacks[k])} steps): "
+                              "the reference's modules are matched with one scan's steps only")
+    todo = {k: r for k, r in pairs.items() if k not in blocked}
+    from ._capture import capture  # noqa: PLC0415 - capture's programs import this module's measures
+
+    out, values = capture([idx.calls[k] for k in todo], mox, *args, **kwargs) if todo else (
+        eval_mox(mox, *args, **kwargs), {})
+    # Each call's arrays, per step inside a scan, paired with its reference module's (step's) arrays.
+    found: dict[str, list[tuple[list[np.ndarray], tuple[np.ndarray, ...], list[Any]]]] = {}
+    for k, refs in todo.items():
+        mine = [np.asarray(v) for v in jax.tree_util.tree_leaves(values[k]) if _numeric([v])]
+        per_step = [mine] if not stacks[k] else [[a[s] for a in mine] for s in range(stacks[k][0])]
+        found[k] = [(m, reference.outputs[r], _reference.pair(m, reference.outputs[r]))
+                    for m, r in zip(per_step, refs)]
+    # A shape that fits as it is and in a known layout (8 channels of 8×8) is read as the outputs
+    # of its rank that fit one way only are, so a model laid out channels last is read so throughout.
+    votes: dict[int, collections.Counter[Any]] = {}
+    for got in found.values():
+        for m, _, ps in got:
+            for i, _, ways in ps:
+                if len(ways) == 1:
+                    votes.setdefault(m[i].ndim, collections.Counter())[ways[0]] += 1
+
+    def chosen(m: list[np.ndarray], ps: list[Any]) -> list[tuple[int, int, Any]]:
+        return [(i, j, ways[0] if len(ways) == 1 or not votes.get(m[i].ndim) else
+                 votes[m[i].ndim].most_common(1)[0][0]) for i, j, ways in ps]
+
+    bounds: dict[str, Stats] = {}
+    steps: dict[str, list[Stats]] = {}
+    stacked: dict[str, tuple[int, ...]] = {}
+    layouts: dict[str, str] = {}
+    labels: dict[str, str] = {}
+    first: tuple[Any, ...] | None = None
+    for k, got in found.items():
+        refs = todo[k]
+        labels[k] = f"{k} ↔ {refs[0]}" + (f" … {refs[-1]}" if len(refs) > 1 else "")
+        bad = [s for s, (_, _, ps) in enumerate(got) if not ps]
+        if bad:
+            m, ref, _ = got[bad[0]]
+            unavailable[k] = (f"its outputs are {_describe(m)} in the model but {_describe(ref)} in the "
+                              f"reference's `{refs[bad[0]]}`: no pair of equal shapes, nor of a known layout")
+            continue
+        picked = [chosen(m, ps) for m, _, ps in got]
+        whole = [a for m, _, _ in got for a in m]
+        whole_ref = tuple(a for _, ref, _ in got for a in ref)
+        offsets = np.cumsum([0] + [len(m) for m, _, _ in got]), np.cumsum([0] + [len(r) for _, r, _ in got])
+        flat = [(i + offsets[0][s], j + offsets[1][s], lay) for s, ps in enumerate(picked) for i, j, lay in ps]
+        bounds[k] = _flat_pairs(whole, whole_ref, flat, rtol, atol)
+        note = _layout_note("output", picked[0])
+        if note:
+            layouts[k] = note
+        pos = idx.positions[id(idx.calls[k])]
+        if stacks[k]:
+            stacked[k] = stacks[k]
+            steps[k] = [_flat_pairs(m, ref, ps, rtol, atol) for (m, ref, _), ps in zip(got, picked)]
+            at = [(s,) for s, t in enumerate(steps[k]) if not t.allclose]
+            if at:
+                first = min(first or (pos.sort_key(at[0]), k, at[0]), (pos.sort_key(at[0]), k, at[0]))
+        elif not bounds[k].allclose:
+            first = min(first or (pos.sort_key(), k, ()), (pos.sort_key(), k, ()))
+    leaves, names_out = _compared_outputs(mox, out)
+    outputs: dict[str, Stats] = {}
+    arrays: dict[str, tuple[Any, Any]] = {}
+    root = reference.outputs.get("")
+    if root is not None:
+        for i, j, lay in _first_ways(_reference.pair(leaves, root)):
+            outputs[names_out[i]] = _flat_pairs(leaves, root, [(i, j, lay)], rtol, atol)
+            x = lay.read(root[j], leaves[i].shape) if lay else root[j]
+            arrays[names_out[i]] = (np.asarray(_measured(x)), np.asarray(_measured(leaves[i])))
+            if lay:
+                layouts[names_out[i]] = f"the reference's output {j} is laid out {lay.name}: compared as its " \
+                                        f"transpose {lay.axes}"
+    weights, wnames, only_w, only_rw = _weights(reference, args, rtol, atol, layouts, names)
+    used = {r for refs in pairs.values() for r in refs}
+    matching = Matching(
+        source=reference.source or "the reference", calls={k: refs[0] if len(refs) == 1 else refs
+                                                           for k, refs in pairs.items()},
+        only_model=tuple(k for k in numeric if k not in pairs),
+        only_reference=tuple(n for n in modules if n not in used),
+        layouts=layouts, weights=wnames, only_model_weights=only_w, only_reference_weights=only_rw)
+    r0, a0 = port_tolerances(*(v.dtype for v in leaves))
+    return Comparison(outputs=outputs, boundaries=bounds, rtol=r0 if rtol is None else rtol,
+                      atol=a0 if atol is None else atol, arrays=arrays, steps=steps, stacks=stacked,
+                      first_divergence=None if first is None else first[1],
+                      first_divergence_step=() if first is None else first[2], labels=labels,
+                      unavailable=unavailable, matching=matching, weights=weights if reference.weights else None)
+
+
+def _compared_outputs(mox: Mox, out: Any) -> tuple[list[np.ndarray], list[str]]:
+    """The outputs `compare` pairs up (the frontend's `compared`: an nnx model's own output and
+    the state it updates, not the parameters it hands back) as host arrays, and their names."""
+    leaves = jax.tree_util.tree_leaves(out)
+    names = _output_names(mox)
+    picked = [j for j in frontends.of_root(mox).compared(mox) if _numeric([mox.outvars[j]])]
+    if len(leaves) != mox.sig.outs.size:  # pragma: no cover - eval_mox returns the signature's leaves
+        raise AssertionError("the model's outputs do not follow its signature")
+    return [np.asarray(leaves[mox.dyn_out[j]]) for j in picked], [names[j] for j in picked]
+
+
+def _path(p: Any) -> str:
+    return "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in p)
+
+
+def _weights(reference: Reference, args: tuple[Any, ...], rtol: float | None, atol: float | None,
+             layouts: dict[str, str], names: _reference.Names = None
+             ) -> tuple[dict[str, Stats], dict[str, str], tuple[str, ...], tuple[str, ...]]:
+    """The model's parameters (the first argument's floating leaves) against the reference's weights."""
+    if not reference.weights or not args:
+        return {}, {}, (), tuple(reference.weights)
+    flat = [(_path(p), v) for p, v in jax.tree_util.tree_flatten_with_path(args[0])[0]
+            if hasattr(v, "dtype") and jnp.issubdtype(v.dtype, jnp.inexact)]
+    leaves = dict(flat)
+    names = _reference.weight_names(list(leaves), list(reference.weights), names)
+    ways = {p: _reference.fits(tuple(np.shape(leaves[p])), reference.weights[r], True) for p, r in names.items()}
+    # A square weight fits as stored and transposed: it is read as the unambiguous weights of its
+    # kind (leaf name and rank) are, so a square kernel a port forgot to transpose still shows.
+    votes: dict[tuple[str, int], collections.Counter[Any]] = {}
+    for p, w in ways.items():
+        if len(w) == 1:
+            votes.setdefault((p.rsplit("/", 1)[-1], np.ndim(leaves[p])), collections.Counter())[w[0]] += 1
+    stats: dict[str, Stats] = {}
+    kept: dict[str, str] = {}
+    for p, r in names.items():
+        if not ways[p]:
+            continue
+        lay = ways[p][0]
+        vote = votes.get((p.rsplit("/", 1)[-1], np.ndim(leaves[p])))
+        if len(ways[p]) > 1 and vote:
+            lay = vote.most_common(1)[0][0]
+        stats[p] = _flat_pairs([np.asarray(leaves[p])], (reference.weights[r],), [(0, 0, lay)], rtol, atol)
+        kept[p] = r
+        if lay is not None:
+            layouts[p] = (f"the reference's `{r}` is laid out {lay.name}: compared as its transpose {lay.axes}"
+                          + (" (square: read as the other weights of its kind are)" if len(ways[p]) > 1 else ""))
+        elif len(ways[p]) > 1:
+            layouts[p] = (f"the reference's `{r}` is square: compared as stored"
+                          + (", as the other weights of its kind are" if vote else
+                             "; no other weight of its kind tells whether it is stored transposed"))
+    return (stats, kept, tuple(p for p in leaves if p not in kept),
+            tuple(r for r in reference.weights if r not in set(kept.values())))
+
+
+# -- N ways ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparisons:
+    """The result of `compare_all`: each model after the first compared with the first,
+    aligned by call (the model's call keys).
+
+    Attributes:
+      names: the models' names, the first the one the others are compared with.
+      against_first: name -> the `Comparison` of that model with the first (a `Reference`
+        is the original in its statistics, wherever it stands).
+    """
+
+    names: tuple[str, ...]
+    against_first: dict[str, Comparison]
+
+    @property
+    def first_divergence(self) -> dict[str, str | None]:
+        """name -> where that model starts to differ from the first (``None``: nowhere)."""
+        return {n: c.first_divergence for n, c in self.against_first.items()}
+
+    @property
+    def allclose(self) -> bool:
+        return all(c.allclose for c in self.against_first.values())
+
+    def table(self, stat: str = "rel") -> dict[str, dict[str, float | None]]:
+        """call key -> name -> the statistic ``stat`` of that call in that model against the first
+        (``None`` where the two do not both have it), the calls in the order they first appear."""
+        keys = list(dict.fromkeys(k for c in self.against_first.values() for k in c.boundaries))
+        return {k: {n: (getattr(c.boundaries[k], stat) if k in c.boundaries else None)
+                    for n, c in self.against_first.items()} for k in keys}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"names": list(self.names), "first_divergence": self.first_divergence,
+                "against_first": {n: c.to_dict() for n, c in self.against_first.items()}}
+
+    def __repr__(self) -> str:
+        others = list(self.against_first)
+        rows = self.table()
+        width = max([len(k) for k in rows] + [8])
+        cols = [max(len(n), 11) for n in others]
+        lines = [f"Comparisons(against {self.names[0]!r}: " + ", ".join(
+            f"{n}: {'allclose' if c.allclose else 'differs'}" for n, c in self.against_first.items()) + ")",
+            f"{'rel':{width}}  " + "  ".join(f"{n:>{w}}" for n, w in zip(others, cols))]
+        for k in rows:
+            cells = []
+            for n, w in zip(others, cols):
+                c = self.against_first[n]
+                s = c.boundaries.get(k)
+                cell = "—" if s is None else s.cell("rel", ".3g") + ("*" if c.first_divergence == k else
+                                                                     "" if s.allclose else "!")
+                cells.append(f"{cell:>{w}}")
+            lines.append(f"{k:{width}}  " + "  ".join(cells))
+        lines.append("(* the first divergence from the first model; ! not allclose; — not compared)")
+        return "\n".join(lines)
+
+
+def compare_all(models: Any, *args: Any, names: _reference.Names = None, rtol: float | None = None,
+                atol: float | None = None, **kwargs: Any) -> Comparisons:
+    """Compare several models at once: each after the first with the first, on the same
+    inputs, aligned by call, each with `compare`.
+
+    Args:
+      models: a dict of name -> model, or a list (named ``0``, ``1``, …; a `Reference` by its
+        source). A model is a root MoX, ``(mox, params)`` when its parameters differ from
+        ``args[0]`` (a rewrite that changed them: LoRA, mixed precision), or a `Reference`.
+      *args, **kwargs: the inputs, as for `eval_mox`; the parameters first.
+      names, rtol, atol: as for `compare`.
+
+    Returns:
+      `Comparisons`: ``against_first[name]`` is each model's `Comparison` with the first,
+      ``table()`` one column per model, ``first_divergence`` where each starts to differ.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, flax.linen as nn, yax
+      >>> m = nn.Sequential([nn.Dense(4), nn.relu, nn.Dense(2)]); x = jnp.ones((1, 3))
+      >>> p = m.init(jax.random.key(0), x)
+      >>> mox = yax.make_mox(m.apply)(p, x)
+      >>> gelu = yax.sub('//*[@name="relu"]', jax.nn.gelu, mox)
+      >>> same = yax.sub('//*[@name="relu"]', lambda h: jnp.maximum(h, 0), mox)
+      >>> cs = yax.compare_all({"original": mox, "gelu": gelu, "same": same}, p, x)
+      >>> cs.first_divergence
+      {'gelu': 'Sequential/relu', 'same': None}
+    """
+    if isinstance(models, Mapping):
+        named = [(str(k), v) for k, v in models.items()]
+    elif isinstance(models, (list, tuple)):
+        named = [(v.source if isinstance(v, Reference) and v.source else str(i), v) for i, v in enumerate(models)]
+    else:
+        raise YaxInputError(f"`compare_all` expected a dict or a list of models, but got a `{type(models).__name__}`.")
+    if len(named) < 2 or len({n for n, _ in named}) != len(named):
+        raise YaxInputError(f"`compare_all` compares two or more models with distinct names; got "
+                            f"{[n for n, _ in named]}.")
+
+    def split(v: Any, what: str) -> tuple[Any, tuple[Any, ...]]:
+        if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], Mox):
+            if not args:
+                raise YaxInputError(f"`{what}` comes with its parameters, which replace the first argument, but "
+                                    f"no arguments were given.")
+            return v[0], (v[1], *args[1:])
+        if isinstance(v, (Mox, Reference)):
+            return v, args
+        raise YaxInputError(f"`compare_all` takes root MoXes, `(mox, params)` pairs and `Reference`s, but "
+                            f"`{what}` is a `{type(v).__name__}`.")
+
+    (first_name, first), rest = named[0], named[1:]
+    a, args_a = split(first, first_name)
+    out: dict[str, Comparison] = {}
+    for name, v in rest:
+        b, args_b = split(v, name)
+        if isinstance(a, Reference) or isinstance(b, Reference):
+            if isinstance(a, Reference) and isinstance(b, Reference):
+                raise YaxInputError(f"`{first_name}` and `{name}` are both references: compare a model with them.")
+            out[name] = compare(a, b, *(args_b if isinstance(a, Reference) else args_a), names=names, rtol=rtol,
+                                atol=atol, **kwargs)
+        else:
+            out[name] = compare(a, b, *args_a, new_params=None if args_b is args_a else args_b[0], rtol=rtol,
+                                atol=atol, **kwargs)
+    return Comparisons(tuple(n for n, _ in named), out)
