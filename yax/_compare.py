@@ -84,6 +84,8 @@ class Matching:
         they were compared transposed, and this says so.
       weights: model parameter path -> reference weight name, for every pair compared.
       only_model_weights / only_reference_weights: the parameters either side has alone.
+      atol_scaled: the comparison's ``atol`` is relative to each value's largest |reference|
+        (`port_tolerances`' default); ``False`` when you passed ``atol``, an absolute one.
     """
 
     source: str
@@ -94,6 +96,7 @@ class Matching:
     weights: dict[str, str] = dataclasses.field(default_factory=dict)
     only_model_weights: tuple[str, ...] = ()
     only_reference_weights: tuple[str, ...] = ()
+    atol_scaled: bool = True
 
     def __repr__(self) -> str:
         return (f"Matching({self.source}: {len(self.calls)} calls matched, {len(self.only_model)} only in the "
@@ -1144,7 +1147,8 @@ def compare_reference(reference: Reference, mox: Mox, *args: Any, names: _refere
                                                            for k, refs in pairs.items()},
         only_model=tuple(k for k in numeric if k not in pairs),
         only_reference=tuple(n for n in modules if n not in used),
-        layouts=layouts, weights=wnames, only_model_weights=only_w, only_reference_weights=only_rw)
+        layouts=layouts, weights=wnames, only_model_weights=only_w, only_reference_weights=only_rw,
+        atol_scaled=atol is None)
     r0, a0 = port_tolerances(*(v.dtype for v in leaves))
     return Comparison(outputs=outputs, boundaries=bounds, rtol=r0 if rtol is None else rtol,
                       atol=a0 if atol is None else atol, arrays=arrays, steps=steps, stacks=stacked,

@@ -92,7 +92,8 @@ class Explorer(anywidget.AnyWidget):
     _diff = traitlets.Dict().tag(sync=True)            #: diff marks by row id, original and current
     _comparison = traitlets.Dict().tag(sync=True)      #: the last comparison, with binary heatmaps
     _status = traitlets.Dict({"busy": False, "message": ""}).tag(sync=True)  #: busy flag and message
-    _compare_base = traitlets.Unicode("original").tag(sync=True)  #: compare with "original" or "previous"
+    _compare_base = traitlets.Unicode("original").tag(sync=True)  #: "original", "previous" or a reference's name
+    _references = traitlets.List().tag(sync=True)  #: the names of the references added (`add_reference`)
 
     _batches = traitlets.Dict().tag(sync=True)  #: the named input batches and the one in use
     _values = traitlets.Dict().tag(sync=True)   #: the selected row's values on that batch, with binary heatmaps
@@ -190,9 +191,10 @@ class Explorer(anywidget.AnyWidget):
         self.session.goto(index)
 
     def compare_with(self, base: str) -> None:
-        """Compare the current model with ``"original"`` (the default) or with
+        """Compare the current model with ``"original"`` (the default), with
         ``"previous"``: the state just before it in the history, so the
-        comparison shows what the last change alone did. Compares again now.
+        comparison shows what the last change alone did, or with a reference
+        added by `add_reference` (by its name). Compares again now.
 
         Example:
           >>> import jax, jax.numpy as jnp, flax.linen as nn
@@ -204,6 +206,26 @@ class Explorer(anywidget.AnyWidget):
           True
         """
         self.session.compare_with(base)
+
+    def add_reference(self, reference: yax.Reference, name: str | None = None, names: Any = None) -> str:
+        """Add a recorded run of another implementation (`yax.Reference`) to compare with:
+        ``compare_with(name)`` (or the compare pane's "compare with" choice) then compares
+        the original and the current model with it, one column each. ``names`` maps its
+        module names where they differ, as in `yax.compare`. Returns the name.
+
+        Example:
+          >>> import jax, jax.numpy as jnp, flax.linen as nn, numpy as np, yax
+          >>> from yax_widget import Explorer
+          >>> m = nn.Sequential([nn.Dense(4), nn.relu, nn.Dense(2)]); x = jnp.ones((1, 3))
+          >>> p = m.init(jax.random.key(0), x)
+          >>> h = np.maximum(np.asarray(x @ p["params"]["layers_0"]["kernel"]), 0)  # "another implementation"
+          >>> ex = Explorer(m, p, x)
+          >>> ex.add_reference(yax.Reference({"0": h + 1e-6}, source="by hand"), names={"0": "Sequential/relu"})
+          'by hand'
+          >>> ex.compare_with("by hand"); ex.comparison.first_divergence is None
+          True
+        """
+        return self.session.add_reference(reference, name, names)
 
     def export(self, stem: str | pathlib.Path = "yax_model", *, overwrite: bool = False) -> list[str]:
         """Save the current model to run without yax: ``{stem}.jax_exported``

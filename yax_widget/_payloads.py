@@ -360,6 +360,34 @@ def comparison_state(c: yax.Comparison, mox: yax.Mox, seconds: float) -> dict:
     }
 
 
+def columns_state(cs: yax.Comparisons, mox: yax.Mox) -> dict:
+    """What a comparison with a reference adds to the ``_comparison`` trait: one column per model
+    compared with it (the original, the current model), the call ids its tree (``mox``) shows, and
+    how the reference's modules and weights were matched."""
+    ids = node_ids(mox)
+    keys = call_keys(mox)
+    ref_name = cs.names[0]
+    columns = [{"name": n, "allclose": c.allclose,
+                "first_divergence": None if c.first_divergence is None else c.label(c.first_divergence),
+                "first_divergence_id": ids[id(keys[c.first_divergence])] if c.first_divergence in keys else None,
+                "rel": {str(ids[id(keys[k])]): _finite(s.rel) for k, s in c.boundaries.items() if k in keys}}
+               for n, c in cs.against_first.items()]
+    c = cs.against_first[cs.names[-1]]
+    m = c.matching
+    assert m is not None  # a comparison with a reference says how it matched
+    weights = sorted((c.weights or {}).items(), key=lambda kv: -(kv[1].rel if kv[1].rel == kv[1].rel else 1e300))
+    return {
+        "reference": ref_name, "columns": columns,
+        "matching": {"source": m.source, "calls": len(m.calls), "only_model": len(m.only_model),
+                     "only_reference": list(m.only_reference), "layouts": [f"{k}: {v}" for k, v in m.layouts.items()],
+                     "weights": len(m.weights), "only_model_weights": list(m.only_model_weights),
+                     "atol_scaled": m.atol_scaled},
+        "weights": None if c.weights is None else [
+            {"name": k, **{f: _finite(getattr(s, f)) for f in ("rel", "max_abs", "cosine")},
+             "allclose": s.allclose, "undefined": dict(s.undefined), "nonfinite": s.nonfinite} for k, s in weights],
+    }
+
+
 def comparison_failure(e: Exception) -> dict:
     """The ``_comparison`` trait when the comparison could not be made."""
     return {"message": str(e) if isinstance(e, yax.YaxError) else

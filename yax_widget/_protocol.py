@@ -205,9 +205,10 @@ class CompareBase(Request):
     type = "compare_base"
     base: Any
 
-    def check(self) -> None:
-        if self.base not in ("original", "previous"):
-            raise RequestError(f"`base` must be \"original\" or \"previous\", not {str(self.base)[:40]!r}.")
+    def check(self) -> None:  # a reference's name is checked by the session, which knows them
+        if not isinstance(self.base, str):
+            raise RequestError(f"`base` must be \"original\", \"previous\" or a reference's name, not "
+                               f"{str(self.base)[:40]!r}.")
 
     def run(self, s: Session) -> dict:
         s.compare_with(self.base)

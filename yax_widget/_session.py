@@ -162,7 +162,7 @@ NO_VALUES = ("Values, colouring, the NaN search and the comparison need concrete
 INITIAL_STATE: dict[str, Any] = {
     "tree": {}, "original_tree": {}, "query": "", "query_error": "", "matches": [], "query_result": {},
     "match_owners": {}, "palette": [], "history": {}, "diff": {}, "comparison": {},
-    "status": {"busy": False, "message": ""}, "compare_base": "original",
+    "status": {"busy": False, "message": ""}, "compare_base": "original", "references": [],
     "batches": {}, "values": {}, "overlay": {}, "scalars": [],
 }
 
@@ -234,6 +234,9 @@ class Session:
         self._selection: list[Any] = []
         self._fit_cache: dict = {}
         self.comparison: yax.Comparison | None = None
+        #: with a `yax.Reference` as the base: the original's (and the current model's) comparisons with it
+        self.comparisons: yax.Comparisons | None = None
+        self._references: dict[str, tuple[yax.Reference, Any]] = {}  # name -> (reference, its `names`)
         # What was measured, each under the serial of the batch it was measured on (`NamedBatch`):
         # the original's values on each batch used so far,
         self._refs: dict[int, Measured] = {}
@@ -581,15 +584,38 @@ class Session:
             self._move(self._states, index)
 
     def compare_with(self, base: str) -> None:
-        """Compare the current model with ``"original"`` (the default) or with
-        ``"previous"``: the state just before it in the history, so the
-        comparison shows what the last change alone did. Compares again now."""
+        """Compare the current model with ``"original"`` (the default), with
+        ``"previous"`` (the state just before it in the history, so the
+        comparison shows what the last change alone did), or with a reference
+        added by `add_reference`, by its name: then the original and the current
+        model are each compared with it (`yax.compare_all`), one column each.
+        Compares again now."""
         self.check_open()
-        if base not in ("original", "previous"):
-            raise yax.YaxInputError(f"`compare_with` takes \"original\" or \"previous\", not {base!r}.")
+        if base not in ("original", "previous") and base not in self._references:
+            refs = "".join(f", \"{n}\"" for n in self._references)
+            raise yax.YaxInputError(f"`compare_with` takes \"original\", \"previous\"{refs} (a reference added with "
+                                    f"`add_reference`), not {str(base)[:40]!r}.")
         with self.all_or_nothing():
             self._set(compare_base=base)
             self._finish_compare(self._start_compare())
+
+    def add_reference(self, reference: yax.Reference, name: str | None = None, names: Any = None) -> str:
+        """Add a recorded run of another implementation (`yax.Reference`: the PyTorch
+        original of a port, another checkpoint's run) to compare with, under ``name``
+        (default: its source); ``names`` maps its module names where they differ, as in
+        `yax.compare`. ``compare_with(name)`` compares with it. It was recorded on some
+        inputs: compare on the batch of the same inputs. Returns the name."""
+        self.check_open()
+        if not isinstance(reference, yax.Reference):
+            raise yax.YaxInputError(f"`add_reference` takes a `yax.Reference` (recorded with `Reference.from_torch`, "
+                                    f"or loaded with `Reference.load`), not a `{type(reference).__name__}`.")
+        name = str(name or reference.source or "reference")
+        if name in ("original", "previous"):
+            raise yax.YaxInputError(f"A reference cannot be called \"{name}\": that names a state of the history. "
+                                    f"Pass another `name`.")
+        self._references[name] = (reference, names)
+        self._set(references=list(self._references))
+        return name
 
     def _move(self, states: list[Change], index: int) -> None:
         """Make ``states[index]`` current and show it (`all_or_nothing`)."""
@@ -611,12 +637,13 @@ class Session:
             yield
             return
         saved = self._saved = (self._states, self._index, dict(self._inputs), self._in_use, self._selection,
-                               self.comparison, self._current, self.inspector.active, dict(self.state))
+                               self.comparison, self.comparisons, self._current, self.inspector.active,
+                               dict(self.state))
         try:
             yield
         except BaseException:
             (self._states, self._index, self._inputs, self._in_use, self._selection, self.comparison,
-             self._current, self.inspector.active, state) = saved
+             self.comparisons, self._current, self.inspector.active, state) = saved
             changed = {k: v for k, v in state.items() if self.state.get(k) is not v}
             self.state.update(state)
             if changed and self._on_change is not None:
@@ -803,6 +830,13 @@ class Session:
         """Start comparing the current model with the original (or the previous
         state, `compare_with`) on the worker, both on the batch in use."""
         self._current = None  # another model's: let go of it
+        self.comparisons = None
+        against = self._references.get(self.state["compare_base"])
+        if against is not None and (self.args or self.kwargs) and not self.abstract:
+            self.status("compiling and comparing with the reference…", busy=True)
+            batch = self._in_use
+            future = self._worker().submit(self._measure_reference, against, self.mox, self.params, self._index, batch)
+            return future, time.perf_counter(), self.state["compare_base"]
         if self._index == 0 or not (self.args or self.kwargs) or self.abstract:
             return None
         previous = self.state["compare_base"] == "previous" and self._index >= 2  # before the first: the original
@@ -834,6 +868,16 @@ class Session:
         args_a = batch.args if base is None else self._args_of(base.params, batch)
         return dataclasses.replace(c, gradients=compare_gradients(before, mox, args_a, self._args_of(params, batch),
                                                                   batch.kwargs, self._grad_of))
+
+    def _measure_reference(self, against: tuple[yax.Reference, Any], mox: Mox, params: Any, index: int,
+                           batch: NamedBatch) -> yax.Comparisons:
+        """The original (and, after a change, the current model) compared with a reference, on ``batch``."""
+        ref, names = against
+        original = (self.original, batch.args[0]) if self.has_params else self.original
+        models: dict[str, Any] = {self.state["compare_base"]: ref, "original": original}
+        if index:
+            models["current"] = (mox, params) if self.has_params else mox
+        return yax.compare_all(models, *batch.args, names=names, **batch.kwargs)
 
     def _measure_values(self, mox: Mox, params: Any, batch: NamedBatch, lowered: threading.Event,
                         base: Change | None = None) -> yax.Comparison:
@@ -886,9 +930,16 @@ class Session:
             self.comparison = None
             self._set(comparison=_payloads.comparison_failure(e), status={"busy": False, "message": "comparison failed"})
             return
-        self.comparison = c
         seconds = time.perf_counter() - t
-        self._set(comparison={**_payloads.comparison_state(c, self.mox, seconds), "base": base},
+        if isinstance(c, yax.Comparisons):  # with a reference: the current model's is the comparison
+            self.comparisons = c
+            c = c.against_first["current" if "current" in c.against_first else "original"]
+            state = {**_payloads.comparison_state(c, self.mox, seconds), "base": base,
+                     **_payloads.columns_state(self.comparisons, self.mox)}
+        else:
+            state = {**_payloads.comparison_state(c, self.mox, seconds), "base": base}
+        self.comparison = c
+        self._set(comparison=state,
                   status={"busy": False, "message": f"compared in {seconds:.2f} s"})
 
 

@@ -92,7 +92,8 @@ export function ramp(t) {
  * modified model was compared with ("original", or "previous": the step before). */
 export function histCaption({ lo, hi, n, nonfinite = 0 }, base = "original") {
   const count = n === undefined ? "" : ` (${n.toLocaleString("en-US")} values)`;
-  const diff = `modified − ${base === "previous" ? "step before" : "original"}`;
+  const diff = base === "previous" ? "modified − step before" : base === "original" ? "modified − original"
+    : `model − reference “${base}”`;
   const text = lo === hi
     ? `${diff}: every difference is ${num(lo)}${lo === 0 ? ", unchanged" : ""}${count}`
     : `${diff}, from ${num(lo)} to ${num(hi)}${count}`;

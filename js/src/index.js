@@ -142,7 +142,7 @@ function traitHandlers({ model, view, query, status, panes, buttons, palette, ro
     renderCompare(panes.Compare, model.get("_comparison") || {},
       { color, busy: status.busy(), undone: items.length > 0 && index === 0,
         pathOf: (id) => pathOf(view.tree, id), onPick: (id) => view.reveal(id),
-        base: model.get("_compare_base") || "original",
+        base: model.get("_compare_base") || "original", references: model.get("_references") || [],
         onBase: (base) => request("compare_base", { base }, change).catch(failed) });
   };
   const diff = () => {
@@ -186,6 +186,7 @@ function traitHandlers({ model, view, query, status, panes, buttons, palette, ro
     },
     _diff: diff,
     _compare_base: compare,
+    _references: compare,
     _comparison: () => {
       compare();
       view.relayout(); // the rows' divergence colours

@@ -41,3 +41,37 @@ test("a compared call's tooltip says why an error is undefined and over how many
   assert.match(boundaryTitle({ rel: 0.5, max_abs: 1, undefined: {}, steps: [4], first_step: 2 }),
     /over 4 scan steps \(first differs at step 2\)/);
 });
+
+test("a comparison with a reference: one column per model, each first divergence in its column, the matching said", () => {
+  const pane = document.createElement("div");
+  let chosen = null;
+  renderCompare(pane, {
+    allclose: false, first_divergence: "GPT/h/0/ln_1 ↔ transformer.h.0.ln_1", first_divergence_id: 4, seconds: 1,
+    base: "pytorch", reference: "pytorch",
+    outputs: [{ name: "out", shape: [2], rel: 0.2, max_abs: 0.3, mean_abs: 0.1, cosine: 0.9, allclose: false,
+      undefined: {}, hist: { counts: [1], lo: 0, hi: 1, n: 1 }, heat: null }],
+    boundaries: { 2: { rel: 1e-7, max_abs: 1e-7, allclose: true, undefined: {} },
+      4: { rel: 0.01, max_abs: 0.05, allclose: false, undefined: {} } },
+    columns: [{ name: "original", allclose: true, first_divergence: null, first_divergence_id: null, rel: { 2: 1e-7, 4: 2e-7 } },
+      { name: "current", allclose: false, first_divergence: "GPT/h/0/ln_1", first_divergence_id: 4, rel: { 2: 1e-7, 4: 0.01 } }],
+    matching: { source: "torch GPT2LMHeadModel", calls: 27, only_model: 15, only_reference: ["transformer.drop"],
+      layouts: ["GPT/wpe: broadcast"], weights: 29, only_model_weights: [] },
+    weights: [{ name: "h/0/ln_1/scale", rel: 0, max_abs: 0, cosine: 1, allclose: true, undefined: {} }],
+  }, { base: "pytorch", references: ["pytorch"], onBase: (b) => { chosen = b; } });
+  const heads = [...pane.querySelectorAll(".yax-boundaries th")].map((t) => t.textContent);
+  assert.deepEqual(heads, ["call", "rel: original", "rel: current", "max|Δ|", "", "steps"]);
+  const marked = pane.querySelector(".yax-first-cell");
+  assert.match(marked.textContent, /0\.0100 ◀/);
+  assert.match(marked.title, /current: the first divergence/);
+  assert.match(pane.textContent, /✓ original: allclose to the reference/);
+  assert.match(pane.textContent, /✗ current: differs from the reference, first at GPT\/h\/0\/ln_1/);
+  assert.match(pane.textContent, /torch GPT2LMHeadModel: 27 calls matched by name, 15 only in the model; only in the reference: transformer\.drop; 29 weights matched; 1 compared in another layout/);
+  assert.match(pane.textContent, /outputs differ from the reference “pytorch”/);
+  assert.match(pane.querySelector(".yax-gradients summary").textContent, /parameters against the reference's weights/);
+  const select = pane.querySelector(".yax-compare-base");
+  assert.deepEqual([...select.options].map((o) => o.value), ["original", "previous", "pytorch"]);
+  assert.equal(select.value, "pytorch");
+  select.value = "original";
+  select.dispatchEvent(new window.Event("change"));
+  assert.equal(chosen, "original");
+});

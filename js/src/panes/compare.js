@@ -57,7 +57,7 @@ function colourScale(lo, hi, label) {
     axis(lo === hi ? [{ at: 50, text: num(lo) }] : [{ at: 0, text: num(lo) }, { at: 100, text: num(hi) }], "yax-scale-axis"));
 }
 
-function heatmaps(heat, outputMax) {
+function heatmaps(heat, outputMax, [first, second] = ["original", "modified"]) {
   const a = floats(heat.original);
   const b = floats(heat.modified);
   const d = floats(heat.diff);
@@ -69,34 +69,47 @@ function heatmaps(heat, outputMax) {
   return h("div", {},
     h("div", { class: "yax-hint yax-heat-part" }, `heatmaps of ${heatPart({ ...heat, whole })}`),
     h("div", { class: "yax-heats" },
-      heatCanvas(a, heat.rows, heat.cols, lo, hi, "original"),
-      heatCanvas(b, heat.rows, heat.cols, lo, hi, "modified"),
+      heatCanvas(a, heat.rows, heat.cols, lo, hi, first),
+      heatCanvas(b, heat.rows, heat.cols, lo, hi, second),
       heatCanvas(d, heat.rows, heat.cols, Math.min(0, dlo), dhi === dlo ? dlo + 1 : dhi,
         diffCaption(dmax, outputMax, whole))),
-    h("div", { class: "yax-scales" }, colourScale(vlo, vhi, "original and modified"),
+    h("div", { class: "yax-scales" }, colourScale(vlo, vhi, `${first} and ${second}`),
       colourScale(Math.min(0, dmax ?? 0), dmax ?? 0, "|difference|")));
 }
 
 /** The module outputs compared, in program order (row ids are document order): where the
- * difference starts and how it grows. `pathOf(id)` names a row; `onPick(id)` selects it. */
-function boundaryTable(boundaries, firstId, { pathOf, onPick }) {
-  const ids = Object.keys(boundaries).map(Number).sort((x, y) => x - y);
+ * difference starts and how it grows. `pathOf(id)` names a row; `onPick(id)` selects it. With
+ * `columns` (a comparison with a reference): one relative-error column per model compared with
+ * it, each model's first divergence marked in its own column. */
+function boundaryTable(boundaries, firstId, { pathOf, onPick, columns = null }) {
+  const cols = columns && columns.length ? columns : null;
+  const ids = [...new Set([...Object.keys(boundaries), ...(cols || []).flatMap((c) => Object.keys(c.rel))])]
+    .map(Number).sort((x, y) => x - y);
   if (!ids.length) return null;
   const MAX = 400;
   const rows = ids.slice(0, MAX).map((id) => {
     const b = boundaries[String(id)];
-    const level = divergenceLevel(b.rel);
+    const level = divergenceLevel(b ? b.rel : null);
     const path = pathOf(id) || `#${id}`;
-    return h("tr", { class: `yax-boundary${id === firstId ? " yax-first-row" : ""}`, dataset: { id: String(id) },
+    const first = id === firstId || (cols || []).some((c) => c.first_divergence_id === id);
+    const relCells = cols ? cols.map((c) => {
+      const r = c.rel[String(id)];
+      const mark = c.first_divergence_id === id;
+      return h("td", { class: mark ? "yax-first-cell" : "", title: mark ? `${c.name}: the first divergence` : "" },
+        r === undefined ? "—" : `${num(r)}${mark ? " ◀" : ""}`);
+    }) : [b ? stat(b, "rel") : h("td", {}, "—")];
+    return h("tr", { class: `yax-boundary${first ? " yax-first-row" : ""}`, dataset: { id: String(id) },
       onclick: () => onPick(id), title: `${path}: select this call in the tree` },
     h("td", { class: "yax-boundary-path", style: { borderLeftColor: divergenceColor(level) } },
       path.includes("/") ? path.slice(path.indexOf("/") + 1) : path), // below the model's own name
-    stat(b, "rel"), stat(b, "max_abs"), h("td", {}, b.allclose ? "✓" : "✗"), h("td", {}, stepsCell(b)));
+    ...relCells, b ? stat(b, "max_abs") : h("td", {}, "—"), h("td", {}, b ? (b.allclose ? "✓" : "✗") : ""),
+    h("td", {}, b ? stepsCell(b) : ""));
   });
+  const heads = ["call", ...(cols ? cols.map((c) => `rel: ${c.name}`) : ["rel"]), "max|Δ|", "", "steps"];
   return h("details", { class: "yax-boundaries", open: true },
     h("summary", {}, `module outputs, in program order (${ids.length}${ids.length > MAX ? `, the first ${MAX} shown` : ""})`),
-    h("table", { class: "yax-stats" },
-      h("tr", {}, ["call", "rel", "max|Δ|", "", "steps"].map((t) => h("th", {}, t))), rows));
+    h("table", { class: "yax-stats" }, h("tr", {}, heads.map((t) => h("th", t.startsWith("rel: ")
+      ? { class: "yax-model-col" } : {}, t))), rows));
 }
 
 /** A statistic's cell: its value, or "undefined" with the reason as the tooltip (never a
@@ -127,17 +140,35 @@ function nonfiniteNote(s) {
     + (s.changed ? `, ${s.changed} of them changed` : ", the same in both"));
 }
 
-/** The parameters' gradients (`Explorer(..., grad_of=loss)`), the most changed first. */
-function gradTable(grads) {
+/** The parameters' gradients (`Explorer(..., grad_of=loss)`), the most changed first; or, with a
+ * reference, the model's parameters against its weights (`title`). */
+function gradTable(grads, title = "parameter gradients of the loss", foldWhenClose = false) {
   if (!grads) return null;
   const MAX = 40;
-  return h("details", { class: "yax-gradients", open: true },
-    h("summary", {}, `parameter gradients of the loss, the most changed first (${grads.length}`
-      + `${grads.length > MAX ? `, the first ${MAX} shown` : ""})`),
+  const same = grads.every((g) => g.allclose);
+  return h("details", { class: "yax-gradients", open: !(foldWhenClose && same) },
+    h("summary", {}, `${title}, the most changed first (${grads.length}`
+      + `${grads.length > MAX ? `, the first ${MAX} shown` : ""}${same ? ", all allclose" : ""})`),
     h("table", { class: "yax-stats" },
       h("tr", {}, ["parameter", "rel", "max|Δ|", "cos", ""].map((t) => h("th", {}, t))),
       grads.slice(0, MAX).map((g) => h("tr", {}, h("td", {}, g.name), stat(g, "rel"), stat(g, "max_abs"),
         stat(g, "cosine"), h("td", {}, g.allclose ? "✓" : "✗")))));
+}
+
+/** How the reference's modules were matched with the model's calls, and each model's verdict. */
+function matchingNote(c) {
+  const m = c.matching;
+  if (!m) return null;
+  const only = m.only_reference.length ? `; only in the reference: ${m.only_reference.slice(0, 4).join(", ")}`
+    + `${m.only_reference.length > 4 ? ` and ${m.only_reference.length - 4} more` : ""}` : "";
+  return h("div", { class: "yax-matching" },
+    (c.columns || []).map((col) => h("div", { class: `yax-verdict ${col.allclose ? "yax-ok" : "yax-differs"}` },
+      col.allclose ? `✓ ${col.name}: allclose to the reference` : `✗ ${col.name}: differs from the reference`,
+      col.first_divergence ? h("span", {}, ", first at ", h("code", {}, col.first_divergence)) : null)),
+    h("div", { class: "yax-hint", title: m.layouts.join("\n") },
+      `${m.source}: ${m.calls} calls matched by name, ${m.only_model} only in the model${only}; `
+      + `${m.weights} weights matched`
+      + (m.layouts.length ? `; ${m.layouts.length} compared in another layout (hover)` : "")));
 }
 
 function statsTable(outputs) {
@@ -147,11 +178,12 @@ function statsTable(outputs) {
       stat(o, "rel"), stat(o, "cosine"), h("td", {}, o.allclose ? "✓" : "✗"))));
 }
 
-/** Compare with the original or with the state before the last change (`onBase(base)`). */
-function baseChooser(base, onBase) {
+/** Compare with the original, the state before the last change, or a reference (`onBase(base)`). */
+function baseChooser(base, onBase, references = []) {
   const select = h("select", { class: "yax-compare-base", "aria-label": "compare with" },
     h("option", { value: "original" }, "the original"),
-    h("option", { value: "previous" }, "the step before (what the last change did)"));
+    h("option", { value: "previous" }, "the step before (what the last change did)"),
+    references.map((name) => h("option", { value: name }, `the reference “${name}”`)));
   select.value = base;
   select.addEventListener("change", () => onBase(select.value));
   return h("label", { class: "yax-hint yax-compare-with" }, "compare with ", select);
@@ -172,15 +204,16 @@ function emptyHint(c, { busy, undone }) {
  * newer change is being compared (what is shown is the previous one); `undone`: see above;
  * `pathOf(id)` names a tree row, `onPick(id)` selects it (the per-call table). */
 export function renderCompare(pane, c, { color = "#1976d2", busy = false, undone = false, pathOf = () => "",
-  onPick = () => {}, base = "original", onBase = null } = {}) {
+  onPick = () => {}, base = "original", onBase = null, references = [] } = {}) {
   pane.classList.toggle("yax-stale", !!(busy && c.outputs));
-  const choose = onBase ? baseChooser(base, onBase) : null;
+  const choose = onBase ? baseChooser(base, onBase, references) : null;
   if (!c.outputs) {
     pane.replaceChildren(...[choose, h("div", { class: `yax-hint${busy ? " yax-comparing" : ""}` },
       emptyHint(c, { busy, undone }))].filter(Boolean));
     return;
   }
-  const against = c.base === "previous" ? "the previous step" : "the original";
+  const against = c.base === "previous" ? "the previous step" : c.reference ? `the reference “${c.reference}”`
+    : "the original";
   const verdict = h("div", { class: `yax-verdict ${c.allclose ? "yax-ok" : "yax-differs"}` },
     c.allclose ? `✓ outputs allclose to ${against}` : `✗ outputs differ from ${against}`,
     c.first_divergence ? h("div", {}, "first divergence: ", h("code", {}, c.first_divergence)) : null,
@@ -188,15 +221,17 @@ export function renderCompare(pane, c, { color = "#1976d2", busy = false, undone
       `${u.key}: ${u.why}`).join("\n") }, `${c.unavailable.length} call${c.unavailable.length > 1 ? "s" : ""} `
       + `not compared (inside while/cond/custom rules): ${c.unavailable[0].key}: ${c.unavailable[0].why}`) : null,
     h("div", { class: "yax-hint" }, `compiled and compared in ${c.seconds} s`
-      + (c.rtol !== undefined ? ` · allclose: |Δ| ≤ ${num(c.atol)} + ${num(c.rtol)}·|original|` : "")));
+      + (c.rtol === undefined ? "" : c.matching && c.matching.atol_scaled
+        ? ` · allclose: |Δ| ≤ ${num(c.atol)}·max|reference| + ${num(c.rtol)}·|reference|`
+        : ` · allclose: |Δ| ≤ ${num(c.atol)} + ${num(c.rtol)}·|${c.reference ? "reference" : "original"}|`)));
   const plots = c.outputs.map((o) => h("div", { class: "yax-output" },
     h("div", { class: "yax-output-title" }, `${o.name} [${o.shape.join(", ")}]`),
     nonfiniteNote(o),
     histCanvas(o.hist, color, c.base),
-    o.heat ? heatmaps(o.heat, o.max_abs) : null));
+    o.heat ? heatmaps(o.heat, o.max_abs, c.reference ? ["reference", "model"] : undefined) : null));
   const comparing = busy ? h("div", { class: "yax-hint yax-comparing" },
     "Compiling and comparing the modified model… (below: the previous comparison)") : null;
-  const table = boundaryTable(c.boundaries || {}, c.first_divergence_id, { pathOf, onPick });
-  pane.replaceChildren(...[comparing, choose, verdict, statsTable(c.outputs), gradTable(c.gradients), ...plots,
-    table].filter(Boolean));
+  const table = boundaryTable(c.boundaries || {}, c.first_divergence_id, { pathOf, onPick, columns: c.columns });
+  pane.replaceChildren(...[comparing, choose, verdict, matchingNote(c), statsTable(c.outputs), gradTable(c.gradients),
+    gradTable(c.weights, "parameters against the reference's weights", true), ...plots, table].filter(Boolean));
 }
