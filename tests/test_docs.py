@@ -55,6 +55,6 @@ def test_the_docs_build_and_document_every_public_name(tmp_path):
 
     missing = [n for n in public_names() if not summary(n)]
     assert not missing, f"public names without documentation in docs/api.md: {missing}"
-    for guide in ("mox", "rewrite", "nnx", "widget", "migrating", "architecture", "changelog"):
+    for guide in ("mox", "rewrite", "port", "nnx", "widget", "migrating", "architecture", "changelog"):
         assert (out / f"{guide}.html").exists(), guide
     assert f"yax {yax.__version__}" in (out / "index.html").read_text()

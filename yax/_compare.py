@@ -84,7 +84,7 @@ class Matching:
         they were compared transposed, and this says so.
       weights: model parameter path -> reference weight name, for every pair compared.
       only_model_weights / only_reference_weights: the parameters either side has alone.
-      atol_scaled: the comparison's ``atol`` is relative to each value's largest |reference|
+      atol_scaled: the comparison's ``atol`` is relative to the largest absolute value of each reference array
         (`port_tolerances`' default); ``False`` when you passed ``atol``, an absolute one.
     """
 

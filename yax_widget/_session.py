@@ -917,7 +917,8 @@ class Session:
         if compared is None:
             self.comparison = None
             changes: dict[str, Any] = {
-                "comparison": {"message": NO_VALUES} if self.abstract and self._index else
+                "comparison": {"message": NO_VALUES} if self.abstract and (
+                    self._index or self.state["compare_base"] in self._references) else
                 {} if self.args or self.kwargs else {"message": "no example inputs to compare on"}}
             if self.state["status"].get("message"):  # "compared in …" was about a change no longer applied
                 changes["status"] = {"busy": False, "message": ""}

@@ -97,7 +97,7 @@ def test_compare_with_the_previous_step_shows_what_the_last_change_did(model):
     assert ask(ex, rid=2, type="compare_base", base="original")["type"] == "ok"
     assert ex._comparison["base"] == "original" and ex.comparison.first_divergence == vs_original.first_divergence
     reply = ask(ex, rid=3, type="compare_base", base="last")
-    assert reply["type"] == "error" and "`base` must be" in reply["message"]
+    assert reply["type"] == "error" and "`compare_with` takes \"original\", \"previous\"" in reply["message"]
 
 
 def test_graph_and_expand(model):
