@@ -242,3 +242,38 @@ def test_n_ways_each_model_against_the_first_aligned_by_call():
         yax.compare_all([p.mox], p.params, *p.inputs)
     with pytest.raises(YaxInputError, match="are both references"):
         yax.compare_all({"a": p.reference, "b": p.reference}, p.params, *p.inputs)
+
+
+def test_a_scanned_stack_is_matched_step_by_step_with_numbered_modules():
+    from models import KEY, ScannedTransformer
+
+    m = ScannedTransformer()
+    ids = (jnp.arange(16, dtype=jnp.int32).reshape(2, 8) * 7 + 3) % 100
+    v = m.init(KEY, ids)
+    mox = yax.make_mox(m.apply)(v, ids)
+    out, values = yax.capture("//module_call", mox, v, ids)
+    # another implementation with its layers unrolled: `layers.0.attn.query`, `layers.1.attn.query`, …
+    recorded = {"": out}
+    for k, val in values.items():
+        rest = k.split("/", 1)[1] if "/" in k else ""
+        if rest.startswith("layers"):
+            for s in range(2):
+                step = jax.tree_util.tree_map(lambda a, s=s: np.asarray(a)[s], val)
+                recorded[rest.replace("layers", f"layers.{s}", 1).replace("/", ".")] = step
+        elif rest:
+            recorded[rest.replace("/", ".")] = val
+    recorded["layers.1.wi"] = recorded["layers.1.wi"] + 0.5  # a port bug in the second layer's up-projection
+    c = yax.compare(yax.Reference(recorded), mox, v, ids)
+    wi = "ScannedTransformer/layers/wi"
+    assert c.matching.calls[wi] == ("layers.0.wi", "layers.1.wi")
+    assert c.stacks[wi] == (2,) and [s.allclose for s in c.steps[wi]] == [True, False]
+    assert (c.first_divergence, c.first_divergence_step) == (wi, (1,))
+    assert c.steps[wi][1].max_abs == pytest.approx(0.5, rel=1e-6)
+    assert all(s.allclose for k, s in c.boundaries.items() if k != wi and not k.startswith("ScannedTransformer/layers"))
+    # a step named by hand: `key@step`
+    named = yax.compare(yax.Reference({"up0": recorded["layers.0.wi"], "up1": recorded["layers.1.wi"]}), mox, v, ids,
+                        names={"up0": f"{wi}@0", "up1": f"{wi}@1"})
+    assert named.matching.calls == {wi: ("up0", "up1")} and named.first_divergence_step == (1,)
+    # one module for a scanned call of two steps: said, not compared at one step only
+    one = yax.compare(yax.Reference({"up": recorded["layers.0.wi"]}), mox, v, ids, names={"up": wi})
+    assert not one.boundaries and "name one module per step" in one.unavailable[wi]

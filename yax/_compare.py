@@ -1078,6 +1078,10 @@ def compare_reference(reference: Reference, mox: Mox, *args: Any, names: _refere
     # Each call's arrays, per step inside a scan, paired with its reference module's (step's) arrays.
     found: dict[str, list[tuple[list[np.ndarray], tuple[np.ndarray, ...], list[Any]]]] = {}
     for k, refs in todo.items():
+        if stacks[k] and len(refs) != stacks[k][0]:
+            unavailable[k] = (f"it runs at each of {stacks[k][0]} scan steps, and the reference's `{refs[0]}` is one "
+                              f"module: name one module per step (`{k}@0` … `{k}@{stacks[k][0] - 1}` in `names`)")
+            continue
         mine = [np.asarray(v) for v in jax.tree_util.tree_leaves(values[k]) if _numeric([v])]
         per_step = [mine] if not stacks[k] else [[a[s] for a in mine] for s in range(stacks[k][0])]
         found[k] = [(m, reference.outputs[r], _reference.pair(m, reference.outputs[r]))
