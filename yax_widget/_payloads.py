@@ -362,12 +362,12 @@ def comparison_state(c: yax.Comparison, mox: yax.Mox, seconds: float) -> dict:
 
 def columns_state(cs: yax.Comparisons, mox: yax.Mox) -> dict:
     """What a comparison with a reference adds to the ``_comparison`` trait: one column per model
-    compared with it (the original, the current model), the call ids its tree (``mox``) shows, and
-    how the reference's modules and weights were matched."""
+    compared with it (the original, history states, the last the current one), by the call ids
+    its tree (``mox``) shows, and how the reference's modules and weights were matched."""
     ids = node_ids(mox)
     keys = call_keys(mox)
     ref_name = cs.names[0]
-    columns = [{"name": n, "allclose": c.allclose,
+    columns = [{"name": n, "current": n == cs.names[-1], "allclose": c.allclose,
                 "first_divergence": None if c.first_divergence is None else c.label(c.first_divergence),
                 "first_divergence_id": ids[id(keys[c.first_divergence])] if c.first_divergence in keys else None,
                 "rel": {str(ids[id(keys[k])]): _finite(s.rel) for k, s in c.boundaries.items() if k in keys}}

@@ -587,8 +587,9 @@ class Session:
         """Compare the current model with ``"original"`` (the default), with
         ``"previous"`` (the state just before it in the history, so the
         comparison shows what the last change alone did), or with a reference
-        added by `add_reference`, by its name: then the original and the current
-        model are each compared with it (`yax.compare_all`), one column each.
+        added by `add_reference`, by its name: then the original and the states
+        of the history up to the current one (the last few) are each compared with
+        it (`yax.compare_all`), one column each.
         Compares again now."""
         self.check_open()
         if base not in ("original", "previous") and base not in self._references:
@@ -869,14 +870,20 @@ class Session:
         return dataclasses.replace(c, gradients=compare_gradients(before, mox, args_a, self._args_of(params, batch),
                                                                   batch.kwargs, self._grad_of))
 
+    #: With a reference as the base, the history states compared with it besides the original: the
+    #: current one and up to this many before it (each compiles once; `compare` keeps its program).
+    REFERENCE_COLUMNS = 4
+
     def _measure_reference(self, against: tuple[yax.Reference, Any], mox: Mox, params: Any, index: int,
                            batch: NamedBatch) -> yax.Comparisons:
-        """The original (and, after a change, the current model) compared with a reference, on ``batch``."""
+        """The original and the states of the history up to the current one (the last
+        `REFERENCE_COLUMNS` of them), each compared with a reference, on ``batch``."""
         ref, names = against
-        original = (self.original, batch.args[0]) if self.has_params else self.original
-        models: dict[str, Any] = {self.state["compare_base"]: ref, "original": original}
-        if index:
-            models["current"] = (mox, params) if self.has_params else mox
+        models: dict[str, Any] = {self.state["compare_base"]: ref}
+        for i in [0, *range(max(1, index - self.REFERENCE_COLUMNS + 1), index + 1)]:
+            state = self._states[i]
+            m, p = (mox, params) if i == index else (state.mox, state.params if i else batch.args[0])
+            models["original" if i == 0 else f"step {i}"] = (m, p) if self.has_params else m
         return yax.compare_all(models, *batch.args, names=names, **batch.kwargs)
 
     def _measure_values(self, mox: Mox, params: Any, batch: NamedBatch, lowered: threading.Event,
@@ -934,7 +941,7 @@ class Session:
         seconds = time.perf_counter() - t
         if isinstance(c, yax.Comparisons):  # with a reference: the current model's is the comparison
             self.comparisons = c
-            c = c.against_first["current" if "current" in c.against_first else "original"]
+            c = c.against_first[c.names[-1]]  # the current state's, the last column
             state = {**_payloads.comparison_state(c, self.mox, seconds), "base": base,
                      **_payloads.columns_state(self.comparisons, self.mox)}
         else:

@@ -3,7 +3,7 @@ with Debian's chromium: Hugging Face's PyTorch GPT-2 recorded (`yax.Reference.fr
 its Flax class with the same weights (tests/ports.py). The user picks the reference in the
 compare pane's "compare with" choice: the original port is allclose to it at every matched
 call; after the GELU is dragged to ReLU, the table has one column per model compared with the
-reference (the original, the current), the current one's first divergence marked in its column.
+reference (the original, the change), the change's first divergence marked in its column.
 Screenshots go to ``artifacts/e2e/reference-*.png``; any console error fails the test."""
 
 from __future__ import annotations
@@ -62,16 +62,16 @@ def test_a_port_compared_with_its_pytorch_original_in_the_browser(notebook):
             "(el) => el.querySelectorAll('.yax-history-item').length === 2 && !el.classList.contains('yax-busy')"
             " && el.querySelectorAll('.yax-boundaries th').length === 6", arg=root.element_handle(), timeout=180_000)
         heads = pane.locator(".yax-boundaries th").all_inner_texts()
-        assert heads[:3] == ["call", "rel: original", "rel: current"], heads
+        assert heads[:3] == ["call", "rel: original", "rel: step 1 (current)"], heads
         text = pane.inner_text()
         assert "✗ outputs differ from the reference “pytorch”" in text, text
-        assert "✗ current: differs from the reference, first at FlaxGPT2LMHeadModule/transformer/h/0/mlp/c_proj" \
+        assert "✗ step 1: differs from the reference, first at FlaxGPT2LMHeadModule/transformer/h/0/mlp/c_proj" \
             in text, text
         marked = pane.locator(".yax-first-cell")
         assert marked.count() == 1 and "◀" in marked.inner_text()
-        assert "current: the first divergence" in marked.get_attribute("title")
+        assert "step 1: the first divergence" in marked.get_attribute("title")
         state = nb.run(1)
-        assert "'original': None" in state and "'current': 'FlaxGPT2LMHeadModule/transformer/h/0/mlp/c_proj'" in state
+        assert "'original': None" in state and "'step 1': 'FlaxGPT2LMHeadModule/transformer/h/0/mlp/c_proj'" in state
         assert "BASE=pytorch" in state, state
         root.screenshot(path=str(ARTIFACTS / "reference-02-current.png"))
         marked.scroll_into_view_if_needed()

@@ -49,14 +49,21 @@ def test_a_session_compares_the_original_and_the_current_model_with_a_reference(
 
     s.substitute('//activation[@name="gelu"]', "ReLU")
     cs = s.comparisons
-    assert cs.names == ("pytorch", "original", "current")
-    assert cs.first_divergence == {"original": None, "current": "Sequential/gelu"}
+    assert cs.names == ("pytorch", "original", "step 1")
+    assert cs.first_divergence == {"original": None, "step 1": "Sequential/gelu"}
     cols = s.state["comparison"]["columns"]
-    assert [c["name"] for c in cols] == ["original", "current"]
+    assert [(c["name"], c["current"]) for c in cols] == [("original", False), ("step 1", True)]
     assert cols[1]["first_divergence_id"] is not None and cols[0]["first_divergence_id"] is None
     # the same numbers as yax.compare_all by hand
     alone = yax.compare(ref, s.mox, *s._args_of(s.params, s._in_use), names=NAMES)
-    assert cs.against_first["current"].to_dict() == alone.to_dict()
+    assert cs.against_first["step 1"].to_dict() == alone.to_dict()
+    # more changes: the original and the last few states of the history, one column each
+    for act in ("SiLU", "GELU", "tanh", "identity", "ReLU"):
+        s.substitute("//activation", act)
+    assert s.comparisons.names == ("pytorch", "original", "step 3", "step 4", "step 5", "step 6")
+    firsts = s.comparisons.first_divergence
+    assert firsts["step 3"] is None and firsts["step 6"] == "Sequential/gelu"  # step 3 is GELU again (tanh in both)
+    s.goto(1)
     s.undo()  # back at the original: compared with the reference still, one column
     assert s.comparisons.names == ("pytorch", "original") and s.state["comparison"]["allclose"]
     s.compare_with("original")

@@ -105,7 +105,8 @@ function boundaryTable(boundaries, firstId, { pathOf, onPick, columns = null }) 
     ...relCells, b ? stat(b, "max_abs") : h("td", {}, "—"), h("td", {}, b ? (b.allclose ? "✓" : "✗") : ""),
     h("td", {}, b ? stepsCell(b) : ""));
   });
-  const heads = ["call", ...(cols ? cols.map((c) => `rel: ${c.name}`) : ["rel"]), "max|Δ|", "", "steps"];
+  const heads = ["call", ...(cols ? cols.map((c) => `rel: ${c.name}${c.current && c.name !== "original" ? " (current)" : ""}`)
+    : ["rel"]), "max|Δ|", "", "steps"];
   return h("details", { class: "yax-boundaries", open: true },
     h("summary", {}, `module outputs, in program order (${ids.length}${ids.length > MAX ? `, the first ${MAX} shown` : ""})`),
     h("table", { class: "yax-stats" }, h("tr", {}, heads.map((t) => h("th", t.startsWith("rel: ")
