@@ -277,3 +277,19 @@ def test_a_scanned_stack_is_matched_step_by_step_with_numbered_modules():
     # one module for a scanned call of two steps: said, not compared at one step only
     one = yax.compare(yax.Reference({"up": recorded["layers.0.wi"]}), mox, v, ids, names={"up": wi})
     assert not one.boundaries and "name one module per step" in one.unavailable[wi]
+
+
+def test_no_port_check_is_in_the_core_suite():
+    """The core suite also runs with the oldest JAX, where PyTorch is not installed and these
+    modules are not collected (tests/conftest.py): none of their tests may be marked core."""
+    import ast
+    import pathlib
+
+    from conftest import TORCH_MODULES
+
+    here = pathlib.Path(__file__).parent
+    for name in TORCH_MODULES:
+        (path,) = here.rglob(name)
+        marks = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)
+                 and n.attr == "core" and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"]
+        assert not marks, path

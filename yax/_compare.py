@@ -1071,9 +1071,7 @@ def compare_reference(reference: Reference, mox: Mox, *args: Any, names: _refere
             unavailable[k] = (f"it runs inside nested scans ({_times(stacks[k])} steps): "
                               "the reference's modules are matched with one scan's steps only")
     todo = {k: r for k, r in pairs.items() if k not in blocked}
-    from ._capture import capture  # noqa: PLC0415 - capture's programs import this module's measures
-
-    out, values = capture([idx.calls[k] for k in todo], mox, *args, **kwargs) if todo else (
+    out, values = _capture.capture([idx.calls[k] for k in todo], mox, *args, **kwargs) if todo else (
         eval_mox(mox, *args, **kwargs), {})
     # Each call's arrays, per step inside a scan, paired with its reference module's (step's) arrays.
     found: dict[str, list[tuple[list[np.ndarray], tuple[np.ndarray, ...], list[Any]]]] = {}
