@@ -442,9 +442,15 @@ def _row_sums(xs: list[jax.Array], ys: list[jax.Array], lead: int, tol: jax.Arra
             out = jnp.maximum(out, jnp.max(v, axis=tuple(range(lead, v.ndim)), initial=start))
         return out
 
+    # XLA divides by a scale as it multiplies by its reciprocal, which it flushes to 0 once
+    # subnormal: a scale above 2**(maxexp - 2) (9e37 in float32) made every scaled value 0 (x
+    # and y "both 0", no cosine). Scales stop at 2**(maxexp - 8); the values scaled stay
+    # below 2**8, whose squares sum without overflow.
+    cap = float(2.0 ** (np.finfo(np.dtype(ft)).maxexp - 8))
+
     def scale_of(vals: Any) -> jax.Array:
         top = widest([jnp.abs(v) for v in vals], 0.0)
-        return jnp.where(jnp.isfinite(top) & (top > 0), top, 1.0)
+        return jnp.where(jnp.isfinite(top) & (top > 0), jnp.minimum(top, cap), 1.0)
 
     def scaled(vals: Any, scale: jax.Array) -> list[jax.Array]:
         return [v / scale.reshape(*rows, *([1] * (v.ndim - lead))) for v in vals]

@@ -322,6 +322,26 @@ def test_compare_end_to_end_is_float64_numpys(p: Pair, sharded: bool) -> None:
         _compare_end_to_end(p, sharded)
 
 
+def test_values_near_float32s_largest_laid_out_over_the_devices_keep_their_angle() -> None:
+    """A counterexample the property above found: equal values up to 9e37 laid out over the devices
+    had every scaled value flushed to 0 (XLA divides by the scale as it multiplies by its reciprocal,
+    subnormal there), and the cosine of two equal arrays said "both are 0"."""
+    x = np.array([[1, 1, 1, 0], [1, 1, 9e37, 0], [0, 0, 1, 1]] * 2, np.float32).reshape(2, 3, 4)
+    for y in (x, x * np.float32(0.5)):
+        p = Pair("float32", x, y, "same" if y is x else "half", 1e-5, 1e-6)
+        _compare_end_to_end(p, True)
+        c = _stats_on_devices(x, y)
+        assert c.cosine == 1.0 and not c.undefined, c
+
+
+def _stats_on_devices(x: np.ndarray, y: np.ndarray) -> Any:
+    a, b = jnp.asarray(x), jnp.asarray(y)
+    f, g = yax.make_mox(_first)(a, b), yax.make_mox(_second)(a, b)
+    if EIGHT:
+        a, b = laid_out(a), laid_out(b)
+    return yax.compare(f, g, a, b).outputs["out"]
+
+
 def _compare_end_to_end(p: Pair, sharded: bool) -> None:
     a, b = jnp.asarray(p.x), jnp.asarray(p.y)
     assert a.dtype == p.x.dtype
