@@ -293,3 +293,22 @@ def test_no_port_check_is_in_the_core_suite():
         marks = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)
                  and n.attr == "core" and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"]
         assert not marks, path
+
+
+def test_nnx_state_is_matched_with_the_reference_weights_and_two_references_are_refused():
+    from flax import nnx
+
+    lin = nnx.Linear(3, 2, rngs=nnx.Rngs(0))
+    graphdef, state = nnx.split(lin)
+    pt = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        pt.weight.copy_(torch.tensor(np.asarray(lin.kernel.value).T))
+        pt.bias.copy_(torch.tensor(np.asarray(lin.bias.value)))
+    x = np.ones((4, 3), np.float32)
+    ref = yax.Reference.from_torch(pt, torch.tensor(x))
+    mox = yax.make_mox(lambda st, x: nnx.merge(graphdef, st)(x))(state, jnp.asarray(x))
+    c = yax.compare(ref, mox, state, jnp.asarray(x))
+    # the state's paths without nnx's `.value`, as the weights files name them
+    assert c.matching.weights == {"kernel": "weight", "bias": "bias"} and c.allclose, c
+    with pytest.raises(YaxInputError, match="got two references"):
+        yax.compare(ref, ref, state, jnp.asarray(x))

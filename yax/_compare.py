@@ -12,7 +12,7 @@ import os
 import threading
 import weakref
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,7 @@ from ._jit import model_jit
 from ._reference import Reference
 from ._sharding import any_spread, subnormal
 from ._vocab import type_str
+from ._weights import key_of
 from .errors import YaxInputError
 
 
@@ -896,12 +897,15 @@ def compare(original: Mox | Reference, modified: Mox | Reference, *args: Any, ne
       ('Sequential/relu', 'Sequential/relu (now gelu)')
     """
     if isinstance(original, Reference) or isinstance(modified, Reference):
-        ref, mox = (original, modified) if isinstance(original, Reference) else (modified, original)
-        assert isinstance(ref, Reference) and not isinstance(mox, Reference), "compare two MoXes or one and a Reference"
         if new_params is not None or grad_of is not None or not boundaries:
             raise YaxInputError("`compare` with a `Reference` takes the model's inputs, `names`, `rtol` and `atol`; "
                                 "`new_params`, `grad_of` and `boundaries` are for two MoXes.")
-        return compare_reference(ref, mox, *args, names=names, rtol=rtol, atol=atol, **kwargs)
+        if isinstance(original, Reference) and isinstance(modified, Reference):
+            raise YaxInputError("`compare` takes two MoXes, or a MoX and a `Reference`, but got two references: "
+                                "compare a model with each of them.")
+        ref, mox = (original, modified) if isinstance(original, Reference) else (modified, original)
+        return compare_reference(cast(Reference, ref), cast(Mox, mox), *args, names=names, rtol=rtol, atol=atol,
+                                 **kwargs)
     rtol, atol = 1e-5 if rtol is None else rtol, 1e-6 if atol is None else atol
     idx_a, idx_b = paired_outputs(original, modified)
     if new_params is not None and not args:
@@ -1031,16 +1035,32 @@ def _flat_pairs(model: list[Any], ref: tuple[np.ndarray, ...], pairs: list[tuple
     ys = [np.asarray(model[i]) for i, _, _ in pairs]
     xs = [lay.read(ref[j], y.shape) if lay else ref[j] for (_, j, lay), y in zip(pairs, ys)]
     r, a = port_tolerances(*(x.dtype for x in xs), *(y.dtype for y in ys))
-    wide = [np.asarray(x, np.float64) for x in xs]
-    scale = max((float(np.max(np.abs(w), initial=0.0, where=np.isfinite(w))) for w in wide), default=0.0)
-    x = np.concatenate([np.ravel(_measured(v)) for v in xs])
+    x = np.concatenate([np.ravel(_measured(v)) for v in xs])  # float32 holds 16-bit values exactly
     y = np.concatenate([np.ravel(_measured(v)) for v in ys])
+    scale = float(np.max(np.abs(x), initial=0.0, where=np.isfinite(x)))
     return _stats(x, y, r if rtol is None else rtol, a * scale if atol is None else atol)
 
 
-def _first_ways(pairs: list[tuple[int, int, list[_reference.Layout | None]]]
-                ) -> list[tuple[int, int, _reference.Layout | None]]:
-    return [(i, j, ways[0]) for i, j, ways in pairs]
+class _Reading:
+    """How an array that fits several ways (as stored and in a known layout: a square kernel,
+    8 channels of 8×8) is read: as the arrays of its kind (`kind`: rank, and leaf name for
+    weights) that fit one way only are, most of them; as stored when none tells."""
+
+    def __init__(self, fitted: list[tuple[Any, list[_reference.Layout | None]]]) -> None:
+        self.votes: dict[Any, collections.Counter[Any]] = {}
+        for kind, ways in fitted:
+            if len(ways) == 1:
+                self.votes.setdefault(kind, collections.Counter())[ways[0]] += 1
+
+    def told(self, kind: Any) -> bool:
+        """Whether arrays of this kind that fit one way only exist."""
+        return kind in self.votes
+
+    def read(self, kind: Any, ways: list[_reference.Layout | None]) -> _reference.Layout | None:
+        if len(ways) == 1 or kind not in self.votes:
+            return ways[0]
+        most: _reference.Layout | None = self.votes[kind].most_common(1)[0][0]
+        return most
 
 
 def _describe(arrays: Any) -> str:
@@ -1090,18 +1110,15 @@ def compare_reference(reference: Reference, mox: Mox, *args: Any, names: _refere
         per_step = [mine] if not stacks[k] else [[a[s] for a in mine] for s in range(stacks[k][0])]
         found[k] = [(m, reference.outputs[r], _reference.pair(m, reference.outputs[r]))
                     for m, r in zip(per_step, refs)]
-    # A shape that fits as it is and in a known layout (8 channels of 8×8) is read as the outputs
-    # of its rank that fit one way only are, so a model laid out channels last is read so throughout.
-    votes: dict[int, collections.Counter[Any]] = {}
-    for got in found.values():
-        for m, _, ps in got:
-            for i, _, ways in ps:
-                if len(ways) == 1:
-                    votes.setdefault(m[i].ndim, collections.Counter())[ways[0]] += 1
+    leaves, names_out = _compared_outputs(mox, out)
+    root = reference.outputs.get("", ())  # the whole model's outputs, where it recorded them
+    root_pairs = _reference.pair(leaves, root)
+    # outputs of a model laid out channels last are read so throughout, by rank
+    reading = _Reading([(m[i].ndim, ways) for got in found.values() for m, _, ps in got for i, _, ways in ps]
+                       + [(leaves[i].ndim, ways) for i, _, ways in root_pairs])
 
     def chosen(m: list[np.ndarray], ps: list[Any]) -> list[tuple[int, int, Any]]:
-        return [(i, j, ways[0] if len(ways) == 1 or not votes.get(m[i].ndim) else
-                 votes[m[i].ndim].most_common(1)[0][0]) for i, j, ways in ps]
+        return [(i, j, reading.read(m[i].ndim, ways)) for i, j, ways in ps]
 
     bounds: dict[str, Stats] = {}
     steps: dict[str, list[Stats]] = {}
@@ -1136,18 +1153,15 @@ def compare_reference(reference: Reference, mox: Mox, *args: Any, names: _refere
                 first = min(first or (pos.sort_key(at[0]), k, at[0]), (pos.sort_key(at[0]), k, at[0]))
         elif not bounds[k].allclose:
             first = min(first or (pos.sort_key(), k, ()), (pos.sort_key(), k, ()))
-    leaves, names_out = _compared_outputs(mox, out)
     outputs: dict[str, Stats] = {}
     arrays: dict[str, tuple[Any, Any]] = {}
-    root = reference.outputs.get("")
-    if root is not None:
-        for i, j, lay in _first_ways(_reference.pair(leaves, root)):
-            outputs[names_out[i]] = _flat_pairs(leaves, root, [(i, j, lay)], rtol, atol)
-            x = lay.read(root[j], leaves[i].shape) if lay else root[j]
-            arrays[names_out[i]] = (np.asarray(_measured(x)), np.asarray(_measured(leaves[i])))
-            if lay:
-                layouts[names_out[i]] = f"the reference's output {j} is laid out {lay.name}: compared as its " \
-                                        f"transpose {lay.axes}"
+    for i, j, lay in chosen(leaves, root_pairs):
+        outputs[names_out[i]] = _flat_pairs(leaves, root, [(i, j, lay)], rtol, atol)
+        x = lay.read(root[j], leaves[i].shape) if lay else root[j]
+        arrays[names_out[i]] = (np.asarray(_measured(x)), np.asarray(_measured(leaves[i])))
+        note = _layout_note("output", [(i, j, lay)])
+        if note:
+            layouts[names_out[i]] = note
     weights, wnames, only_w, only_rw = _weights(reference, args, rtol, atol, layouts, names)
     used = {r for refs in pairs.values() for r in refs}
     matching = Matching(
@@ -1176,36 +1190,30 @@ def _compared_outputs(mox: Mox, out: Any) -> tuple[list[np.ndarray], list[str]]:
     return [np.asarray(leaves[mox.dyn_out[j]]) for j in picked], [names[j] for j in picked]
 
 
-def _path(p: Any) -> str:
-    return "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in p)
-
-
 def _weights(reference: Reference, args: tuple[Any, ...], rtol: float | None, atol: float | None,
              layouts: dict[str, str], names: _reference.Names = None
              ) -> tuple[dict[str, Stats], dict[str, str], tuple[str, ...], tuple[str, ...]]:
     """The model's parameters (the first argument's floating leaves) against the reference's weights."""
     if not reference.weights or not args:
         return {}, {}, (), tuple(reference.weights)
-    flat = [(_path(p), v) for p, v in jax.tree_util.tree_flatten_with_path(args[0])[0]
+    flat = [(key_of(p), v) for p, v in jax.tree_util.tree_flatten_with_path(args[0])[0]
             if hasattr(v, "dtype") and jnp.issubdtype(v.dtype, jnp.inexact)]
     leaves = dict(flat)
     names = _reference.weight_names(list(leaves), list(reference.weights), names)
     ways = {p: _reference.fits(tuple(np.shape(leaves[p])), reference.weights[r], True) for p, r in names.items()}
-    # A square weight fits as stored and transposed: it is read as the unambiguous weights of its
-    # kind (leaf name and rank) are, so a square kernel a port forgot to transpose still shows.
-    votes: dict[tuple[str, int], collections.Counter[Any]] = {}
-    for p, w in ways.items():
-        if len(w) == 1:
-            votes.setdefault((p.rsplit("/", 1)[-1], np.ndim(leaves[p])), collections.Counter())[w[0]] += 1
+
+    def kind(p: str) -> tuple[str, int]:
+        return p.rsplit("/", 1)[-1], np.ndim(leaves[p])
+
+    # a square weight is read as the other weights of its kind (leaf name and rank) are, so a
+    # square kernel a port forgot to transpose still shows
+    reading = _Reading([(kind(p), w) for p, w in ways.items()])
     stats: dict[str, Stats] = {}
     kept: dict[str, str] = {}
     for p, r in names.items():
         if not ways[p]:
             continue
-        lay = ways[p][0]
-        vote = votes.get((p.rsplit("/", 1)[-1], np.ndim(leaves[p])))
-        if len(ways[p]) > 1 and vote:
-            lay = vote.most_common(1)[0][0]
+        lay, vote = reading.read(kind(p), ways[p]), reading.told(kind(p))
         stats[p] = _flat_pairs([np.asarray(leaves[p])], (reference.weights[r],), [(0, 0, lay)], rtol, atol)
         kept[p] = r
         if lay is not None:

@@ -142,8 +142,7 @@ class Reference:
         finally:
             for h in handles:
                 h.remove()
-        state = {k: v for k, v in module.state_dict().items()} if weights else {}
-        return cls(outs, ins, state, source=f"torch {type(module).__name__}")
+        return cls(outs, ins, module.state_dict() if weights else {}, source=f"torch {type(module).__name__}")
 
     # -- files ----------------------------------------------------------------------------
 
@@ -377,7 +376,7 @@ def layouts(ndim: int, weight: bool) -> list[Layout]:
     PyTorch's (out, in, *window) to Flax's (*window, in, out) for weights."""
     if weight:
         if ndim in _WEIGHTS:
-            return [Layout(tuple(range(ndim - 1, -1, -1)) if ndim == 2 else (*range(2, ndim), 1, 0), _WEIGHTS[ndim])]
+            return [Layout((*range(2, ndim), 1, 0), _WEIGHTS[ndim])]
         return []
     if ndim in _CHANNELS_LAST:
         return [Layout((0, *range(2, ndim), 1), _CHANNELS_LAST[ndim])]

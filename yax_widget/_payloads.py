@@ -353,11 +353,16 @@ def comparison_state(c: yax.Comparison, mox: yax.Mox, seconds: float) -> dict:
         "unavailable": [{"id": ids[id(keys[k])] if k in keys else None, "key": k, "why": why}
                         for k, why in c.unavailable.items()],
         # the parameters' gradients (`grad_of`), the most changed first
-        "gradients": None if c.gradients is None else [
-            {"name": k, **{f: _finite(getattr(s, f)) for f in ("rel", "max_abs", "cosine")},
-             "allclose": s.allclose, "undefined": dict(s.undefined), "nonfinite": s.nonfinite}
-            for k, s in sorted(c.gradients.items(), key=lambda kv: -(kv[1].rel if kv[1].rel == kv[1].rel else 1e300))],
+        "gradients": None if c.gradients is None else _most_changed(c.gradients),
     }
+
+
+def _most_changed(stats: dict[str, yax.Stats]) -> list[dict]:
+    """Per-parameter statistics (gradients, weights against a reference) as the pane lists them:
+    the most changed first (an undefined ``rel`` first of all)."""
+    return [{"name": k, **{f: _finite(getattr(s, f)) for f in ("rel", "max_abs", "cosine")},
+             "allclose": s.allclose, "undefined": dict(s.undefined), "nonfinite": s.nonfinite}
+            for k, s in sorted(stats.items(), key=lambda kv: -(kv[1].rel if kv[1].rel == kv[1].rel else 1e300))]
 
 
 def columns_state(cs: yax.Comparisons, mox: yax.Mox) -> dict:
@@ -375,16 +380,13 @@ def columns_state(cs: yax.Comparisons, mox: yax.Mox) -> dict:
     c = cs.against_first[cs.names[-1]]
     m = c.matching
     assert m is not None  # a comparison with a reference says how it matched
-    weights = sorted((c.weights or {}).items(), key=lambda kv: -(kv[1].rel if kv[1].rel == kv[1].rel else 1e300))
     return {
         "reference": ref_name, "columns": columns,
         "matching": {"source": m.source, "calls": len(m.calls), "only_model": len(m.only_model),
                      "only_reference": list(m.only_reference), "layouts": [f"{k}: {v}" for k, v in m.layouts.items()],
                      "weights": len(m.weights), "only_model_weights": list(m.only_model_weights),
                      "atol_scaled": m.atol_scaled},
-        "weights": None if c.weights is None else [
-            {"name": k, **{f: _finite(getattr(s, f)) for f in ("rel", "max_abs", "cosine")},
-             "allclose": s.allclose, "undefined": dict(s.undefined), "nonfinite": s.nonfinite} for k, s in weights],
+        "weights": None if c.weights is None else _most_changed(c.weights),
     }
 
 
