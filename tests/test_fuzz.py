@@ -1,8 +1,11 @@
 """The fuzz suite: random and hostile input to every way in, each run
 bounded in time. Queries (XPath 1.0 and the EXSLT ``re:`` functions, over a MoX and
 over a loaded document), `load_xml` input (encodings, sizes, depths, DTDs, broken
-bytes, every kind of source) and `eval_mox` arguments. The widget's messages are
-fuzzed in tests/widget/test_protocol.py and tests/widget/test_hardening.py.
+bytes, every kind of source), `eval_mox` arguments and `load_weights` files (hostile
+headers and metadata, truncated and damaged bytes). The widget's messages are
+fuzzed in tests/widget/test_protocol.py (every field of every request kind given the
+wrong type) and tests/widget/test_hardening.py, the `%yax` line in
+tests/widget/test_magic.py and the names "copy as code" writes in tests/widget/test_code.py.
 
 Each test keeps what it saw in `SEEN` (inputs tried, worst latency), which
 ``YAX_FUZZ_REPORT=1`` prints at the end for the issue's closing note.
@@ -356,3 +359,114 @@ def test_eval_mox_arguments_evaluate_or_raise_yax_input_error(case):
     _seen("eval_mox", time.perf_counter() - t)
     assert valid
     np.testing.assert_allclose(out, _WANT, rtol=1e-5, atol=1e-5)
+
+
+# -- weights files ---------------------------------------------------------------------
+
+_KEY = jax.random.key(3)
+_IMPL = str(jax.random.key_impl(_KEY))
+_LIKES = {
+    "plain": {"w": jnp.arange(2, dtype=jnp.uint32), "f8": jnp.ones(3, jnp.float8_e4m3fn), "b": jnp.ones((), jnp.bfloat16)},
+    "key": {"w": _KEY, "f8": jnp.ones(3, jnp.float8_e4m3fn), "b": jnp.ones((), jnp.bfloat16)},
+    "abstract": {"w": jax.ShapeDtypeStruct((2,), jnp.uint32), "f8": jax.ShapeDtypeStruct((3,), jnp.float8_e4m3fn),
+                 "b": jax.ShapeDtypeStruct((), jnp.bfloat16)},
+}
+_SIZES = {"U32": 4, "F8_E4M3": 1, "BF16": 2, "F32": 4, "U8": 1, "BOOL": 1, "XX": 2}
+_KEY_ARRAYS = ["", "{}", f'{{"w": "{_IMPL}"}}', '{"w": null}', '{"w": 3}', '{"w": ["x"]}', '{"w": "nope"}',
+               f'{{"zz": "{_IMPL}"}}', f'{{"f8": "{_IMPL}"}}', "[1]", '"x"', "{", "null", "[" * 5000 + "]" * 5000,
+               f'{{"w": "{_IMPL}", "w": null}}']
+
+
+@st.composite
+def weight_files(draw):
+    """``(bytes of a safetensors file, like's name)``: entries of drawn dtypes and shapes (some
+    of them what ``like`` asks for), drawn metadata (``key_arrays`` among them), then perhaps
+    damaged: cut short, a byte changed, the header's length or an offset wrong, bytes added."""
+    import json
+    import struct
+
+    header: dict = {}
+    data = b""
+    names = st.lists(st.sampled_from(["w", "f8", "b", "__metadata__", "zz"]), max_size=4, unique=True)
+    for name in draw(st.one_of(st.just(["w", "f8", "b"]), st.just(["b", "w", "f8"]), names)):
+        if name == "__metadata__":
+            continue
+        code = draw(st.sampled_from([{"w": "U32", "f8": "F8_E4M3", "b": "BF16", "zz": "F32"}[name]] * 12
+                                    + ["U8", "BOOL", "XX", "F32"]))
+        shape = draw(st.sampled_from([{"w": [2], "f8": [3], "b": [], "zz": [1]}[name]] * 12 + [[0], [2, 2], [1, 1]]))
+        size = _SIZES[code] * int(np.prod(shape, dtype=np.int64))
+        header[name] = {"dtype": code, "shape": shape, "data_offsets": [len(data), len(data) + size]}
+        data += draw(st.binary(min_size=size, max_size=size))
+    meta = {"format": draw(st.sampled_from(["yax.weights", "other"])), "version": draw(st.sampled_from(["1", "1", "2"]))}
+    if (key_arrays := draw(st.sampled_from([""] * 4 + _KEY_ARRAYS))):
+        meta["key_arrays"] = key_arrays
+    if draw(st.booleans()):
+        header["__metadata__"] = meta
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    blob = bytearray(struct.pack("<Q", len(text)) + text + data)
+    damage = draw(st.sampled_from([None] * 10 + ["cut", "byte", "length", "offset", "more"]))
+    if damage == "cut":
+        del blob[draw(st.integers(0, len(blob) - 1)):]
+    elif damage == "byte":
+        blob[draw(st.integers(0, len(blob) - 1))] = draw(st.integers(0, 255))
+    elif damage == "length":
+        blob[:8] = struct.pack("<Q", draw(st.sampled_from([0, 1, len(text) + 8, 2**40, 2**64 - 1])))
+    elif damage == "offset" and set(header) - {"__metadata__"}:
+        name = next(n for n in header if n != "__metadata__")
+        header[name]["data_offsets"][draw(st.integers(0, 1))] += draw(st.sampled_from([-1, 1, 2**33]))
+        text = json.dumps(header).encode()
+        blob = bytearray(struct.pack("<Q", len(text)) + text + data)
+    elif damage == "more":
+        blob += draw(st.binary(min_size=1, max_size=16))
+    return bytes(blob), draw(st.sampled_from(sorted(_LIKES)))
+
+
+def _bits(a) -> bytes:
+    if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):
+        a = jax.random.key_data(a)
+    return np.ascontiguousarray(np.asarray(a)).tobytes()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(weight_files())
+def test_load_weights_loads_what_safetensors_reads_or_refuses(tmp_path, case):
+    """Whatever the file holds, `load_weights` gives `like`'s types with the file's bits, or refuses
+    with a `YaxInputError` in a sentence; never another error, a wait, or a leaf of another type (a
+    ``{"w": null}`` made a uint32 leaf a PRNG key). safetensors' own reader is the oracle: a file it
+    refuses is refused."""
+    import safetensors
+
+    blob, like_name = case
+    like = _LIKES[like_name]
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(blob)
+    try:
+        with safetensors.safe_open(str(path), "np") as f:
+            readable = set(f.keys())
+    except safetensors.SafetensorError:
+        readable = None
+    t = time.perf_counter()
+    try:
+        loaded = yax.load_weights(path, like=like)
+    except yax.YaxInputError as e:
+        msg = str(e)
+        _seen("load_weights", time.perf_counter() - t)
+        _seen("load_weights refused")
+        assert msg.endswith(".") and ("Try " in msg or " try " in msg) and len(msg) < 2000, msg
+        return
+    _seen("load_weights", time.perf_counter() - t)
+    _seen("load_weights loaded")
+    assert readable == set(like), readable  # safetensors reads it, with exactly `like`'s keys
+    for k, want in like.items():
+        got = loaded[k]
+        assert got.shape == want.shape and got.dtype == want.dtype, (k, got, want)
+    # the bits are the file's: each entry's bytes, where the header says they lie
+    import json
+    import struct
+
+    size = struct.unpack("<Q", blob[:8])[0]
+    header = json.loads(blob[8:8 + size])
+    for k in like:
+        begin, end = header[k]["data_offsets"]
+        assert _bits(loaded[k]) == blob[8 + size + begin:8 + size + end], k

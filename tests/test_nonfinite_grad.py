@@ -289,3 +289,31 @@ def test_a_non_finite_gradient_of_the_loss_itself_and_refusals():
     with pytest.raises(yax.YaxCaptureError, match="not one of the 2 given"):
         yax.first_nonfinite(mox, w, x, grad_of=lambda out: jnp.sum(out["y"]), argnums=2)
     np.testing.assert_equal(yax.first_nonfinite(mox, w, x, grad_of=lambda out: jnp.sum(out["y"]), argnums=1), None)
+
+
+def test_a_search_that_runs_out_of_device_memory_says_what_to_try(monkeypatch):
+    """XLA's RESOURCE_EXHAUSTED (the flagging program of a large model) is a `YaxEvalError` saying what
+    to try, forward and backward, with XLA's error chained; any other failure is left as it is."""
+    from yax._capture import nonfinite
+
+    def exhausted(*a, **k):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4.00GiB.")
+
+    m = nn.Dense(3)
+    x = jnp.ones((2, 4))
+    params = m.init(KEY, x)
+    mox = yax.make_mox(m.apply)(params, x)
+    monkeypatch.setattr(nonfinite, "_forward", exhausted)
+    monkeypatch.setattr(nonfinite, "first_backward", exhausted)
+    for grad_of in (None, lambda out: out.sum()):
+        with pytest.raises(yax.YaxEvalError, match="ran out of device memory") as e:
+            yax.first_nonfinite(mox, params, x, grad_of=grad_of)
+        assert "fewer rows" in str(e.value) and "4.00GiB" in str(e.value)
+        assert isinstance(e.value.__cause__, jax.errors.JaxRuntimeError)
+
+    def broken(*a, **k):
+        raise ValueError("something else")
+
+    monkeypatch.setattr(nonfinite, "_forward", broken)
+    with pytest.raises(ValueError, match="something else"):
+        yax.first_nonfinite(mox, params, x)

@@ -290,3 +290,194 @@ def test_a_float64_scalar_beside_a_bfloat16_keeps_its_dtype(tmp_path):
     loaded = yax.load_weights(tmp_path / "w.safetensors", like=w)
     assert loaded["b"].dtype == np.float64 and loaded["b"].shape == () and isinstance(loaded["b"], np.ndarray)
     assert loaded["w"].dtype == jnp.bfloat16 and isinstance(loaded["w"], jax.Array)
+
+
+# -- issue 38.10: the files themselves, as a careful user and an attacker find them --------------
+
+def assert_sentence(e: BaseException, *parts: str) -> None:
+    """A yax refusal said as a full sentence: each of ``parts`` in it, a "try" hint, a full stop."""
+    msg = str(e)
+    assert isinstance(e, yax.YaxInputError), (type(e), msg)
+    assert msg.endswith(".") and ("Try " in msg or " try " in msg) and len(msg) < 800, msg
+    for part in parts:
+        assert part in msg, (part, msg)
+
+
+def files_in(folder) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+@pytest.mark.parametrize("case", ["missing", "folder", "no folder", "int", "none"])
+def test_a_path_that_is_no_file_is_refused_with_a_sentence(tmp_path, case):
+    """A missing file raised FileNotFoundError, a folder OSError ("No such device"), a path of the wrong type
+    TypeError: each is a `YaxInputError` naming the path, what it is, and what to try."""
+    (tmp_path / "dir.safetensors").mkdir()
+    path, load_says, save_says = {
+        "missing": (tmp_path / "nope.safetensors", "no file", None),
+        "folder": (tmp_path / "dir.safetensors", "is a folder", "is a folder"),
+        "no folder": (tmp_path / "gone" / "w.safetensors", "no file", "does not exist"),
+        "int": (3, "got `3` of type `int`", "got `3` of type `int`"),
+        "none": (None, "of type `NoneType`", "of type `NoneType`"),
+    }[case]
+    with pytest.raises(yax.YaxError) as e:
+        yax.load_weights(path, like={"a": jnp.ones(2)})
+    assert_sentence(e.value, load_says, *([str(path)] if case not in ("int", "none") else []))
+    if save_says is not None:
+        with pytest.raises(yax.YaxError) as e:
+            yax.save_weights({"a": jnp.ones(2)}, path)
+        assert_sentence(e.value, save_says)
+    assert files_in(tmp_path) == ["dir.safetensors"] and not any((tmp_path / "dir.safetensors").iterdir())
+
+
+def promptly(call, fifo, seconds=10.0):
+    """What ``call`` raised (None if nothing); fails if it took ``seconds`` or more. A call blocked opening the
+    named pipe ``fifo`` holds the GIL, so no thread of this process can free it: a child process opens both
+    ends of the pipe after ``seconds``, which ends the wait, and the test fails instead of hanging."""
+    import subprocess
+    import time
+
+    free = subprocess.Popen([sys.executable, "-c", "import os, sys, time; time.sleep(float(sys.argv[2])); "
+                             "fd = os.open(sys.argv[1], os.O_RDWR | os.O_NONBLOCK); time.sleep(5)",
+                             str(fifo), str(seconds)])
+    t, raised = time.perf_counter(), None
+    try:
+        call()
+    except BaseException as e:  # noqa: BLE001 - what it raised is the result
+        raised = e
+    finally:
+        took = time.perf_counter() - t
+        free.kill()
+        free.wait()
+    assert took < seconds, f"waited {took:.0f} s for the other end of the named pipe {fifo}"
+    return raised
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="no named pipes here")
+def test_a_named_pipe_is_refused_without_waiting_on_it(tmp_path):
+    """A FIFO path hung `load_weights` (and `save_weights`) uninterruptibly, waiting for its other end."""
+    import os
+
+    fifo = tmp_path / "w.safetensors"
+    os.mkfifo(fifo)
+    e = promptly(lambda: yax.load_weights(fifo, like={"a": jnp.ones(2)}), fifo)
+    assert_sentence(e, f"`{fifo}` is a named pipe", "not a regular file")
+    e = promptly(lambda: yax.save_weights({"a": jnp.ones(2)}, fifo), fifo)
+    assert_sentence(e, f"`{fifo}` is a named pipe")
+    assert files_in(tmp_path) == ["w.safetensors"] and (tmp_path / "w.safetensors").is_fifo()
+
+
+def with_key_arrays(path, key_arrays: str, dtype=np.uint32) -> None:
+    from safetensors.numpy import save_file
+
+    save_file({"w": np.arange(2, dtype=dtype)}, str(path),
+              metadata={"format": "yax.weights", "version": "1", "key_arrays": key_arrays})
+
+
+@pytest.mark.parametrize("key_arrays", ["{", "[1]", "[" * 100_000 + "]" * 100_000, '"fry"', '{"w": 3}',
+                                        '{"w": ["fry"]}', '{"elsewhere": "fry"}', '{"w": null}'])
+def test_malformed_key_arrays_metadata_is_refused(tmp_path, key_arrays):
+    """It raised JSONDecodeError, AttributeError or RecursionError, or said "the data of `3` keys"."""
+    path = tmp_path / "w.safetensors"
+    with_key_arrays(path, key_arrays)
+    with pytest.raises(yax.YaxError) as e:
+        yax.load_weights(path, like={"w": jnp.ones(2, jnp.uint32)})
+    assert_sentence(e.value, f"`{path}`", "`key_arrays`", "Nothing was loaded")
+
+
+def test_a_null_key_implementation_does_not_make_a_uint32_leaf_a_key(tmp_path):
+    """A hostile file's ``{"w": null}`` passed the checks as plain uint32 data, then was wrapped as a PRNG key
+    of the default implementation: `like` asked for u32[2] and got key<fry>[]."""
+    path = tmp_path / "w.safetensors"
+    with_key_arrays(path, '{"w": null}')
+    with pytest.raises(yax.YaxInputError, match=r"`w` is marked as a PRNG key array.*`null`"):
+        yax.load_weights(path, like={"w": jnp.ones(2, jnp.uint32)})
+
+
+def test_a_top_level_metadata_key_is_refused_at_save(tmp_path):
+    """safetensors keeps ``__metadata__`` for the file's metadata: a leaf of that key was written into a file
+    that nothing can read ("duplicate field `__metadata__`")."""
+    path = tmp_path / "w.safetensors"
+    with pytest.raises(yax.YaxInputError) as e:
+        yax.save_weights({"__metadata__": jnp.ones(2), "w": jnp.ones(1)}, path)
+    assert_sentence(e.value, "`__metadata__`", "`params['__metadata__']`", "reserves")
+    assert files_in(tmp_path) == []
+    yax.save_weights({"__metadata__": {"w": jnp.ones(2)}}, path)  # below the top level it is any other key
+    assert keys_and_metadata(path)[0] == ["__metadata__/w"]
+
+
+def test_a_file_with_a_float8_entry_is_read_once(tmp_path):
+    """A float8 entry made `load_weights` read the whole file a second time (`safetensors.deserialize` of its
+    bytes): 400 MB of weights with one float8 bias peaked 40% higher. Each array is now read once: the
+    memory allocated while loading stays near the size of the file."""
+    import tracemalloc
+
+    path = tmp_path / "w.safetensors"
+    w = {"big": np.ones((1024, 2048), np.float32), "f8": np.ones(4, ml_dtypes.float8_e4m3fn)}
+    yax.save_weights(w, path)
+    size = path.stat().st_size
+    yax.load_weights(path, like=w)  # compiles what JAX compiles once, outside the measurement
+    tracemalloc.start()
+    try:
+        loaded = yax.load_weights(path, like=w)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert_same(loaded, {k: jnp.asarray(v) for k, v in w.items()})
+    assert peak < 1.3 * size, (peak, size)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_a_saved_file_has_the_mode_the_umask_gives(tmp_path, umask):
+    """Files were created 0600 whatever the umask (safetensors' own mode): a file for another program or
+    user was unreadable to them. A file that exists keeps its mode when it is replaced."""
+    import os
+    import stat
+
+    old = os.umask(umask)
+    try:
+        yax.save_weights({"a": jnp.ones(2)}, tmp_path / "new.safetensors")
+        (tmp_path / "old.safetensors").write_bytes(b"old")
+        os.chmod(tmp_path / "old.safetensors", 0o640)
+        yax.save_weights({"a": jnp.ones(2)}, tmp_path / "old.safetensors")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "new.safetensors").stat().st_mode) == 0o666 & ~umask
+    assert stat.S_IMODE((tmp_path / "old.safetensors").stat().st_mode) == 0o640
+    assert keys_and_metadata(tmp_path / "old.safetensors")[0] == ["a"]
+    assert files_in(tmp_path) == ["new.safetensors", "old.safetensors"]
+
+
+@pytest.mark.parametrize("raised", ["OSError", "SafetensorError"])
+def test_a_failed_save_leaves_no_partial_file_and_the_retry_succeeds(tmp_path, monkeypatch, raised):
+    """A full disk left a truncated file (and, saving over one, destroyed the old weights). The file is
+    written beside its path and renamed when whole: on failure there is no new file, the old one is
+    as it was, and the refusal says why."""
+    import errno
+
+    import safetensors
+    import safetensors.numpy
+
+    real = safetensors.numpy.save_file
+
+    def full_disk(tensors, filename, metadata=None):
+        with open(filename, "wb") as fh:
+            fh.write(b"\0" * 100)  # what fitted
+        if raised == "OSError":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    w = {"a": jnp.arange(3.0)}
+    old = tmp_path / "old.safetensors"
+    real({"a": np.zeros(3, np.float32)}, str(old), metadata={"format": "yax.weights", "version": "1"})
+    before = old.read_bytes()
+    monkeypatch.setattr(safetensors.numpy, "save_file", full_disk)
+    for path in (tmp_path / "new.safetensors", old):
+        with pytest.raises(yax.YaxError) as e:
+            yax.save_weights(w, path)
+        assert_sentence(e.value, f"`{path}`", "No space left on device", "Nothing was written")
+    assert files_in(tmp_path) == ["old.safetensors"] and old.read_bytes() == before
+    monkeypatch.setattr(safetensors.numpy, "save_file", real)
+    for path in (tmp_path / "new.safetensors", old):
+        yax.save_weights(w, path)
+        assert_same(yax.load_weights(path, like=w), w)
+    assert files_in(tmp_path) == ["new.safetensors", "old.safetensors"]

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from ._files import check_target, fspath, open_regular, read_into, staged
 from ._vocab import key_name, type_str
 from .errors import WeightsDoNotFit, YaxDependencyError, YaxInputError, _count
 
@@ -46,9 +47,7 @@ _CODES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "uint16": "U16", "int16":
           "float8_e4m3fnuz": "F8_E4M3FNUZ", "float8_e5m2": "F8_E5M2", "float8_e5m2fnuz": "F8_E5M2FNUZ",
           "float8_e8m0fnu": "F8_E8M0"}
 _DTYPES = {code: np.dtype(getattr(ml_dtypes, name, None) or name) for name, code in _CODES.items()}
-# safetensors' own NumPy loader looks these up in `numpy`, which lacks them (they live in
-# `ml_dtypes`), so they are read from the file's raw bytes instead.
-_RAW = {"F8_E4M3", "F8_E4M3FNUZ", "F8_E5M2", "F8_E5M2FNUZ", "F8_E8M0"}
+_RESERVED = "__metadata__"  # the header's entry for the metadata: no array can have this key
 
 
 def _safetensors() -> Any:
@@ -72,12 +71,19 @@ def key_of(keypath: tuple[Any, ...]) -> str:
     return "/".join(map(key_name, keys))
 
 
-def _flat(tree: Any, arg: str) -> tuple[list[tuple[str, Any]], Any]:
-    """``([(key, leaf)], treedef)`` of ``tree`` (the argument ``arg``); refuses two leaves with one key."""
+def _flat(tree: Any, arg: str, saved: bool = False) -> tuple[list[tuple[str, Any]], Any]:
+    """``([(key, leaf)], treedef)`` of ``tree`` (the argument ``arg``); refuses two leaves with one key
+    and, when the tree is to be ``saved``, a leaf whose key safetensors keeps for the metadata."""
     with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
     seen: dict[str, Any] = {}
     for kp, _ in with_paths:
         k = key_of(kp)
+        if saved and k == _RESERVED:
+            raise YaxInputError(
+                f"The leaf `{arg}{jax.tree_util.keystr(kp)}` would be stored under the key `{_RESERVED}`, which "
+                "safetensors reserves for a file's metadata: the file would hold two entries of that name, and no "
+                "reader could open it. Nothing was written. Try renaming it (`metadata`), or nesting it under "
+                "another key.")
         if k in seen:
             raise YaxInputError(
                 f"Two leaves of `{arg}`, `{arg}{jax.tree_util.keystr(seen[k])}` and "
@@ -111,12 +117,16 @@ def save_weights(params: Any, path: str | os.PathLike[str]) -> None:
 
     Args:
       params: the pytree of arrays to save.
-      path: the file to write (replaced if it exists).
+      path: the file to write (replaced if it exists). The file is written beside it under another
+        name and renamed when whole, so a failure (a full disk) leaves no part of it, and a file
+        that was there as it was. A new file gets the mode ``open`` gives (0666 less the umask); a
+        replaced one keeps its own.
 
     Raises:
       YaxInputError: a leaf is not an array (a Python number or string, an abstract
-        `jax.ShapeDtypeStruct`), has a dtype safetensors cannot store, or two leaves have the
-        same key.
+        `jax.ShapeDtypeStruct`), has a dtype safetensors cannot store, two leaves have the
+        same key or one has the key ``__metadata__``; ``path`` is not a path, is a folder or
+        named pipe, or is in a folder that does not exist; or writing the file failed.
       YaxDependencyError: ``safetensors`` is not installed.
 
     Example:
@@ -131,7 +141,8 @@ def save_weights(params: Any, path: str | os.PathLike[str]) -> None:
       >>> folder.cleanup()
     """
     safetensors = _safetensors()
-    flat, _ = _flat(params, "params")
+    where = fspath(path, "`save_weights`", '`yax.save_weights(params, "weights.safetensors")`', YaxInputError)
+    flat, _ = _flat(params, "params", saved=True)
     not_arrays = [f"`{k}` ({_kind(x)})" for k, x in flat if not isinstance(x, (jax.Array, np.ndarray, np.generic))]
     if not_arrays:
         raise YaxInputError(
@@ -143,6 +154,7 @@ def save_weights(params: Any, path: str | os.PathLike[str]) -> None:
         raise YaxInputError(
             f"safetensors cannot store the dtype of {_count(len(unstorable), 'leaf', 'leaves')} of `params`: "
             f"{', '.join(unstorable)}. It stores {', '.join(_CODES)}. Try casting them (`x.astype(jnp.float32)`) before saving.")
+    check_target(where, "the weights", YaxInputError, replace=True, inside="weights.safetensors")
     tensors, impls = {}, {}
     for k, x in flat:
         if _is_key(x):
@@ -157,7 +169,12 @@ def save_weights(params: Any, path: str | os.PathLike[str]) -> None:
     metadata = {"format": FORMAT, "version": VERSION}
     if impls:
         metadata[_KEY_ARRAYS] = json.dumps(impls, sort_keys=True)
-    safetensors.numpy.save_file(tensors, os.fspath(path), metadata=metadata)
+    with staged("the weights", YaxInputError, replace=True) as stage:
+        temp = stage(where)
+        try:
+            safetensors.numpy.save_file(tensors, temp, metadata=metadata)
+        except safetensors.SafetensorError as e:  # how safetensors reports a failed write (a full disk)
+            raise OSError(0, str(e)) from e
 
 
 def _found(code: str, shape: tuple[int, ...], impl: str | None) -> Any:
@@ -198,7 +215,9 @@ def load_weights(path: str | os.PathLike[str], *, like: Any) -> Any:
     Raises:
       WeightsDoNotFit: (a `YaxInputError`) keys missing from the file, keys the file has and
         ``like`` lacks, or leaves of another shape or dtype; nothing is loaded.
-      YaxInputError: ``path`` is not a safetensors file, or a leaf of ``like`` is not an array.
+      YaxInputError: ``path`` is no regular file (missing, a folder, a named pipe: refused without
+        opening it) or not a safetensors file, its metadata is malformed, or a leaf of ``like`` is
+        not an array.
       YaxDependencyError: ``safetensors`` is not installed.
 
     Example:
@@ -213,7 +232,7 @@ def load_weights(path: str | os.PathLike[str], *, like: Any) -> Any:
       >>> folder.cleanup()
     """
     safetensors = _safetensors()
-    where = os.fspath(path)
+    where = fspath(path, "`load_weights`", '`yax.load_weights("weights.safetensors", like=params)`', YaxInputError)
     flat, treedef = _flat(like, "like")
     not_arrays = [f"`{k}` ({_kind(x)})" for k, x in flat
                   if not isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))]
@@ -222,36 +241,35 @@ def load_weights(path: str | os.PathLike[str], *, like: Any) -> Any:
             f"`like` should hold arrays or `jax.ShapeDtypeStruct`s, but {_count(len(not_arrays), 'leaf', 'leaves')} "
             f"of it {'is' if len(not_arrays) == 1 else 'are'} neither: {', '.join(not_arrays)}. Try passing the "
             "parameters of the model the weights were saved from, or `jax.eval_shape` of its `init`.")
-    try:
-        with safetensors.safe_open(where, framework="np") as f:
-            meta = f.metadata() or {}
-            if meta.get("format") == FORMAT and meta.get("version") != VERSION:
-                raise YaxInputError(
-                    f"`{where}` holds yax weights of format version {meta.get('version')!r}, but this yax reads "
-                    f"version {VERSION!r}. Try loading it with the version of yax that saved it.")
-            impls: dict[str, str] = json.loads(meta.get(_KEY_ARRAYS, "{}"))
-            codes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
-            found = {k: _found(c, tuple(f.get_slice(k).get_shape()), impls.get(k)) for k, c in codes.items()}
-            wanted = dict(flat)
-            mismatched = []
-            for k, x in flat:
-                got = found.get(k)
-                if got is not None and (isinstance(got, str) or got.shape != x.shape or got.dtype != x.dtype):
-                    mismatched.append((k, type_str(x), got if isinstance(got, str) else type_str(got)))
-            missing = [k for k, _ in flat if k not in found]
-            extra = [k for k in found if k not in wanted]
-            if missing or extra or mismatched:
-                raise WeightsDoNotFit(where, missing, extra, mismatched)
-            arrays = {k: f.get_tensor(k) for k, c in codes.items() if c not in _RAW}
-    except safetensors.SafetensorError as e:
-        raise YaxInputError(
-            f"`{where}` could not be read as a safetensors file: {e}. Try a file written by `yax.save_weights` "
-            "(or another safetensors writer).") from e
-    if len(arrays) < len(codes):  # float8 arrays: from the raw bytes (see `_RAW`)
-        with open(where, "rb") as raw:
-            for k, entry in safetensors.deserialize(raw.read()):
-                if k not in arrays:
-                    arrays[k] = np.frombuffer(entry["data"], dtype=_DTYPES[entry["dtype"]]).reshape(entry["shape"])
+    with open_regular(where, "weights", YaxInputError) as fh:  # refuses a named pipe without waiting on it
+        try:
+            # safetensors checks the header (offsets inside the file, sizes that fit the shapes); the arrays
+            # are read from `fh` below, each once, straight into the array that is returned
+            with safetensors.safe_open(where, framework="np") as f:
+                meta = f.metadata() or {}
+                codes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
+                shapes = {k: tuple(f.get_slice(k).get_shape()) for k in codes}
+        except (safetensors.SafetensorError, OSError) as e:
+            raise YaxInputError(
+                f"`{where}` could not be read as a safetensors file: {e}. Try a file written by `yax.save_weights` "
+                "(or another safetensors writer).") from e
+        if meta.get("format") == FORMAT and meta.get("version") != VERSION:
+            raise YaxInputError(
+                f"`{where}` holds yax weights of format version {meta.get('version')!r}, but this yax reads "
+                f"version {VERSION!r}. Try loading it with the version of yax that saved it.")
+        impls = _key_arrays(meta, where, codes)
+        found = {k: _found(c, shapes[k], impls.get(k)) for k, c in codes.items()}
+        wanted = dict(flat)
+        mismatched = []
+        for k, x in flat:
+            got = found.get(k)
+            if got is not None and (isinstance(got, str) or got.shape != x.shape or got.dtype != x.dtype):
+                mismatched.append((k, type_str(x), got if isinstance(got, str) else type_str(got)))
+        missing = [k for k, _ in flat if k not in found]
+        extra = [k for k in found if k not in wanted]
+        if missing or extra or mismatched:
+            raise WeightsDoNotFit(where, missing, extra, mismatched)
+        arrays = _read(fh, where, codes, shapes)
     leaves: list[Any] = []
     for k, x in flat:
         a = arrays[k]
@@ -260,11 +278,79 @@ def load_weights(path: str | os.PathLike[str], *, like: Any) -> Any:
         elif not _held(a.dtype):
             # JAX would narrow it (int64 2**40+3 to the int32 3, float64 rounded to float32) after the
             # dtype check passed: the saved values, as NumPy holds them, are what `like` asked for
-            leaves.append(np.array(a))
+            leaves.append(a)  # read into an array of its own, no view of anything
             continue
         sharding = getattr(x, "sharding", None)
         leaves.append(jax.device_put(a, sharding) if sharding is not None else jnp.asarray(a))
     return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _key_arrays(meta: dict[str, str], where: str, codes: dict[str, str]) -> dict[str, str]:
+    """The metadata's ``{key: implementation name}`` of the file's PRNG key arrays; refuses
+    anything else (a hostile file's ``{"w": null}`` would make a uint32 leaf a key)."""
+    text = meta.get(_KEY_ARRAYS)
+    if text is None:
+        return {}
+
+    def refused(found: str) -> YaxInputError:
+        return YaxInputError(
+            f"The metadata of `{where}` lists its PRNG key arrays under `{_KEY_ARRAYS}`, which should be a JSON "
+            f"object giving each one's implementation (such as `{{\"rngs/key\": \"threefry2x32\"}}`), but {found}. "
+            "Nothing was loaded. Try a file written by `yax.save_weights`: this one was not, or was changed since.")
+
+    try:
+        impls = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise refused(f"it is not JSON ({e.msg} at character {e.pos})") from None
+    except RecursionError:
+        raise refused("it is nested too deeply to read") from None
+    if not isinstance(impls, dict):
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(impls), "a number")
+        raise refused(f"it is JSON {kind}")
+    for k, impl in impls.items():
+        if k not in codes:
+            raise refused(f"it marks `{k[:80]}`, which the file does not hold")
+        if not isinstance(impl, str):
+            shown = "null" if impl is None else f"a JSON {type(impl).__name__.replace('dict', 'object')}"
+            raise refused(f"`{k[:80]}` is marked as a PRNG key array of the implementation `{shown}`, which names "
+                          "no implementation")
+    return impls
+
+
+def _read(fh: Any, where: str, codes: dict[str, str], shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+    """Each entry of the file ``fh`` as a NumPy array, read once, straight into it (float8 and
+    bfloat16 too: safetensors' NumPy loader has no such dtypes). The header is read again from
+    ``fh``: it is what safetensors checked, unless the file was replaced meanwhile (refused)."""
+    changed = YaxInputError(f"`{where}` changed while it was being read. Nothing was loaded. Try again once "
+                            "nothing writes to it.")
+    try:
+        fh.seek(0)
+        size = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(min(size, 100_000_000)))
+        base, places = 8 + size, {}
+        for k, code in codes.items():
+            entry = header[k]
+            begin, end = (int(i) for i in entry["data_offsets"])
+            if entry["dtype"] != code or tuple(entry["shape"]) != shapes[k]:
+                raise changed
+            places[k] = (base + begin, end - begin)
+    except (ValueError, TypeError, KeyError, RecursionError):
+        raise changed from None
+    arrays = {}
+    for k, (start, length) in sorted(places.items(), key=lambda item: item[1]):  # in the order of the file
+        a = np.empty(shapes[k], _DTYPES[codes[k]])
+        if a.nbytes != length:
+            raise changed
+        if a.nbytes:
+            try:
+                whole = read_into(fh, start, a.reshape(-1).view(np.uint8))
+            except OSError as e:
+                raise YaxInputError(f"`{where}` could not be read: {e.strerror or e}. Nothing was loaded. Try "
+                                    "again, or copy the file to a disk that reads.") from e
+            if not whole:
+                raise changed
+        arrays[k] = a
+    return arrays
 
 
 def _held(dtype: np.dtype[Any]) -> bool:

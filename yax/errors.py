@@ -297,6 +297,28 @@ def unexpected(what: str, e: BaseException, error: type[YaxError]) -> YaxError:
     )
 
 
+class OutOfMemory(YaxEvalError):
+    """A program yax compiled to look at every value of a model (`first_nonfinite`'s
+    search) did not fit in the device's memory: XLA reported ``RESOURCE_EXHAUSTED``
+    (chained as ``__cause__``). Run the model on fewer rows (a smaller batch), or bring
+    out fewer values: `capture` with a query selecting the layers you suspect."""
+
+    def __init__(self, tool: str, e: BaseException, backward: bool = False):
+        what = "every value of the model and every cotangent of its backward pass" if backward else \
+            "every value of the model"
+        said = str(e).strip().split("\n")[0][:300].rstrip(".")
+        super().__init__(
+            f"`{tool}` ran out of device memory: its program, which flags {what}, did not fit (XLA: {said}). "
+            f"Try a batch with fewer rows (`x[:1]`: one example, or fewer tokens), or look at fewer values at "
+            f"a time: `yax.capture(query, mox, *args)` with a query selecting the layers you suspect, such as "
+            f"`'//module_call[@name=\"Block_3\"]'`, then `jnp.isfinite` of what it returns.")
+
+    @staticmethod
+    def caused_by(e: BaseException) -> bool:
+        """Whether ``e`` is XLA saying that a program did not fit in the device's memory."""
+        return isinstance(e, RuntimeError) and "RESOURCE_EXHAUSTED" in str(e)[:500]
+
+
 class DeciderMutated(YaxRewriteError):
     """A decider passed to `sub` changed the node it was asked about (put back
     before this is raised); ``changed`` names what it changed."""

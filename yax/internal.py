@@ -30,6 +30,8 @@ Contents:
                    `variables_argument` (which of them `yax.sub`'s ``params=`` takes)
   frontends        `Frontend`, `register`, `frontends` (all, in order), `frontend_named`,
                    `unwrap_target` (a model holding its own variables as a function of them)
+  files            `check_target` (a path a file can be written to, else a sentence), `staged`
+                   (files written whole beside their paths and renamed at the end, or not at all)
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ from ._compare import eager_is_cheaper as eager_is_cheaper
 from ._compare import measure as measure
 from ._compare import paired_outputs as paired_outputs
 from ._diff import keyed as keyed
+from ._files import check_target as check_target
+from ._files import staged as staged
 from ._fold import structure_keys as structure_keys
 from ._ir import CALL_KINDS as CALL_KINDS
 from ._ir import FN_KINDS as FN_KINDS
@@ -67,7 +71,10 @@ from ._record import CallInfo as CallInfo
 from ._record import marked_call as marked_call
 from ._record import recorder as recorder
 from ._sharding import call_specs as call_specs
+from ._sharding import is_sharded as is_sharded
 from ._sharding import reduced_stats as reduced_stats
+from ._sharding import spec_of as spec_of
+from ._sharding import spec_text as spec_text
 from ._sharding import spread as spread
 from ._source import Location as Location
 from ._source import lines_around as lines_around

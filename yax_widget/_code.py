@@ -3,8 +3,10 @@ of a registered replacement."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
+import keyword
 from typing import Any
 
 import yax
@@ -19,11 +21,19 @@ def _homes() -> list[tuple[str, str]]:
     return [*first, *(h for f in frontends() for h in f.code_homes), ("yax_widget", "yax_widget")]
 
 
+def _dotted(name: Any) -> bool:
+    """Whether ``name`` is Python names joined by dots (``flax.linen.Dense``), and nothing else."""
+    return isinstance(name, str) and all(p.isidentifier() and not keyword.iskeyword(p) for p in name.split("."))
+
+
 def _public_name(obj: Any) -> str | None:
     """``jax.nn.gelu`` / ``nn.Dense`` / ``yax.LoRA`` for an object reachable
-    from a familiar home, else ``module.qualname`` when that is importable."""
+    from a familiar home, else ``module.qualname`` when that is importable.
+    Only dotted Python names are written: a ``__qualname__`` is any string
+    (``"f\nimport os"`` would be a statement of its own in the script), so
+    anything else gives None, and the script names a placeholder to define."""
     name = getattr(obj, "__name__", None)
-    if name is None:
+    if not _dotted(name):
         return None
     for home, alias in _homes():
         try:
@@ -33,9 +43,20 @@ def _public_name(obj: Any) -> str | None:
         if getattr(mod, name, None) is obj:
             return f"{alias}.{name}"
     mod, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", "")
-    if mod and "<" not in qual and not any(p.startswith("_") for p in mod.split(".")):
+    if _dotted(mod) and _dotted(qual) and not any(p.startswith("_") for p in mod.split(".")):
         return f"{mod}.{qual}"
     return None
+
+
+def _expression(code: str) -> bool:
+    """Whether ``code`` is one Python expression on one line (a field's ``repr``)."""
+    if "\n" in code or "\r" in code:
+        return False
+    try:
+        ast.parse(code, mode="eval")
+    except (SyntaxError, ValueError):
+        return False
+    return True
 
 
 def replacement_code(repl: Any) -> str | None:
@@ -44,6 +65,8 @@ def replacement_code(repl: Any) -> str | None:
     class called with the fields that differ from their defaults."""
     if dataclasses.is_dataclass(repl) and not isinstance(repl, type):
         cls = _public_name(type(repl)) or type(repl).__name__
+        if not _dotted(cls):
+            return None
         args = []
         for f in dataclasses.fields(repl):
             if f.name in ("parent", "name") or not f.init:  # linen's own fields
@@ -54,7 +77,8 @@ def replacement_code(repl: Any) -> str | None:
             if default is not dataclasses.MISSING and v is default or (
                     default is not dataclasses.MISSING and type(v) is type(default) and v == default):
                 continue
-            code = (replacement_code(v) if callable(v) else repr(v)) or "..."
+            code = replacement_code(v) if callable(v) else repr(v)
+            code = code if code is not None and _expression(code) else "..."
             args.append(f"{f.name}={code}")
         return f"{cls}({', '.join(args)})"
     if isinstance(repl, (Mox, Equation)):

@@ -8,6 +8,7 @@ offers the session's Python API. Formats: ``docs/widget.md``.
 
 from __future__ import annotations
 
+import inspect
 import pathlib
 from typing import Any
 
@@ -18,6 +19,7 @@ import yax
 
 from . import _protocol
 from ._session import Change, Session, in_kernel
+from ._targets import caller_names
 
 STATIC = pathlib.Path(__file__).parent / "static"
 
@@ -70,8 +72,8 @@ class Explorer(anywidget.AnyWidget):
       >>> ex = Explorer(m, m.init(jax.random.key(0), x), x)
       >>> [n.name for n in ex.query('//activation')]
       ['relu']
-      >>> print(ex.substitute('//activation', "GELU"))
-      replaced 1 node(s) selected by //activation with GELU
+      >>> print(ex.substitute('//activation', "GELU (tanh)"))
+      replaced 1 node(s) selected by //activation with GELU (tanh)
       >>> [n.name for n in ex.mox.modules()], ex.comparison.first_divergence
       (['Sequential', 'layers_0', 'gelu', 'layers_2'], 'Sequential/relu')
     """
@@ -104,12 +106,27 @@ class Explorer(anywidget.AnyWidget):
                  batches: Any = None, grad_of: Any = None, static_argnums: Any = None,
                  static_argnames: Any = None, **kwargs: Any):
         super().__init__()
-        #: Everything the explorer does, without the widget (`yax_widget.Session`).
-        self.session = Session(target, *args, key=key, warm=in_kernel() if warm is None else warm,
-                               batches=batches, grad_of=grad_of, on_change=self._mirror,
-                               static_argnums=static_argnums, static_argnames=static_argnames, **kwargs)
-        self._mirror(self.session.state)
+        try:
+            #: Everything the explorer does, without the widget (`yax_widget.Session`).
+            self.session = Session(target, *args, key=key, warm=in_kernel() if warm is None else warm,
+                                   batches=batches, grad_of=grad_of, on_change=self._mirror,
+                                   static_argnums=static_argnums, static_argnames=static_argnames, **kwargs)
+            self._mirror(self.session.state)
+        except BaseException:
+            # the widget (and its layout) registered itself and opened its comm: an explorer that failed
+            # to open leaves neither behind, nor a worker thread
+            self.close()
+            raise
         self.on_msg(self._on_msg)
+        # "copy as code" writes the names the caller gave, where its namespace says them unambiguously: a
+        # notebook cell's or a script's top level (a function's locals are not names the notebook has)
+        caller = inspect.currentframe()
+        caller = caller.f_back if caller is not None else None
+        if caller is not None and caller.f_code.co_name == "<module>":
+            names = caller_names({**caller.f_globals, **caller.f_locals}, target, args, kwargs)
+            if names is not None:
+                self.session.names, self.session.names_given_to = names, "Explorer(...)"
+        del caller
 
     def _mirror(self, changes: dict[str, Any]) -> None:
         """Copy changed entries of the session's state into the synced traits, in one message."""
@@ -157,10 +174,24 @@ class Explorer(anywidget.AnyWidget):
         """The name of the batch the values, colouring and comparison use."""
         return self.session.batch
 
-    def add_replacement(self, name: str, repl: Any, *, code: str | None = None, doc: str | None = None) -> None:
+    def add_replacement(self, name: str, repl: Any, *, code: str | None = None, doc: str | None = None,
+                        cast: bool = False, keep: Any = None) -> None:
         """Offer ``repl`` (anything `yax.sub` accepts) in the palette as ``name``.
-        ``code`` is the Python expression "copy as code" writes for it."""
-        self.session.add_replacement(name, repl, code=code, doc=doc)
+        ``code`` is the Python expression "copy as code" writes for it; ``cast``
+        and ``keep`` are `yax.sub`'s options, for each drop of it (``cast=True``:
+        a replacement computing in another dtype, its outputs cast back). A mapping
+        from queries to precision policies (like `yax.default_policy`, offered as
+        "bfloat16 compute") applies `yax.mixed_precision` inside the row it is dropped on.
+
+        Example:
+          >>> import jax, jax.numpy as jnp, flax.linen as nn
+          >>> m = nn.Sequential([nn.Dense(4), nn.gelu, nn.Dense(2)]); x = jnp.ones((1, 3))
+          >>> ex = Explorer(m, m.init(jax.random.key(0), x), x)
+          >>> ex.add_replacement("GELU in bf16", lambda v: jax.nn.gelu(v.astype(jnp.bfloat16)), cast=True)
+          >>> print(ex.substitute("//activation", "GELU in bf16"))
+          replaced 1 node(s) selected by //activation with GELU in bf16
+        """
+        self.session.add_replacement(name, repl, code=code, doc=doc, cast=cast, keep=keep)
 
     def query(self, xpath: str) -> list[Any]:
         """Run ``xpath`` on the current MoX, highlight the matches in the UI
@@ -201,7 +232,7 @@ class Explorer(anywidget.AnyWidget):
           >>> from yax_widget import Explorer
           >>> m = nn.Sequential([nn.Dense(4), nn.relu, nn.Dense(2)]); x = jnp.ones((1, 3))
           >>> ex = Explorer(m, m.init(jax.random.key(0), x), x)
-          >>> _ = ex.substitute('//activation', "GELU"); _ = ex.substitute('//activation', "GELU")
+          >>> _ = ex.substitute('//activation', "GELU (tanh)"); _ = ex.substitute('//activation', "GELU (tanh)")
           >>> ex.compare_with("previous"); ex.comparison.allclose  # GELU again changes nothing
           True
         """
@@ -324,5 +355,10 @@ class Explorer(anywidget.AnyWidget):
     def close(self) -> None:
         """Close the widget, stop its worker thread and let go of the
         measured values (the history stays readable; later commands are refused)."""
-        self.session.close()
+        session = getattr(self, "session", None)  # None when opening it failed (then `__del__` closes it again)
+        if session is not None:
+            session.close()
+        layout = getattr(self, "layout", None)  # made with the widget, and registered like it
+        if layout is not None:
+            layout.close()
         super().close()

@@ -19,6 +19,7 @@ import dataclasses
 import inspect
 import json
 import keyword
+import os
 import pathlib
 import re
 from typing import TYPE_CHECKING, Any
@@ -27,13 +28,13 @@ import jax
 import numpy as np
 
 import yax
-from yax.internal import call_signature, type_str
+from yax.internal import call_signature, check_target, staged, type_str
 
 if TYPE_CHECKING:
     from ._session import Session
 
 # Names the generated snippet uses itself; an input named so is renamed in the snippet only.
-_SNIPPET_NAMES = {"jax", "np", "exported", "npz", "params", "outputs"}
+_SNIPPET_NAMES = {"jax", "np", "exported", "npz", "params", "param", "outputs"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,12 +92,22 @@ def export(ex: Session, stem: str | pathlib.Path, overwrite: bool = False) -> di
     given them, with the same names and of the example's shapes. Inputs that
     are Python values (``deterministic=True``) are fixed in the export. The
     README says the exact call; the manifest says the same for programs.
-    Existing files are refused, naming them, unless ``overwrite``.
+    Existing files are refused, naming them, unless ``overwrite``. bfloat16 and float8
+    parameters, which NumPy has no dtype for, are stored as their bits (``name#bfloat16``,
+    unsigned integers of their width) and the README's snippet views them as what they are.
+
+    The files are written beside their paths and renamed when all four are whole: a failure
+    (a full disk) leaves none of them, and the paths are free for a retry.
     """
+    if not isinstance(stem, (str, os.PathLike)):
+        raise yax.YaxInputError(f"`export` takes the stem of its files' names, but got `{str(stem)[:40]}` of type "
+                                f"`{type(stem).__name__}`. Try `ex.export('my_model')`.")
     stem = pathlib.Path(stem)
     if not re.fullmatch(r"[\w.\-]+", stem.name):
         raise yax.YaxInputError(f"`export` expected a file name of letters, digits, `_`, `.` and `-` for its "
                                 f"files, not {stem.name!r}. Try `ex.export('my_model')`.")
+    for p in _paths(stem):  # before the export is computed: a folder that is not there, a name too long
+        check_target(str(p), "the export", yax.YaxInputError, replace=True)
     there = taken(stem)
     if there and not overwrite:
         raise yax.YaxInputError(f"`export` would replace {', '.join(map(str, there))}, which exist. Choose another "
@@ -134,16 +145,20 @@ def export(ex: Session, stem: str | pathlib.Path, overwrite: bool = False) -> di
     exported = jax.export.export(jax.jit(call))(*[example[i] for i in params], *pos, **kws)
 
     function, npz, readme, meta = _paths(stem)
-    files = [function]
-    function.write_bytes(exported.serialize())
+    files = [function, npz] if ex.has_params else [function]
     named = [_array(jax.tree_util.keystr(flat[i][0][2:]), example[i]) for i in params]  # the path inside params
-    if ex.has_params:
-        files.append(npz)
-        with open(npz, "wb") as fh:
-            np.savez(fh, **dict(named))
     manifest = _manifest(files, named, inputs, example, flat, exported, out_paths)
-    readme.write_text(_readme(stem.name, manifest))
-    meta.write_text(json.dumps(manifest, indent=1) + "\n")
+    program = exported.serialize()
+    with staged("the export", yax.YaxInputError, replace=overwrite) as stage:
+        with open(stage(str(function)), "wb") as fh:
+            fh.write(program)
+        if ex.has_params:
+            with open(stage(str(npz)), "wb") as fh:
+                np.savez(fh, **dict(named))
+        with open(stage(str(readme)), "w", encoding="utf-8") as fh:
+            fh.write(_readme(stem.name, manifest))
+        with open(stage(str(meta)), "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(manifest, indent=1) + "\n")
     files += [readme, meta]
     return {"files": [str(p) for p in files], "bytes": [p.stat().st_size for p in files]}
 
@@ -246,6 +261,7 @@ def _manifest(files: list[pathlib.Path], named: list[tuple[str, Any]], inputs: l
         "params": files[1].name if len(files) > 1 else None,
         "params_count": len(named),
         "params_key_data": [n for n, _ in named if n.endswith("#key_data")],
+        "params_bits": {n: dtype for n, _ in named if (dtype := _bits_of(n))},
         "inputs": ins,
         "fixed": fixed,
         "outputs": outs,
@@ -291,7 +307,9 @@ def _readme(stem: str, m: dict) -> str:
              f"with open({m['function']!r}, 'rb') as fh:", "    exported = jax.export.deserialize(fh.read())"]
     if m["params"]:
         lines.append(f"npz = np.load({m['params']!r})")
-        if m["params_key_data"]:
+        if m["params_bits"]:
+            lines += _param_function(m)
+        elif m["params_key_data"]:
             lines.append("params = [jax.random.wrap_key_data(npz[k]) if k.endswith('#key_data') else npz[k] "
                          "for k in npz.files]  # PRNG keys are stored as their key data")
         else:
@@ -321,8 +339,39 @@ def _readme(stem: str, m: dict) -> str:
     return "\n".join(lines)
 
 
+def _param_function(m: dict) -> list[str]:
+    """The snippet's lines that load the parameters when some are stored as their bits."""
+    dtypes = sorted(set(m["params_bits"].values()))
+    lines = ["", f"def param(k):  # NumPy has no {', '.join(dtypes)}: such arrays are stored as their bits",
+             "    a = npz[k]"]
+    if m["params_key_data"]:
+        lines += ["    if k.endswith('#key_data'):  # PRNG keys are stored as their key data",
+                  "        return jax.random.wrap_key_data(a)"]
+    for dtype in dtypes:
+        lines += [f"    if k.endswith('#{dtype}'):", f"        return a.view(jax.numpy.{dtype})"]
+    return lines + ["    return a", "", "", "params = [param(k) for k in npz.files]"]
+
+
+def _bits_of(name: str) -> str | None:
+    """The dtype a parameter named ``name`` in the ``.npz`` is the bits of (``bfloat16``), if any.
+    A name ends in ``]`` or an attribute name, so a ``#dtype`` after it is the export's own."""
+    dtype = name.rpartition("#")[2] if "#" in name else ""
+    return dtype if dtype != "key_data" and _is_bits(dtype) else None
+
+
+def _is_bits(dtype: str) -> bool:
+    """Whether ``dtype`` (a name) is one JAX has and NumPy does not: stored as its bits (``|V2`` otherwise)."""
+    found = getattr(jax.numpy, dtype, None) if dtype.isidentifier() else None
+    return isinstance(found, type) and np.dtype(found).kind == "V"
+
+
 def _array(name: str, v: Any) -> tuple[str, np.ndarray]:
-    """A leaf as a numpy array: a typed PRNG key as its key data, its name saying so."""
+    """A leaf as a numpy array: a typed PRNG key as its key data, a bfloat16 or float8 array as
+    its bits (unsigned integers of its width: NumPy's `.npz` would keep them as void ``|V2``,
+    which JAX refuses), its name saying so."""
     if isinstance(v, jax.Array) and jax.dtypes.issubdtype(v.dtype, jax.dtypes.prng_key):
         return f"{name}#key_data", np.asarray(jax.random.key_data(v))
-    return name, np.asarray(v)
+    a = np.asarray(v)
+    if _is_bits(a.dtype.name):
+        return f"{name}#{a.dtype.name}", a.view(np.dtype(f"u{a.dtype.itemsize}"))
+    return name, a

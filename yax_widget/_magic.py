@@ -20,6 +20,7 @@ USAGE = """Usage: %yax TARGET [ARG ...] [--query XPATH]
           arguments as in Explorer(...), e.g. `%yax model variables batch`, `%yax fn x[:2]`,
           `%yax model.module {'params': model.params} ids` or `%yax model input_ids=ids`
   --query open with this XPath applied, e.g. --query '//module_call[@type="Dense"]'
+  #       starts a comment (outside strings), as in Python: what follows is neither argument nor option
 """
 
 # Keywords that join the expressions either side (`a if c else b`, `x not in y`); `lambda` starts one.
@@ -80,6 +81,14 @@ def _complete(text: str) -> bool:
     return True
 
 
+def _commented(text: str) -> bool:
+    """Whether a comment (``#`` outside strings) starts in ``text``, a complete line of Python."""
+    try:
+        return any(tok.type == tokenize.COMMENT for tok in tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return False
+
+
 def _ends(tok: tokenize.TokenInfo) -> bool:
     """Whether ``tok`` can end an expression (a name, a literal, a closing bracket)."""
     if tok.type in (tokenize.NAME, tokenize.NUMBER, tokenize.STRING):
@@ -107,19 +116,26 @@ def split_line(line: str) -> tuple[list[Argument], list[str]]:
     ``{'params': p} ids`` two); they become commas, and `ast` reads the call
     ``f(...)``, so keyword arguments (``input_ids=ids``), ``*xs`` and commas
     work as in ``Explorer(...)``. Options start at the first ``--name`` outside
-    brackets and strings and run to the end of the line.
+    brackets and strings and run to the end of the line. A ``#`` outside strings
+    (Python's among the arguments, the shell's among the options, where an
+    XPath's quotes count too) starts a comment: what follows it is neither.
 
     Example:
       >>> [a.text for a in split_line("model x + 1 input_ids=ids --query //activation")[0]]
       ['model', 'x + 1', 'input_ids=ids']
 
     Raises:
-      ValueError: a string or bracket is not closed, or the arguments are no Python.
+      ValueError: a string or bracket is not closed, the arguments are no Python, or
+        the line holds a line break.
     """
+    if "\n" in line or "\r" in line:
+        raise ValueError("it holds a line break; %yax reads one line")
     head, options = line, []
     for m in _OPTION.finditer(line):
         if _complete(line[:m.start()]):
-            head, options = line[:m.start()], shlex.split(line[m.start():])
+            if _commented(line[:m.start()]):  # `%yax m x  # --query //a`: the option is part of the comment
+                break
+            head, options = line[:m.start()], shlex.split(line[m.start():], comments=True)
             break
     toks = _tokens(head)
     pieces: list[str] = []
@@ -158,6 +174,9 @@ class YaxMagics(Magics):
 
         from ._explorer import Explorer
 
+        if "\n" in line or "\r" in line:
+            raise UsageError(f"%yax reads one line, but its text holds a line break. Write the model and its "
+                             f"inputs on one line.\n\n{USAGE}")
         try:
             arguments, options = split_line(line)
         except ValueError as e:
@@ -181,6 +200,7 @@ class YaxMagics(Magics):
             raise UsageError(f"%yax needs a model or function to explore, first.\n\n{USAGE}")
         args: list[Any] = []
         kwargs: dict[str, Any] = {}
+        given: dict[str, str] = {}  # keyword -> the argument giving it, as typed
         for a in arguments:
             try:
                 value = eval(a.expr, self.shell.user_ns)  # noqa: S307 - the user's own notebook expression
@@ -189,26 +209,45 @@ class YaxMagics(Magics):
                                  f"Define it first, or check its spelling.\n\n{USAGE}") from None
             try:
                 if a.key:
-                    kwargs[a.key] = value
+                    named = {a.key: value}
                 elif a.star == "**":
-                    kwargs.update(value)
+                    named = dict(value.items())  # as Python's `**`: a mapping (a list of pairs is refused)
                 elif a.star:
                     args.extend(value)
+                    continue
                 else:
                     args.append(value)
-            except (TypeError, ValueError) as e:
+                    continue
+            except (TypeError, ValueError, AttributeError) as e:
                 raise UsageError(f"%yax could not unpack `{a.text}`: {e}. Try a sequence after `*` and a dict "
                                  f"after `**`.\n\n{USAGE}") from None
+            for k in named:
+                if not isinstance(k, str):
+                    raise UsageError(f"%yax could not unpack `{a.text}`: keyword arguments are named by strings, "
+                                     f"but `{a.text}` holds the key `{str(k)[:40]}`. Try a dict with string keys "
+                                     f"after `**`.\n\n{USAGE}")
+                if k in given:
+                    raise UsageError(f"The keyword `{k}` is given twice to %yax, by `{given[k]}` and by "
+                                     f"`{a.text}`; give it once.\n\n{USAGE}")
+                given[k] = a.text
+            kwargs.update(named)
         try:
             explorer = Explorer(*args, **kwargs)
-            # "copy as code" makes the model with the arguments typed here (the inputs' keywords only,
-            # not the explorer's own `warm=`); an unpacked `*xs` leaves it the usual names
-            if not any(a.star for a in arguments):
-                explorer.session.names = [a.text for a in arguments if a.key is None or a.key in explorer.session.kwargs]
-            if query is not None:
-                explorer.query(query)
         except yax.YaxError as e:
             raise UsageError(f"%yax: {e}") from None
+        try:
+            # "copy as code" makes the model with the arguments typed here (the inputs' keywords only,
+            # not the explorer's own `warm=`); an unpacked `*xs` leaves it the usual names
+            typed = [a.text for a in arguments if a.key is None or a.key in explorer.session.kwargs]
+            explorer.session.names = None if any(a.star for a in arguments) else typed
+            explorer.session.names_given_to = "%yax"
+            if query is not None:
+                explorer.query(query)
+        except BaseException as e:
+            explorer.close()  # not returned: it leaves no widget or thread behind
+            if isinstance(e, yax.YaxError):
+                raise UsageError(f"%yax: {e}") from None
+            raise
         return explorer
 
 

@@ -8,6 +8,7 @@ kernel and the front-end"); js/src reads these columns by position.
 
 from __future__ import annotations
 
+import collections
 import math
 import weakref
 from collections.abc import Mapping
@@ -23,6 +24,7 @@ from yax.internal import (
     call_keys,
     call_specs,
     is_mixed,
+    is_sharded,
     key_attrs,
     keyed,
     lines_around,
@@ -31,6 +33,8 @@ from yax.internal import (
     precisions,
     shown_attrs,
     shown_params,
+    spec_of,
+    spec_text,
     structure_keys,
     type_str,
     value_str,
@@ -95,6 +99,21 @@ def call_row(node: yax.Mox, ids: Mapping[int, int], parent: int, copies: int = 1
         sharding,                             # 14 sharding: its parameters' PartitionSpecs, "" where none is split
         _where(node),                         # 15 source: the user's line calling it, "model.py:12" ("": none)
     ]
+
+
+def inputs(names: list[str], args: tuple, kwargs: Mapping[str, Any]) -> list[dict]:
+    """The model's inputs as the user passed them (the batch in use, without the parameters):
+    ``[{"name", "type", "sharding"}]``, ``sharding`` the ``PartitionSpec`` an input is split by
+    over devices (``P('data')``), "" where it is not split. ``names``: the positional ones'."""
+    def entry(name: str, x: Any) -> dict:
+        leaves = jax.tree_util.tree_leaves(x)
+        typed = all(hasattr(v, "shape") and hasattr(v, "dtype") for v in leaves) and leaves
+        specs = [spec_of(v) for v in leaves] if typed else []
+        split = [spec_text(sp) for sp in specs if sp is not None and is_sharded(sp)]
+        return {"name": name, "type": short(_types(leaves) if typed else value_str(x), 120),
+                "sharding": " ".join(dict.fromkeys(split))}
+    return [*(entry(names[i] if i < len(names) else f"arg{i}", x) for i, x in enumerate(args)),
+            *(entry(k, x) for k, x in kwargs.items())]
 
 
 def tree(mox: yax.Mox, version: int) -> dict:
@@ -178,14 +197,34 @@ def owners(mox: yax.Mox) -> dict[int, int]:
     return m
 
 
+def _places(calls: Mapping[tuple, Any]) -> dict[tuple, tuple]:
+    """Each call's place: (the key of the call it sits in directly, or None at the top, and its
+    position among that call's calls), for ``calls`` as `keyed` gives them."""
+    key_of = {id(el): k for k, el in calls.items()}
+    seen: collections.Counter = collections.Counter()
+    out = {}
+    for k, el in calls.items():  # document order
+        outer = next((key_of[id(up)] for up in el.iterancestors() if id(up) in key_of), None)
+        out[k] = (outer, seen[outer])
+        seen[outer] += 1
+    return out
+
+
 def diff_marks(a: yax.Mox, b: yax.Mox) -> dict:
-    """The ``_diff`` trait: `yax.diff`'s verdicts as marks by row id of each tree."""
+    """The ``_diff`` trait: `yax.diff`'s verdicts as marks by row id of each tree. A call removed
+    and one added in its place (inside the same call, at the same position among its calls: ReLU
+    put where GELU was) is a replacement: marked changed on both sides, as the docs say."""
     d = yax.diff(a, b)
     ka, kb = keyed(a), keyed(b)
     orig = {ka[k].get("id"): "removed" for k in d.removed}
     cur = {kb[k].get("id"): "added" for k in d.added}
-    for k in d.changed:
-        orig[ka[k].get("id")] = cur[kb[k].get("id")] = "changed"
+    changed = [(ka[k], kb[k]) for k in d.changed]
+    if d.removed and d.added:
+        pa, pb = _places(ka), _places(kb)
+        gone = {pa[k]: k for k in d.removed}
+        changed += [(ka[gone[pb[k]]], kb[k]) for k in d.added if pb[k] in gone]
+    for x, y in changed:
+        orig[x.get("id")] = cur[y.get("id")] = "changed"
     return {"original": orig, "current": cur}
 
 

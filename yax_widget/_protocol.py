@@ -7,7 +7,11 @@ dataclass whose `parse` checks the message's fields (no field it does not
 name, each of its type) before anything runs; node ids must name a node of
 the current model and replacements are chosen by the name Python
 registered. `answer` runs a parsed request on a `Session` through the
-session's public commands; a request that fails changes nothing.
+session's public commands, one request at a time (`Session.lock`); a request
+that fails changes nothing. What one request may cost is bounded: an XPath's
+length, how many ids one names (repeated ones are answered once), and the files
+the Save HTML and Export buttons write (`MAX_WRITES`; a repeated request writes
+nothing).
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
+import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import yax
@@ -28,7 +35,10 @@ if TYPE_CHECKING:
     from ._session import Session
 
 MAX_QUERY = 4000  # characters of an XPath the front-end may send
-MAX_IDS = 100_000  # nodes a `substitute` request may name
+MAX_IDS = 100_000  # ids one request may name (`equations`, `graph`'s `open`, `substitute`); repeated ones count once
+#: The snapshots, and the exports, one explorer's buttons may write (each): the front-end is not trusted, so
+#: what it can make the kernel write is bounded. `Explorer.save_html` and `Explorer.export` are not.
+MAX_WRITES = 20
 _log = logging.getLogger("yax_widget")
 
 
@@ -49,7 +59,7 @@ class Request:
     @classmethod
     def parse(cls, content: dict) -> Request:
         names = {f.name for f in dataclasses.fields(cls)}
-        extra = sorted(set(content) - names - {"type", "rid"})
+        extra = sorted(set(content) - names - {"type", "rid"}, key=str)
         if extra:
             raise RequestError(f"A `{cls.type}` request has no field `{str(extra[0])[:40]}`; its fields are "
                                f"{', '.join(f'`{n}`' for n in sorted(names)) or 'none'}.")
@@ -105,9 +115,11 @@ class Equations(Request):
             raise RequestError(f"`ids` must be a list of at most {MAX_IDS} call row ids, not {str(self.ids)[:40]!r}.")
 
     def run(self, s: Session) -> dict:
-        nodes = [s.node(i, CALL_KINDS, "ids") for i in self.ids]  # every id checked before any row is built
+        # each call once, in the order first named: 100,000 of one id cost 27 s and a 140 MB reply
+        asked = list(dict.fromkeys(self.ids))
+        nodes = [s.node(i, CALL_KINDS, "ids") for i in asked]  # every id checked before any row is built
         ids = view(s.mox).ids
-        return {"calls": [[i, equation_rows(n, ids)] for i, n in zip(self.ids, nodes)]}
+        return {"calls": [[i, equation_rows(n, ids)] for i, n in zip(asked, nodes)]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,7 +235,7 @@ class Export(Request):
     type = "export"
 
     def run(self, s: Session) -> dict:
-        return s.export_next()
+        return _write_once(s, "export", (s.batch_key,), s.export_next)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,9 +253,11 @@ class Snapshot(Request):
         View.parse(self.view)
 
     def run(self, s: Session) -> dict:
-        from ._snapshot import save_next
+        from ._snapshot import View, save_next
 
-        return save_next(s, self.view)
+        # the page shows the state (`Session.version` counts its changes) and the view the front-end reports
+        return _write_once(s, "snapshot", (s.version, s.batch_key, View.parse(self.view)),
+                           lambda: save_next(s, self.view))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,7 +300,7 @@ class Graph(Request):
 
     def run(self, s: Session) -> dict:
         root = None if self.id is None else s.node(self.id, CALL_KINDS)
-        opened = [s.node(i, CALL_KINDS, "open") for i in self.open]
+        opened = [s.node(i, CALL_KINDS, "open") for i in dict.fromkeys(self.open)]
         return {"id": self.id, "dot": yax.to_dot(s.mox, depth=self.depth, root=root, fold=self.fold, expand=opened)}
 
 
@@ -302,7 +316,7 @@ class Values(Request):
 
 def _check_scalar(scalar: Any, index: Any) -> None:
     """``scalar``/``index`` of a request naming the scalar a gradient is taken of (`_values.Scalar`)."""
-    if scalar is not None and scalar not in SCALARS:
+    if scalar is not None and (not isinstance(scalar, str) or scalar not in SCALARS):
         raise RequestError(f"`scalar` must be one of {', '.join(SCALARS)}, not {str(scalar)[:40]!r}.")
     if index is not None and (scalar != "logit" or not _int(index) or not 0 <= index < 2 ** 31):
         raise RequestError(f"`index` must go with `scalar` \"logit\" and be a whole number from 0, "
@@ -378,27 +392,77 @@ def parse(content: Any) -> Request:
 
 
 def answer(s: Session, content: Any) -> dict:
-    """The one reply to one message from the front-end."""
+    """The one reply to one message from the front-end. Requests reaching one session
+    from several threads run one at a time (`Session.lock`): each reads and changes the
+    session as a whole (a `values` request once met a model half-changed by a drop)."""
     rid = content.get("rid") if isinstance(content, dict) else None
     rid = rid if _int(rid) else None
-    try:
-        request = parse(content)
-        if request.type not in _READ_ONLY:
-            s.check_open()
-        reply = request.run(s)
-    except PartialFit as e:  # the offer: the matches it fits, by id (a `substitute` with `ids` takes it)
-        ids = view(s.mox).ids
-        return {"type": "error", "rid": rid, "message": str(e), "fits": [ids[id(n)] for n in e.fitting],
-                "matches": len(e.fitting) + len(e.refused)}
-    except yax.YaxError as e:
-        return {"type": "error", "rid": rid, "message": str(e)}
-    except Exception as e:  # a bug or a failure below yax (XLA): the front-end still gets its reply
-        _log.exception("The explorer's request %r failed", str(content.get("type"))[:40])
-        if not s.closed:
-            s.status("failed")
-        return {"type": "error", "rid": rid, "message": f"The request failed with {type(e).__name__}: "
-                                                        f"{str(e)[:500]} (the kernel's log has the traceback)."}
+    with s.lock:
+        try:
+            request = parse(content)
+            if request.type not in _READ_ONLY:
+                s.check_open()
+            reply = request.run(s)
+        except PartialFit as e:  # the offer: the matches it fits, by id (a `substitute` with `ids` takes it)
+            ids = view(s.mox).ids
+            return {"type": "error", "rid": rid, "message": str(e), "fits": [ids[id(n)] for n in e.fitting],
+                    "matches": len(e.fitting) + len(e.refused)}
+        except yax.YaxError as e:
+            return {"type": "error", "rid": rid, "message": str(e)}
+        except Exception as e:  # a bug or a failure below yax (XLA): the front-end still gets its reply
+            _log.exception("The explorer's request %r failed", str(content.get("type"))[:40])
+            if not s.closed:
+                s.status("failed")
+            return {"type": "error", "rid": rid, "message": f"The request failed with {type(e).__name__}: "
+                                                            f"{str(e)[:500]} (the kernel's log has the traceback)."}
     return {"type": "ok", "rid": rid, **reply}
+
+
+@dataclasses.dataclass
+class _Written:
+    """What one explorer's Save HTML or Export button wrote: how many times, and the last
+    reply with what it was written of (the key, and the model, held weakly)."""
+
+    count: int = 0
+    last: tuple[Any, Any, dict] | None = None  # (key, weakref to the model, reply)
+
+
+_written: weakref.WeakKeyDictionary[Session, dict[str, _Written]] = weakref.WeakKeyDictionary()
+_BUTTONS = {"snapshot": ("Save HTML", "snapshots", "`explorer.save_html(path)`"),
+            "export": ("Export", "exports", "`explorer.export(stem)`")}
+
+
+def _write_once(s: Session, kind: str, key: Any, write: Callable[[], dict]) -> dict:
+    """``write()``'s reply (the files a button wrote), unless the button wrote last of the
+    same ``key`` and the same model and its files are still there as written: then that
+    reply again, and nothing is written. An explorer's button writes at most `MAX_WRITES`
+    times. (Requests run one at a time, so no two writes of one explorer are in flight.)"""
+    book = _written.setdefault(s, {}).setdefault(kind, _Written())
+    if book.last is not None and book.last[0] == key and book.last[1]() is s.mox and _still_there(book.last[2]):
+        reply = book.last[2]
+        s.status(f"already {'saved as' if kind == 'snapshot' else 'exported to'} "
+                 f"{reply.get('file') or reply['files'][0]}: nothing changed since")
+        return reply
+    button, things, python = _BUTTONS[kind]
+    if book.count >= MAX_WRITES:
+        raise RequestError(f"This explorer's {button} button has written {book.count} {things}, as many as one "
+                           f"explorer's buttons may write (the front-end is not trusted with the kernel's disk). "
+                           f"Write more from Python with {python}, or open a new explorer.")
+    reply = write()
+    book.count += 1
+    book.last = (key, weakref.ref(s.mox), reply)
+    return reply
+
+
+def _still_there(reply: dict) -> bool:
+    """Whether the files of a button's ``reply`` are there, each of the size written."""
+    files = reply.get("files") or [reply.get("file")]
+    sizes = reply.get("bytes")
+    sizes = sizes if isinstance(sizes, list) else [sizes]
+    try:
+        return all(isinstance(f, str) and os.path.getsize(f) == b for f, b in zip(files, sizes, strict=True))
+    except (OSError, ValueError):
+        return False
 
 
 def _plain(v: Any) -> Any:

@@ -33,9 +33,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import jax
+import numpy as np
 
 import yax
 from yax import Equation, Mox
+from yax.errors import NothingToRewrite
 from yax.internal import (
     CALL_KINDS,
     Measured,
@@ -81,6 +83,7 @@ class Item:
     kind: str
     doc: str
     ident: str = "replacement"  #: the variable "copy as code" names it by, when code is None
+    options: dict = dataclasses.field(default_factory=dict)  #: `yax.sub`'s options for it (``cast``, ``keep``)
 
     @property
     def expr(self) -> str:
@@ -142,15 +145,39 @@ def _identifier(name: str, taken: set[str]) -> str:
     return ident
 
 
-def default_palette() -> list[tuple[str, Any]]:
-    """The replacements every explorer offers."""
+def _gelu_erf(x: Any) -> Any:
+    """GELU as x·Φ(x), with the exact normal CDF (erf): PyTorch's and Hugging Face's "gelu"."""
+    return jax.nn.gelu(x, approximate=False)
+
+
+def default_palette() -> list[tuple[str, Any, dict[str, Any]]]:
+    """The replacements every explorer offers: ``(name, replacement, add_replacement's options)``."""
     import jax.numpy as jnp
 
     return [
-        ("GELU", jax.nn.gelu), ("ReLU", jax.nn.relu), ("SiLU", jax.nn.silu), ("tanh", jnp.tanh),
-        ("sigmoid", jax.nn.sigmoid), ("identity", jax.nn.identity),
-        ("LoRA r=4", yax.LoRA(rank=4)),  # Dense, DenseGeneral, Einsum and nnx Linear layers
+        ("GELU (tanh)", jax.nn.gelu, {"doc": "GELU's tanh approximation: jax.nn.gelu, flax's nn.gelu, Hugging "
+                                             "Face's gelu_new"}),
+        ("GELU (erf)", _gelu_erf, {"code": "lambda x: jax.nn.gelu(x, approximate=False)",
+                                   "doc": "GELU with the exact erf: PyTorch's nn.GELU() and Hugging Face's \"gelu\""}),
+        ("ReLU", jax.nn.relu, {}), ("SiLU", jax.nn.silu, {}), ("tanh", jnp.tanh, {}),
+        ("sigmoid", jax.nn.sigmoid, {}), ("identity", jax.nn.identity, {}),
+        ("LoRA r=4", yax.LoRA(rank=4), {}),  # Dense, DenseGeneral, Einsum and nnx Linear layers
+        ("bfloat16 compute", yax.default_policy,
+         {"code": "yax.default_policy", "doc": "PAX's mixed precision, inside the row dropped on: dense-like and "
+          "convolution layers compute in bfloat16 (float32 parameters and outputs), norms in float32"}),
     ]
+
+
+def _within(pattern: str, policy: Mapping[str, Any]) -> dict[str, Any]:
+    """``policy`` (a query -> precision policy mapping, `yax.mixed_precision`'s) restricted to the
+    calls ``pattern`` selects and the calls inside them."""
+    out = {}
+    for q, p in policy.items():
+        if re.fullmatch(r"//[A-Za-z_][\w.-]*(\[.*\])?", q, re.S) and "|" not in q:  # //module_call[...]
+            out[f"({pattern})/descendant-or-self::{q[2:]}"] = p
+        else:  # any other query: its nodes that are in the subtrees
+            out[f"({pattern})/descendant-or-self::*[count(. | {q}) = count({q})]"] = p
+    return out
 
 
 #: What values, colouring, the NaN search and the comparison say for a model opened with abstract parameters.
@@ -182,8 +209,8 @@ class Session:
       >>> from yax_widget import Session
       >>> m = nn.Sequential([nn.Dense(4), nn.relu, nn.Dense(2)]); x = jnp.ones((1, 3))
       >>> s = Session(m, m.init(jax.random.key(0), x), x)
-      >>> s.substitute('//activation', "GELU")
-      'replaced 1 node(s) selected by //activation with GELU'
+      >>> s.substitute('//activation', "GELU (tanh)")
+      'replaced 1 node(s) selected by //activation with GELU (tanh)'
       >>> s.comparison.label(s.comparison.first_divergence), s.state["history"]["index"]
       ('Sequential/relu (now gelu)', 1)
       >>> s.close()
@@ -197,6 +224,13 @@ class Session:
                 f"`grad_of` must be a function of what the model returns giving a scalar (a loss), but got a "
                 f"`{type(grad_of).__name__}`. Try `grad_of=lambda out: out.sum()`.")
         self.state: dict[str, Any] = dict(INITIAL_STATE)
+        self._version = 0  # how many times `state` changed, the status line aside (`version`)
+        #: Held while a request from the front-end runs (`_protocol.answer`): requests reaching the
+        #: session from several threads run one at a time, each seeing and leaving it whole.
+        self.lock = threading.RLock()
+        # What the worker keeps of its measurements is stored under this lock, and only while the
+        # session is open: `close` lets go of it even when a measurement ends after it.
+        self._held = threading.Lock()
         self._on_change = on_change
         self._grad_of = grad_of
         given = target
@@ -211,6 +245,7 @@ class Session:
                     "MoX, traced already. Pass them to `yax.make_mox`, or give `Explorer` the model.")
             mox = target
         else:  # an nnx module's MoX runs (state, *args) -> (out, new_state): docs/nnx.md
+            _check_static(static_argnums, static_argnames)
             target, args = hf_call(target, args)  # a Hugging Face wrapper: its `params` become an argument
             mox, args = trace_target(target, *args, static_argnums=static_argnums,
                                      static_argnames=static_argnames, **kwargs)
@@ -222,7 +257,8 @@ class Session:
         # the structure works (tree, queries, rewrites, history, code); values need arrays
         self.abstract = any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves((args, kwargs)))
         self.target_kind = target_kind(given, target, mox)  # how "copy as code" makes `mox` again
-        self.names: list[str] | None = None  # the expressions `%yax` was given: the script's names
+        self.names: list[str] | None = None  # the expressions `%yax` (or Explorer's caller) gave: the script's names
+        self.names_given_to = "%yax"  # which: `%yax` or "Explorer(...)"
         params = variables_argument(mox, args)  # the variables or state `yax.sub` reconciles, or None
         self.has_params = params is not None
         # what the positional inputs are called in the model's own signature: the export's README names them so
@@ -255,8 +291,8 @@ class Session:
         self.inspector = Inspector(self)
         self._set(scalars=self.inspector.scalars())  # what the gradient colouring may differentiate
         self._init_batches(batches)
-        for name, repl in default_palette():
-            self.add_replacement(name, repl)
+        for name, repl, options in default_palette():
+            self.add_replacement(name, repl, **options)
         self._set(original_tree=_payloads.tree(mox, 0))
         self._refresh()
         if warm and (args or kwargs) and not self.abstract:
@@ -271,6 +307,8 @@ class Session:
     def _set(self, **changes: Any) -> None:
         """Change entries of `state` together and tell ``on_change``."""
         self.state.update(changes)
+        if changes.keys() - {"status"}:
+            self._version += 1
         if self._on_change is not None:
             self._on_change(changes)
 
@@ -358,6 +396,12 @@ class Session:
         return list(self._inputs)
 
     @property
+    def version(self) -> int:
+        """A number that changes whenever `state` does (the status line aside): what the
+        front-end shows is the same as long as it is (a snapshot of it is written once)."""
+        return self._version
+
+    @property
     def closed(self) -> bool:
         """Whether `close` was called: commands are refused, the history stays readable."""
         return self._closed
@@ -391,7 +435,8 @@ class Session:
         fits, refused = [], {}
         for item in self._items.values():
             # with the explorer's parameters, misfit places variables exactly as the drop's `sub` does
-            why = misfit(item.repl, node, self.mox, cache=self._fit_cache, params=self.params)
+            why = self._policy_misfit(item, node) if item.kind == "policy" else misfit(
+                item.repl, node, self.mox, cache=self._fit_cache, params=self.params, cast=item.options.get("cast", False))
             if why is None:
                 fits.append(item.name)
             else:
@@ -406,15 +451,31 @@ class Session:
             raise SessionClosed("This explorer is closed, so it changes, compares and computes nothing more; "
                                 "its history stays readable. Open a new `Explorer` to go on.")
 
-    def add_replacement(self, name: str, repl: Any, *, code: str | None = None, doc: str | None = None) -> None:
+    def add_replacement(self, name: str, repl: Any, *, code: str | None = None, doc: str | None = None,
+                        cast: bool = False, keep: Mapping[str, str] | None = None) -> None:
         """Offer ``repl`` (anything `yax.sub` accepts) in the palette as ``name``.
-        ``code`` is the Python expression "copy as code" writes for it."""
+        ``code`` is the Python expression "copy as code" writes for it; ``cast`` and
+        ``keep`` are `yax.sub`'s options, used by each drop (``cast=True``: a
+        replacement computing in another dtype, its outputs cast back). A mapping
+        from queries to precision policies (`yax.default_policy`) is a mixed-precision
+        policy: a drop applies it (`yax.mixed_precision`) to the calls inside the row."""
         self.check_open()
         if not isinstance(name, str) or not name.strip() or len(name) > 80:
             raise yax.YaxInputError(f"A replacement name must be a non-empty string of at most 80 characters, "
                                     f"not {name!r}.")
+        if not isinstance(cast, bool) or keep is not None and not (
+                isinstance(keep, Mapping) and all(isinstance(x, str) for kv in keep.items() for x in kv)):
+            raise yax.YaxInputError(
+                f"`cast` is True or False and `keep` maps paths to paths (`{{'params/base/kernel': 'params/kernel'}}`), "
+                f"as `yax.sub` takes them, but got cast={str(cast)[:40]!r}, keep={str(keep)[:60]!r}.")
+        options = {k: v for k, v in (("cast", cast), ("keep", None if keep is None else dict(keep))) if v}
         kind = ("mox" if isinstance(repl, Mox) else "equation" if isinstance(repl, Equation)
+                else "policy" if isinstance(repl, Mapping)
                 else "module" if is_module(repl) else "decider" if is_decider(repl) else "function")
+        if kind == "policy" and (options or not all(isinstance(q, str) for q in repl)):
+            raise yax.YaxInputError(
+                f"`{name}` is a mapping, which the palette takes as a mixed-precision policy (queries -> policies, "
+                "like `yax.default_policy`): its keys must be XPath strings, and it takes no `cast`/`keep`.")
         if kind == "function" and not callable(repl):
             raise yax.YaxInputError(
                 f"`{name}` must be a function, a Flax module, a MoX or an Equation (anything `yax.sub` "
@@ -423,7 +484,7 @@ class Session:
         if code is None:
             code = replacement_code(repl)
         taken = {i.ident for n, i in self._items.items() if n != name}
-        self._items[name] = Item(name, repl, code, kind, text[:200], _identifier(name, taken))
+        self._items[name] = Item(name, repl, code, kind, text[:200], _identifier(name, taken), options)
         self._fit_cache.clear()
         self._set(palette=[{"name": i.name, "kind": i.kind, "doc": i.doc} for i in self._items.values()])
 
@@ -510,15 +571,49 @@ class Session:
     def _sub(self, pattern: str, item: Item, step: int) -> tuple[Mox, Any, str]:
         """`yax.sub` of ``item`` on ``pattern`` as change number ``step``: the new
         model, its parameters, and the line of "copy as code" doing it."""
+        if item.kind == "policy":
+            return self._policy(pattern, item, self.params)
+        opts = item.options
+        said = "".join(f", {k}={v!r}" for k, v in opts.items())
         if self.params is not None and item.kind in ("function", "equation"):  # creates no variables
-            new, new_params = yax.sub(pattern, item.repl, self.mox, params=self.params)
-            return new, new_params, f"mox, params = yax.sub({pattern!r}, {item.expr}, mox, params=params)"
+            new, new_params = yax.sub(pattern, item.repl, self.mox, params=self.params, **opts)
+            return new, new_params, f"mox, params = yax.sub({pattern!r}, {item.expr}, mox, params=params{said})"
         if self.params is not None:
             key = jax.random.fold_in(self._key, step)  # not made for the others: its first use compiles
-            new, new_params = yax.sub(pattern, item.repl, self.mox, params=self.params, key=key)
+            new, new_params = yax.sub(pattern, item.repl, self.mox, params=self.params, key=key, **opts)
             return new, new_params, (f"mox, params = yax.sub({pattern!r}, {item.expr}, mox, params=params, "
-                                     f"key=jax.random.fold_in(KEY, {step}))")
-        return yax.sub(pattern, item.repl, self.mox), None, f"mox = yax.sub({pattern!r}, {item.expr}, mox)"
+                                     f"key=jax.random.fold_in(KEY, {step}){said})")
+        return (yax.sub(pattern, item.repl, self.mox, **opts), None,
+                f"mox = yax.sub({pattern!r}, {item.expr}, mox{said})")
+
+    def _policy(self, pattern: str, item: Item, params: Any) -> tuple[Mox, Any, str]:
+        """The mixed-precision policy ``item`` applied to the calls ``pattern`` selects and those
+        inside them: the new model, its parameters and the line of "copy as code"."""
+        policy = _within(pattern, item.repl)
+        try:
+            done = yax.mixed_precision(self.mox, policy, params=params)
+        except yax.YaxQueryError as e:  # a query of the policy: a rewrite that does not fit, to the user
+            raise yax.YaxRewriteError(f"The policy {item.name!r} could not be applied: {e}") from None
+        new, new_params = done if params is not None else (done, None)
+        if new is self.mox:
+            raise NothingToRewrite(
+                f"{item.name} changes nothing there: no call inside it computes in another dtype than the policy "
+                "asks (dense-like and convolution layers, norms, for `yax.default_policy`). Drop it on a row "
+                "holding such layers, or on the whole model.")
+        args = f"{{{', '.join(f'{q!r}: {p!r}' for q, p in policy.items())}}}"
+        return new, new_params, (f"mox, params = yax.mixed_precision(mox, {args}, params=params)"
+                                 if params is not None else f"mox = yax.mixed_precision(mox, {args})")
+
+    def _policy_misfit(self, item: Item, node: Any) -> str | None:
+        """Why the policy ``item`` cannot be dropped on ``node``, or None: the drop itself on abstract
+        copies of the parameters (nothing is computed), as `yax.rewrite.misfit` does for `sub`."""
+        abstract = None if self.params is None else jax.tree_util.tree_map(
+            lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), self.params)
+        try:
+            self._policy(xpath_for(node, self.mox), item, abstract)
+        except yax.YaxError as e:
+            return str(e)
+        return None
 
     def _partial_fit(self, item: Item, found: list[Any], pattern: str, step: int,
                      error: yax.YaxRewriteError) -> None:
@@ -647,6 +742,7 @@ class Session:
              self.comparisons, self._current, self.inspector.active, state) = saved
             changed = {k: v for k, v in state.items() if self.state.get(k) is not v}
             self.state.update(state)
+            self._version += 1
             if changed and self._on_change is not None:
                 try:
                     self._on_change(changed)
@@ -695,7 +791,7 @@ class Session:
             return "# no changes: the model is the original"
         head = ["import jax", "import yax", "",
                 *opening_lines(self.target_kind, self.names, len(self.args), self.kwargs, self.has_params,
-                               self._static), ""]
+                               self._static, self.names_given_to), ""]
         if any("KEY" in line for line in lines):
             head.insert(2, f"KEY = {_key_code(self._key)}")
         return "\n".join(head + lines)
@@ -707,12 +803,14 @@ class Session:
 
     def close(self) -> None:
         """Stop the worker thread and let go of the measured values. The history
-        stays readable; every later command is refused (`SessionClosed`)."""
-        self._closed = True
+        stays readable; every later command is refused (`SessionClosed`). A
+        measurement the worker is making meanwhile ends, and is not kept."""
+        with self._held:
+            self._closed = True
+            self._fit_cache, self._base_values, self._refs, self._current = {}, None, {}, None
         pool, self._pool = self._pool, None
         if pool is not None:
             _stop(pool)
-        self._fit_cache, self._base_values, self._refs, self._current = {}, None, {}, None
         self.inspector.clear()
 
     # -- batches ---------------------------------------------------------------------------
@@ -772,7 +870,9 @@ class Session:
         self.inspector.batch_changed()
 
     def _sync_batches(self) -> None:
-        self._set(batches={"names": list(self._inputs), "current": self.batch})
+        b = self._in_use  # its inputs as given (a wrapper's parameters and an nnx state, put first, aside)
+        shown = _payloads.inputs(self.input_names or [], b.args[1 if self.has_params else 0:], b.kwargs)
+        self._set(batches={"names": list(self._inputs), "current": self.batch, "inputs": shown})
 
     # -- showing the current model ---------------------------------------------------------
 
@@ -823,8 +923,9 @@ class Session:
         if ref is None:
             idx, _ = paired_outputs(self.original, self.original)
             ref = measure(self.original, batch.args, batch.kwargs, idx)
-            if batch is self._in_use or self._inputs.get(batch.name) is batch:  # not a batch replaced meanwhile
-                self._refs[batch.serial] = ref
+            with self._held:
+                if not self._closed and (batch is self._in_use or self._inputs.get(batch.name) is batch):
+                    self._refs[batch.serial] = ref  # (not for a batch replaced meanwhile)
         return ref
 
     def _start_compare(self) -> tuple[Future, float, str] | None:
@@ -898,16 +999,19 @@ class Session:
         base_idx, idx = paired_outputs(base.mox, mox)
         cached = self._base_values  # the last base measured: stepping forward measures each state once more
         if cached is None or cached[0] is not base.mox or cached[1] != batch.serial:
-            cached = self._base_values = (base.mox, batch.serial, measure(
-                base.mox, self._args_of(base.params, batch), batch.kwargs, base_idx,
-                eager=self._original_values(batch).eager))
+            cached = (base.mox, batch.serial, measure(base.mox, self._args_of(base.params, batch), batch.kwargs,
+                                                      base_idx, eager=self._original_values(batch).eager))
+            with self._held:
+                if not self._closed:
+                    self._base_values = cached
         return compare_measured(base.mox, mox, cached[2], self._keep(mox, batch, measure(
             mox, args, batch.kwargs, idx, lowered=lowered, eager=cached[2].eager)))
 
     def _keep(self, mox: Mox, batch: NamedBatch, m: Measured) -> Measured:
         """``m``, kept as the current model's values on ``batch`` (on the worker)."""
-        if mox is self.mox:
-            self._current = (mox, batch.serial, m)
+        with self._held:
+            if mox is self.mox and not self._closed:
+                self._current = (mox, batch.serial, m)
         return m
 
     def measured(self, mox: Mox) -> Measured | None:
@@ -949,6 +1053,20 @@ class Session:
         self.comparison = c
         self._set(comparison=state,
                   status={"busy": False, "message": f"compared in {seconds:.2f} s"})
+
+
+def _check_static(argnums: Any, argnames: Any) -> None:
+    """Refuse ``static_argnums``/``static_argnames`` that `yax.make_mox` (as `jax.jit`) does not take."""
+    def each(v: Any, kind: type) -> bool:
+        items = [v] if isinstance(v, kind) else list(v) if isinstance(v, (list, tuple)) else None
+        return items is not None and all(isinstance(i, kind) and not isinstance(i, bool) for i in items)
+
+    if argnums is not None and not each(argnums, int):
+        raise yax.YaxInputError(f"`static_argnums` must be the position of an argument or a tuple of them, such "
+                                f"as `(1,)`, not `{str(argnums)[:40]}` (a `{type(argnums).__name__}`).")
+    if argnames is not None and not each(argnames, str):
+        raise yax.YaxInputError(f"`static_argnames` must be the name of an argument or a tuple of them, such as "
+                                f"`(\"grid\",)`, not `{str(argnames)[:40]}` (a `{type(argnames).__name__}`).")
 
 
 def _listed(names: list[str], most: int = 3) -> str:

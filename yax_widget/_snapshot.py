@@ -32,7 +32,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 import yax
-from yax.internal import CALL_KINDS, view
+from yax.internal import CALL_KINDS, check_target, staged, view
 
 from ._protocol import MAX_IDS, RequestError, answer
 
@@ -48,9 +48,10 @@ EQUATION_BUDGET = 20_000
 
 class SnapshotPathError(yax.YaxInputError):
     """`Explorer.save_html` was given a path it does not write a snapshot to: not
-    a path, not ending in ``.html``, in a folder that does not exist, a folder
-    itself, or a file that exists (without ``overwrite=True``). Nothing was
-    written; choose another path."""
+    a path, not ending in ``.html``, in a folder that does not exist, a name too
+    long for its folder, a folder itself, a named pipe or device, or a file that
+    exists (without ``overwrite=True``); or writing failed (a full disk). Nothing
+    was written; choose another path."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +87,9 @@ class View:
         v = cls(**{k: tuple(x) if k in ("expanded", "equations") and isinstance(x, list) else x
                    for k, x in value.items()})
         v.check()
-        return v
+        # an id named again is one open row: the page records each once
+        return dataclasses.replace(v, expanded=None if v.expanded is None else tuple(dict.fromkeys(v.expanded)),
+                                   equations=tuple(dict.fromkeys(v.equations)))
 
     def check(self) -> None:
         def integer(x: Any, lo: int, hi: int) -> bool:
@@ -167,6 +170,10 @@ def snapshot_data(s: Session, v: View) -> dict:
     if v.selected is not None:
         s.node(v.selected, field="selected")
     state = {"_" + k: value for k, value in s.state.items()}
+    # the status line says what the page shows, not the kernel's last news (an export, a values request)
+    steps = len(s.states) - 1
+    state["_status"] = {"busy": False, "message": f"step {s.index} of {steps}: {s.states[s.index].description}"
+                        if s.index else "the original model" + (f" (step 0 of {steps})" if steps else "")}
     values, replies = _selected_values(s, v.selected)
     state["_values"] = values
     replies += _equations(s, v)
@@ -290,16 +297,7 @@ def _checked(path: Any, overwrite: bool) -> pathlib.Path:
         raise SnapshotPathError(f"A snapshot is one HTML page, so its path must end in `.html`, but `{p}` "
                                 f"{'ends in `' + p.suffix + '`' if p.suffix else 'has no suffix'}. "
                                 f"Try `{p.with_suffix('.html') if p.name else 'snapshot.html'}`.")
-    if p.is_dir():
-        raise SnapshotPathError(f"`{p}` is a folder, but a snapshot is written to a file. "
-                                f"Try `{p / 'snapshot.html'}`.")
-    parent = p.parent if str(p.parent) else pathlib.Path(".")
-    if not parent.is_dir():
-        raise SnapshotPathError(f"The folder `{parent}` does not exist, so the snapshot cannot be written to "
-                                f"`{p}`. Create the folder first, or choose a path in one that exists.")
-    if p.exists() and not overwrite:
-        raise SnapshotPathError(f"`{p}` exists already, and `save_html` replaces no file unless told to. "
-                                "Choose another path, or pass `overwrite=True`.")
+    check_target(str(p), "the snapshot", SnapshotPathError, replace=overwrite, inside="snapshot.html")
     return p
 
 
@@ -313,15 +311,10 @@ def save_html(s: Session, path: Any, *, overwrite: bool = False, v: View | None 
         ok = isinstance(shown, int) and 0 <= shown < len(view(s.mox).nodes)
         v = View(selected=shown if ok else None)
     text = page(s, v)
-    try:
-        with open(p, "w" if overwrite else "x", encoding="utf-8") as fh:
+    # written beside `p` and renamed when whole: a full disk leaves no truncated page that blocks the retry
+    with staged("the snapshot", SnapshotPathError, replace=overwrite) as stage:
+        with open(stage(str(p)), "w", encoding="utf-8") as fh:
             fh.write(text)
-    except FileExistsError:
-        raise SnapshotPathError(f"`{p}` was created while the snapshot was being made, and `save_html` replaces "
-                                "no file unless told to. Choose another path, or pass `overwrite=True`.") from None
-    except OSError as e:
-        raise SnapshotPathError(f"The snapshot could not be written to `{p}`: {e.strerror or e}. Choose a path "
-                                "in a folder you may write to.") from None
     return p
 
 

@@ -80,6 +80,39 @@ def _free_names(exprs: list[str]) -> list[str]:
     return [n for n in names if n not in ("jax", "yax")]
 
 
+def caller_names(scope: dict[str, Any], target: Any, args: tuple, kwargs: dict) -> list[str] | None:
+    """The arguments of ``Explorer(target, *args, **kwargs)`` as the caller wrote
+    them, read from its namespace ``scope`` (its globals updated with its locals):
+    each object by the one name bound to it there, a plain Python value as itself,
+    keywords as ``key=name``; ``None`` when any argument has no name or several
+    (``x[:2]``, or ``x`` and ``batch`` the same array): "copy as code" then writes
+    its usual names and says so.
+
+    Example:
+      >>> import numpy as np
+      >>> net, xs = object(), np.ones(3)
+      >>> caller_names({"net": net, "xs": xs}, net, (xs,), {"train": False})
+      ['net', 'xs', 'train=False']
+      >>> caller_names({"net": net, "a": xs, "b": xs}, net, (xs,), {}) is None
+      True
+    """
+    by_id: dict[int, list[str]] = {}
+    for n, v in scope.items():
+        if n.isidentifier() and not n.startswith("_") and not keyword.iskeyword(n):
+            by_id.setdefault(id(v), []).append(n)
+
+    def name(v: Any) -> str | None:
+        code = _static(v)
+        if code is not None:
+            return code
+        found = by_id.get(id(v), [])
+        return found[0] if len(found) == 1 else None
+
+    written = [name(target), *map(name, args), *(None if (c := name(v)) is None else f"{k}={c}"
+                                                  for k, v in kwargs.items())]
+    return None if any(w is None for w in written) else [w for w in written if w is not None]
+
+
 def _guessed_keywords(kwargs: dict, taken: set[str]) -> tuple[str, list[str]]:
     """``(", k=v" text, the names it uses)`` for keyword inputs whose expressions
     are unknown: a plain Python value as itself, anything else (an array) by a
@@ -98,11 +131,12 @@ def _guessed_keywords(kwargs: dict, taken: set[str]) -> tuple[str, list[str]]:
 
 
 def opening_lines(kind: str, names: list[str] | None, n_args: int, kwargs: dict, has_params: bool,
-                  static: str = "") -> list[str]:
+                  static: str = "", given_to: str = "%yax") -> list[str]:
     """The lines of "copy as code" that make ``mox`` and ``params`` as the explorer
     was opened, so the script runs as pasted. ``names``: the arguments as typed
-    in ``%yax`` (the model, then the inputs' expressions, ``key=expr`` for a
-    keyword); a comment lists the notebook names they read. ``static``: the
+    in ``%yax`` or read from ``Explorer(...)``'s caller (`caller_names`; ``given_to``
+    says which): the model, then the inputs' expressions, ``key=expr`` for a
+    keyword; a comment lists the notebook names they read. ``static``: the
     ``", static_argnums=(1,)"`` text `make_mox` is given. Without them the
     frontend's usual names are written (one per keyword input that is no plain
     Python value, named by its keyword), with a comment listing them to rename.
@@ -126,7 +160,7 @@ def opening_lines(kind: str, names: list[str] | None, n_args: int, kwargs: dict,
         if fe is None:  # a MoX: `mox = mox0` and its parameters, the inputs are not needed
             used = inputs[:1] if has_params else []
         listed = _free_names([model, *used])
-        comment = f"# {', '.join(f'`{n}`' for n in listed)}: the notebook's names given to %yax" if listed else None
+        comment = f"# {', '.join(f'`{n}`' for n in listed)}: the notebook's names given to {given_to}" if listed else None
     else:
         if fe is None:  # a MoX: only its parameters are needed to make `mox` and `params`
             model, inputs = "mox0", ["variables"] if has_params and n_args else []

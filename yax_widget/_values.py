@@ -421,11 +421,13 @@ class _Gradients:
 
     def rows(self) -> tuple[dict[int, float | None], dict[int, float | None], dict[int, str]]:
         """Per row id: the norm of its outputs' gradient, ``sum(gradient × output)``, and why a
-        row has no colour (or what its numbers leave out)."""
+        row has no colour (or what its numbers leave out). `nonfinite` then holds, per row id,
+        how many values of its gradient are NaN or Inf (only rows with some)."""
         if self.overlay is None:
             norms: dict[int, float | None] = {}
             gxa: dict[int, float | None] = {}
             why: dict[int, str] = {}
+            nonfinite: dict[int, int] = {}
             for rid, at in self.program.where.items():
                 sq = dot = zeros = bad = size = 0.0
                 reasons = []
@@ -440,6 +442,8 @@ class _Gradients:
                     # zeros only where they may be all there is: g . g is 0
                     z = self.light.zeros(i) if self.light.squares[i] == 0 else 0
                     zeros, bad, size = zeros + z, bad + nf, size + n
+                if bad:
+                    nonfinite[rid] = int(bad)
                 if not size:
                     norms[rid] = gxa[rid] = None
                     why[rid] = "; ".join(dict.fromkeys(reasons)) or "this call has no array outputs"
@@ -455,7 +459,7 @@ class _Gradients:
                     notes += [f"{r} (left out)" for r in dict.fromkeys(reasons)]
                     if notes:
                         why[rid] = "; ".join(notes)
-            self.overlay = {"norms": norms, "gxa": gxa, "why": why}
+            self.overlay = {"norms": norms, "gxa": gxa, "why": why, "nonfinite": nonfinite}
         o = self.overlay
         return o["norms"], o["gxa"], o["why"]
 
@@ -789,6 +793,7 @@ class Inspector:
             self._session.show(overlay={
                 "stat": stat, "label": STATS[stat], "batch": self._session.batch, "values": vals,
                 "why": {str(rid): w for rid, w in why.items()},
+                "nonfinite": {str(rid): n for rid, n in grads.overlay["nonfinite"].items()},
                 "scalar": {"name": sc.kind, "index": sc.index, "chosen": grads.index if grads.index >= 0 else None,
                            "label": grads.label(), "what": grads.what(), "value": grads.value},
                 "lo": min(shown) if shown else None, "hi": max(shown) if shown else None,

@@ -84,6 +84,36 @@ function layout({ query, controls, buttons, status, view, palette, tabs, panes }
     h("div", { class: "yax-main" }, h("div", { class: "yax-left" }, treeBar, view.el, divergenceLegend()), side));
 }
 
+/** Keys typed in the explorer stay in it. JupyterLab and Notebook 7 run their command-mode shortcuts
+ * (`d d` deletes the cell, `m` makes it markdown, `a`/`b` insert cells) from keys that reach the page,
+ * some listening before the key reaches its target (Notebook 7 on the document, capturing). So the
+ * explorer takes its keys first, on the window as they start out: none goes further, and `onKey` handles
+ * it as the explorer's own listeners would (the key's default action, typing in a field, still happens).
+ * `data-lm-suppress-shortcuts` tells Lumino's command registry the same. Ctrl+Z / Ctrl+Shift+Z (⌘ on
+ * macOS), and Ctrl+Y, undo and redo the explorer's changes, except in a text field, where they edit the
+ * text. Returns the function that stops listening. */
+export function keepKeys(root, { undo, redo }, onKey = () => {}) {
+  root.setAttribute("data-lm-suppress-shortcuts", "true");
+  const typing = (t) => typeof t?.closest === "function" && t.closest("input, textarea, select, [contenteditable]") !== null;
+  const take = (e) => {
+    if (!(e.target instanceof e.target.ownerDocument.defaultView.Node) || !root.contains(e.target)) return;
+    e.stopPropagation();
+    if (e.type !== "keydown") return;
+    onKey(e);
+    const mod = e.ctrlKey || e.metaKey;
+    if (e.defaultPrevented || !mod || e.altKey || typing(e.target)) return;
+    const k = e.key.toLowerCase();
+    const button = k === "z" ? (e.shiftKey ? redo : undo) : k === "y" && !e.shiftKey ? redo : null;
+    if (!button) return;
+    e.preventDefault(); // the browser's own undo, or the notebook's undo of a cell operation
+    if (!button.disabled) button.click();
+  };
+  const win = root.ownerDocument.defaultView;
+  const types = ["keydown", "keyup", "keypress"];
+  for (const type of types) win.addEventListener(type, take, true);
+  return () => { for (const type of types) win.removeEventListener(type, take, true); };
+}
+
 function connectControls({ controls: c, view }) {
   c.search.addEventListener("input", () => view.setFilter(c.search.value));
   const step = (k) => {
@@ -92,13 +122,18 @@ function connectControls({ controls: c, view }) {
   };
   c.prev.addEventListener("click", () => step(-1));
   c.next.addEventListener("click", () => step(1));
-  view.el.addEventListener("keydown", (e) => {
-    if (e.key === "F3") { e.preventDefault(); step(e.shiftKey ? -1 : 1); }
-  });
   c.only.addEventListener("change", () => view.setOnlyMatches(c.only.checked));
   c.fold.addEventListener("change", () => view.setFolding(c.fold.checked));
   c.expand.addEventListener("click", () => view.expandAll());
   c.collapse.addEventListener("click", () => view.collapseAll());
+  // keys reach the tree through `keepKeys`: F3 steps through the matches, the others move in the tree
+  return (e) => {
+    if (!view.el.contains(e.target)) return;
+    if (e.key === "F3") {
+      e.preventDefault();
+      step(e.shiftKey ? -1 : 1);
+    } else view.onKey(e);
+  };
 }
 
 /** The selected call's id, or null (the whole model) when none or an equation is selected. */
@@ -185,6 +220,7 @@ function traitHandlers({ model, view, query, status, panes, buttons, palette, ro
       compare(); // "compiling…" while a change is compared
     },
     _diff: diff,
+    _batches: () => view.schedule(), // the top row shows the inputs of the batch in use
     _compare_base: compare,
     _references: compare,
     _comparison: () => {
@@ -284,7 +320,14 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS, snapshot = n
     }
   }
 
-  connectControls({ controls, view });
+  // a refusal's notice goes at the user's next action, wherever it is (its own buttons aside)
+  const next = (e) => { if (!e.target.closest?.(".yax-notice")) view.dropNotice(); };
+  for (const type of ["pointerdown", "dragstart"]) root.addEventListener(type, next, true);
+  const treeKeys = connectControls({ controls, view });
+  off.push(keepKeys(root, buttons, (e) => {
+    next(e);
+    treeKeys(e);
+  }));
   connectButtons({ buttons, request, failed, change, tabs, panes, view, code, graph, controls });
   const sync = traitHandlers({ model, view, query, status, tabs, panes, buttons, palette, root, controls, refreshCode, graph,
     values, source, request, failed, change });

@@ -8,7 +8,7 @@ export function createStatus(model) {
   const show = () => {
     el.textContent = failure || (model.get("_status") || {}).message || "";
     el.classList.toggle("yax-failed", !!failure);
-    if (failure) el.title = failure;
+    if (el.textContent) el.title = el.textContent; // all of it, where the toolbar cuts it short
     else el.removeAttribute("title");
   };
   return {

@@ -26,7 +26,8 @@ export function boundaryTitle(b) {
  * boundary, which of them diverges first (-1: none), the colouring of the largest value. Nothing of any of
  * them is left out: a folded row never hides a match, a mark or a divergence. */
 export function together(node, look, offs) {
-  const out = { n: offs.length, matches: 0, marks: {}, mark: undefined, boundary: undefined, first: -1, overlay: null };
+  const out = { n: offs.length, matches: 0, marks: {}, mark: undefined, boundary: undefined, first: -1, overlay: null,
+    nonfinite: 0 };
   let worst = -Infinity;
   offs.forEach((o, k) => {
     const id = node.id + o;
@@ -39,6 +40,7 @@ export function together(node, look, offs) {
     if (look.firstDivergence === id) out.first = k;
     const v = look.overlay && look.overlay.get(id);
     if (v && (!out.overlay || v.x > out.overlay.x)) out.overlay = v;
+    if (v && v.nonfinite) out.nonfinite += v.nonfinite;
   });
   out.mark = ["changed", "added", "removed"].find((m) => out.marks[m]);
   return out;
@@ -48,7 +50,7 @@ export function together(node, look, offs) {
 function foldBadge(t) {
   const said = [t.matches && `${t.matches} of ${t.n} match`,
     ...Object.entries(t.marks).map(([m, k]) => `${m} in ${k} of ${t.n}`)].filter(Boolean);
-  return said.length ? h("span", { class: "yax-fold-hits" }, said.join(", ")) : null;
+  return said.length ? h("span", { class: "yax-fold-hits", title: said.join(", ") }, said.join(", ")) : null;
 }
 
 /** The tooltip of a folded row (`node.run`) or of a row inside one (`offs`): what it stands for and what a drop does. */
@@ -74,7 +76,7 @@ export function rowElement(node, i, look, offs = null) {
   const level = b ? divergenceLevel(b.rel) : null;
   const mark = t ? t.mark : look.marks[key];
   // the colouring by a statistic (panes/values.js); a folded row's, that of the largest value it stands for
-  const ov = t ? t.overlay && { ...t.overlay, title: `the largest of ${t.n}: ${t.overlay.title}` }
+  const ov = t ? t.overlay && { ...t.overlay, title: `the largest of ${t.n}: ${t.overlay.title}`, nonfinite: t.nonfinite }
     : look.overlay && look.overlay.get(node.id);
   const first = t ? t.first >= 0 : look.firstDivergence === node.id;
   const cls = ["yax-row", node.eq ? "yax-eq" : `yax-${node.kind}`, node.run && "yax-folded",
@@ -83,7 +85,12 @@ export function rowElement(node, i, look, offs = null) {
   const toggle = expandable(node)
     ? h("span", { class: "yax-toggle", role: "button", "aria-label": "expand" }, look.expanded.has(node.id) ? "▾" : "▸")
     : h("span", { class: "yax-toggle yax-leaf" }, "");
+  const given = node.parent === -1 && !node.eq && look.inputs ? look.inputs : null; // the top row: the inputs as passed
+  const ins = given ? given.map((x) => x.type).join(" ") : node.ins;
+  const inSpecs = given ? given.filter((x) => x.sharding).map((x) => `${x.name}=${x.sharding}`).join(" ") : "";
   const title = [node.type && node.fields ? `${node.type}(${node.fields})` : node.fields,
+    given && `inputs as passed: ${given.map((x) => `${x.name} ${x.type}${x.sharding ? ` ${x.sharding}` : ""}`).join(", ")}`
+      + (ins !== node.ins ? `; the call receives ${node.ins} (the wrapper's doing)` : ""),
     node.sharding && `sharding: ${node.sharding}`,  // its parameters' PartitionSpecs (a sharded model)
     node.source && `source: ${node.source}`,  // the user's line calling it (an equation: making it)
     b && boundaryTitle(b) + (t && t.n > 1 ? ` (the most diverging of ${t.n})` : ""),
@@ -96,13 +103,19 @@ export function rowElement(node, i, look, offs = null) {
   toggle,
   ov ? h("span", { class: ov.color === "transparent" ? "yax-ov yax-ov-none" : "yax-ov", style: { background: ov.color },
     title: ov.title }) : null,
+  ov && ov.nonfinite ? h("span", { class: "yax-ov-nan", title: `${ov.nonfinite.toLocaleString("en")} NaN or Inf in `
+    + (t && t.n > 1 ? `the gradients of the ${t.n} calls it stands for` : "its gradient") },
+  "NaN") : null,
   h("span", { class: "yax-name" }, node.name),
   node.run ? h("button", { class: "yax-fold", title: `Unfold these ${node.run.members.length} calls alike`,
     dataset: { path: node.run.path } }, `×${node.run.members.length}`) : null,
   t ? foldBadge(t) : null,
   node.type && node.type !== node.name ? h("span", { class: "yax-type" }, node.type) : null,
   h("span", { class: "yax-attrs" }, node.attrs || ""), // always there: it takes the room left, the shapes line up
-  h("span", { class: "yax-shapes" }, `${node.ins} → ${node.outs}`),
+  h("span", { class: "yax-shapes" }, `${ins} → ${node.outs}`),
+  /['"]/.test(node.sharding) || inSpecs ? h("span", { class: "yax-sharding", title: [inSpecs && `inputs: ${inSpecs}`,
+    node.sharding && `parameters: ${node.sharding}`].filter(Boolean).join("\n") },
+  specsShown(inSpecs, node.sharding)) : null,
   node.policy ? h("span", { class: "yax-policy", title: "dtypes of its parameters / computation / outputs" },
     node.policy) : null,
   node.params ? h("span", { class: "yax-params", title: [node.copies > 1
@@ -116,6 +129,14 @@ export function rowElement(node, i, look, offs = null) {
     : "outputs start to differ here" }, "◆ first divergence") : null,
   look.selected === node.id && !node.eq && !t
     ? h("button", { class: "yax-replace", title: "What fits here (Enter, or double-click the row)" }, "replace…") : null);
+}
+
+/** The sharding badge's text: the inputs' specs, then the distinct specs of the parameters that split
+ * an axis (`kernel=P(None,'model') bias=P()` -> `P(None,'model')`; the tooltip has them all). */
+function specsShown(inputs, params) {
+  const specs = (text) => [...new Set((text || "").split(" ").filter(Boolean).map((kv) => kv.slice(kv.indexOf("=") + 1))
+    .filter((spec) => /['"]/.test(spec)))];
+  return [inputs && `in ${specs(inputs).join(" ")}`, params && specs(params).join(" ")].filter(Boolean).join(" · ");
 }
 
 /** Call row `id` of tree `prev` in tree `next` (ids change with every rewrite), or null: the row
@@ -193,7 +214,6 @@ export class TreeView {
     this.el = h("div", { class: "yax-tree", tabindex: "0", role: "tree", "aria-label": "module tree" }, this.spacer);
     this.el.addEventListener("scroll", () => this.schedule(true));
     this.el.addEventListener("click", (e) => this.onClick(e));
-    this.el.addEventListener("keydown", (e) => this.onKey(e));
     this.listenForDrops();
   }
 
@@ -206,6 +226,8 @@ export class TreeView {
       matches: this.matchSet, selected: this.selected, expanded: this.expanded, dropping: this.dragOver,
       boundaries: c.boundaries || {}, firstDivergence: c.first_divergence_id,
       marks: (this.model.get("_diff") || {}).current || {}, overlay: this.overlay,
+      // the model's inputs as the user passed them, shown on the top row when there is one
+      inputs: this.tree.roots.length === 1 ? (this.model.get("_batches") || {}).inputs || null : null,
       pathOf: (id) => pathOf(this.tree, id),
     };
   }
@@ -324,6 +346,9 @@ export class TreeView {
     const prev = this.tree;
     const prevEqs = this.eqs;
     const was = this.selected;
+    // where the selected row is on screen: an undo or a redo keeps it there (its equations come back later)
+    const i = was === null ? -1 : this.indexOf(was);
+    const at = i >= 0 ? i * ROW_H - this.el.scrollTop : null;
     this.tree = buildTree(rows);
     this.expanded = prev.byId.size ? expandedByPath(prev, this.expanded, this.tree) : initialExpanded(this.tree);
     this.eqs = new Map();
@@ -332,13 +357,26 @@ export class TreeView {
     this.dropOffer();
     this.filterText = filterText;
     this.updateKeep();
-    if (prev.byId.size) this.follow(prev, prevEqs, was);
+    if (prev.byId.size) this.follow(prev, prevEqs, was, at);
+    this.keepAt(at);
+  }
+
+  /** Scroll so that the selected row is `at` pixels below the top of the tree's view, as it was (a row
+   * laid out elsewhere by a new model), or into view when that place is out of it. */
+  keepAt(at) {
+    if (at === null || this.selected === null) return;
+    if (this.laidOut !== this.tree) this.relayout(); // the rows of the new tree, to find where the row is
+    const i = this.indexOf(this.selected);
+    if (i < 0) return;
+    const fits = at >= 0 && at + ROW_H <= this.el.clientHeight;
+    this.el.scrollTop = Math.max(0, i * ROW_H - (fits ? at : this.el.clientHeight / 3));
+    this.schedule(true);
   }
 
   /** After new rows: select again the row `was` of `prev` where it still exists (the caller updates the
    * panes), and load again the equations of the calls still open (`prevEqs`: those loaded in `prev`). An
    * equation is selected again once its call's equations are back, unless the user selected a row meanwhile. */
-  follow(prev, prevEqs, was) {
+  follow(prev, prevEqs, was, at = null) {
     const eq = was !== null && !prev.byId.has(was) ? equationPlace(prevEqs, was) : null;
     if (!eq && was !== null) this.selected = sameRow(prev, was, this.tree);
     const open = [];
@@ -350,7 +388,10 @@ export class TreeView {
       if (eq && eq.owner === owner) holder = node;
     }
     if (!open.length) return;
-    const loaded = this.loadMany(open).then(() => this.relayout()); // one request, however many
+    const loaded = this.loadMany(open).then(() => { // one request, however many
+      this.relayout();
+      this.keepAt(at);
+    });
     if (holder) {
       loaded.then(() => {
         if (this.tree.byId.get(holder.id) !== holder || this.selected !== null) return;
@@ -531,6 +572,13 @@ export class TreeView {
   showNotice(id, message, action = null) {
     this.notice = { id, message, action };
     this.schedule();
+  }
+
+  /** Close the notice: the user's next action (a press or a key anywhere in the explorer but on the notice). */
+  dropNotice() {
+    if (!this.notice) return;
+    this.notice = null;
+    this.schedule(true); // the overlays only: the row being pressed keeps its element, so its click lands
   }
 
   /** Close a notice that offers an action: it was made for rows that are gone or a query that changed. */

@@ -297,6 +297,20 @@ scenario("error replies: the status shows the kernel's message; a refusal shows 
   assert.equal($(".yax-notice").style.top, `${4 * 22}px`); // below its row
   model.set("_status", { busy: false, message: "compared in 0.20 s" }); // the kernel's news replaces it
   assert.equal(status().textContent, "compared in 0.20 s");
+  // a press on the notice itself keeps it; the next action anywhere else closes it
+  $(".yax-notice").dispatchEvent(new window.MouseEvent("pointerdown", { bubbles: true }));
+  await frame();
+  assert.ok($(".yax-notice"));
+  const pressed = row(2); // a press on a row closes it and keeps the row's element: the click that follows lands
+  pressed.querySelector(".yax-name").dispatchEvent(new window.MouseEvent("pointerdown", { bubbles: true }));
+  await frame();
+  assert.equal($(".yax-notice"), null);
+  assert.equal(row(2), pressed);
+  drop(row(3), "relu");
+  await until(() => $(".yax-notice"), "the notice again");
+  $(".yax-tree").dispatchEvent(new window.KeyboardEvent("keydown", { key: "ArrowDown", bubbles: true }));
+  await frame();
+  assert.equal($(".yax-notice"), null);
 });
 
 scenario("undo and redo send their requests; the buttons and the history follow `_history`", async (mount) => {
@@ -320,6 +334,68 @@ scenario("undo and redo send their requests; the buttons and the history follow 
   assert.deepEqual(model.requests("undo").concat(model.requests("redo")), [{ type: "undo" }, { type: "redo" }]);
   await new Promise((r) => setTimeout(r, 20));
   assert.equal(status().textContent, "");
+});
+
+scenario("no key typed in the explorer reaches the page (JupyterLab's `d d`); Ctrl+Z / Ctrl+Shift+Z undo and redo",
+  async (mount) => {
+    const history = (index) => ({ items: ["replaced Block_0/gelu with relu"], index });
+    const apply = (index) => (msg, m) => { m.set("_history", history(index)); return { type: "ok" }; };
+    const { model, root, $ } = await mount({ state: { _history: history(1) }, handlers: { undo: apply(0), redo: apply(1) } });
+    const reached = [];
+    const listen = (e) => reached.push(`${e.type} ${e.key}`);
+    for (const t of ["keydown", "keyup", "keypress"]) document.addEventListener(t, listen);
+    try {
+      assert.equal(root.getAttribute("data-lm-suppress-shortcuts"), "true");
+      const press = (el, k, mods = {}) => {
+        const down = new window.KeyboardEvent("keydown", { key: k, bubbles: true, cancelable: true, ...mods });
+        el.dispatchEvent(down);
+        el.dispatchEvent(new window.KeyboardEvent("keyup", { key: k, bubbles: true, ...mods }));
+        return down;
+      };
+      for (const k of ["d", "d", "m", "a", "b", "z", "Enter", "Escape"]) press($(".yax-tree"), k);
+      assert.deepEqual(reached, []);
+      assert.ok(press($(".yax-tree"), "z", { ctrlKey: true }).defaultPrevented); // not the browser's nor the notebook's
+      await until(() => $(".yax-undo").disabled, "Ctrl+Z undoes");
+      press($(".yax-tree"), "z", { metaKey: true, shiftKey: true });
+      await until(() => $(".yax-redo").disabled, "Cmd+Shift+Z redoes");
+      // in the query box Ctrl+Z edits the text: no request
+      assert.ok(!press($(".yax-query input"), "z", { ctrlKey: true }).defaultPrevented);
+      assert.deepEqual(model.requests("undo").concat(model.requests("redo")), [{ type: "undo" }, { type: "redo" }]);
+      assert.deepEqual(reached, []);
+    } finally {
+      for (const t of ["keydown", "keyup", "keypress"]) document.removeEventListener(t, listen);
+    }
+  });
+
+scenario("a gradient colouring marks, visibly, each row whose gradient holds NaN or Inf", async (mount) => {
+  const { model, row, $ } = await mount();
+  $("select.yax-colour").value = "grad"; // what the user chose: the kernel's reply paints it
+  const scalar = { name: "logits", index: null, chosen: 7, label: "d logits / d output", what: "logits", value: 1 };
+  model.set("_overlay", { stat: "grad", label: "gradient norm", batch: "example", rows: 11, lo: 1, hi: 4,
+    values: { 0: 4, 3: 2, 4: null }, why: { 3: "5 NaN or Inf in its gradient left out",
+      4: "every value of its gradient is NaN or Inf" }, nonfinite: { 3: 5, 4: 512 }, scalar });
+  await frame();
+  assert.equal(row(3).querySelector(".yax-ov-nan").textContent, "NaN");
+  assert.match(row(3).querySelector(".yax-ov-nan").title, /^5 NaN or Inf in its gradient/);
+  assert.equal(row(4).querySelector(".yax-ov-nan").title, "512 NaN or Inf in its gradient");
+  assert.equal(row(0).querySelector(".yax-ov-nan"), null); // finite: no mark
+});
+
+scenario("the top row shows the inputs as passed, and sharded inputs and parameters show their specs", async (mount) => {
+  const { model, row } = await mount();
+  model.set("_batches", { names: ["example"], current: "example", inputs: [
+    { name: "input_ids", type: "i32[2,16]", sharding: "P('data')" }, { name: "mask", type: "bool[2,16]", sharding: "" }] });
+  await frame();
+  assert.equal(row(0).querySelector(".yax-shapes").textContent, "i32[2,16] bool[2,16] → f32[2,16,64]");
+  assert.match(row(0).title, /inputs as passed: input_ids i32\[2,16\] P\('data'\), mask bool\[2,16\]; the call receives i32\[2,16\]/);
+  assert.equal(row(0).querySelector(".yax-sharding").textContent, "in P('data')");
+  assert.equal(row(3).querySelector(".yax-shapes").textContent, "f32[2,16,64] → f32[2,16,64]"); // not the top row
+  assert.equal(row(3).querySelector(".yax-sharding"), null);
+  const rows = model.get("_tree").rows.map((r) => r.slice());
+  rows[3][14] = "kernel=P(None,'model') bias=P('model')"; // CALL.sharding
+  model.set("_tree", { version: 1, rows });
+  await frame();
+  assert.equal(row(3).querySelector(".yax-sharding").textContent, "P(None,'model') P('model')");
 });
 
 scenario("a click selects a row; its replace button offers what fits; picking one substitutes it", async (mount) => {
@@ -414,6 +490,24 @@ scenario("undo and redo keep the selected row where it still exists, and its pan
   assert.equal($(".yax-row.yax-selected"), null);
   click($('.yax-tab[data-tab="Values"]'));
   assert.match($(".yax-values").textContent, /Select a row/);
+});
+
+scenario("an undo or a redo keeps the selected row where it was on screen", async (mount) => {
+  const { model, $ } = await mount({ layers: 48 }); // 241 rows
+  const tree = $(".yax-tree");
+  tree.scrollTop = 150 * 22;
+  tree.dispatchEvent(new window.Event("scroll"));
+  await frame();
+  click($('.yax-row[data-id="153"] .yax-name'));
+  await frame();
+  const onScreen = () => parseInt($(".yax-row.yax-selected").style.top, 10) - tree.scrollTop;
+  const before = onScreen();
+  // the new model: every id changes, and two rows above the selection are gone (Block_0's MLP replaced)
+  const rows = transformerRows(48, 1000).filter((r) => ![1004, 1005].includes(r[0]));
+  model.set("_tree", { version: 1, rows });
+  await frame();
+  assert.equal($(".yax-row.yax-selected").dataset.id, "1153");
+  assert.equal(onScreen(), before);
 });
 
 scenario("a selected equation stays selected: its open call's equations load again", async (mount) => {

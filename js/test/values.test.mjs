@@ -49,7 +49,11 @@ test("a row without a gradient gets a hatched mark saying why, never a number", 
   const o = { stat: "grad", label: "gradient norm", lo: 1, hi: 4, why: { 3: "its gradient is zero everywhere" },
     scalar: { label: "d logits[0, -1, 7] (argmax) / d output of each row, batch `example`" } };
   assert.deepEqual(overlayEntry(o, "3", null), { color: "transparent", title: "no gradient: its gradient is zero everywhere",
-    x: -Infinity });
+    x: -Infinity, nonfinite: 0 });
+  // NaN or Inf in a row's gradient is carried to the row, which marks it visibly
+  assert.equal(overlayEntry({ ...o, nonfinite: { 4: 12 } }, "4", 2).nonfinite, 12);
+  assert.equal(overlayEntry({ ...o, why: { 3: "every value of its gradient is NaN or Inf" }, nonfinite: { 3: 96 } },
+    "3", null).nonfinite, 96);
   assert.equal(overlayEntry({ ...o, why: {} }, "5", null), null); // nothing said: nothing drawn
   const e = overlayEntry(o, "4", 2);
   assert.match(e.title, /^gradient norm: 2\.00 \(d logits\[0, -1, 7\] \(argmax\)/);

@@ -119,7 +119,7 @@ def _steps(nb: Notebook) -> None:
 
     # a replacement that does not fit is refused at its row, and nothing changes
     dense = type_query(root, "//module_call[@name='Dense_0']")[0]
-    drag(page, root.locator('.yax-palette-item[data-name="GELU"]'), root.locator(f'.yax-row[data-id="{dense}"]'))
+    drag(page, root.locator('.yax-palette-item[data-name="GELU (tanh)"]'), root.locator(f'.yax-row[data-id="{dense}"]'))
     notice = root.locator(".yax-notice")
     notice.wait_for(state="visible")
     assert "does not fit" in notice.inner_text()
@@ -152,6 +152,15 @@ def _steps(nb: Notebook) -> None:
     root.locator(".yax-graph-button").click()
     page.wait_for_selector(".yax-graph svg", timeout=60_000)
     assert root.locator(".yax-graph svg g.node").count() > 2
+    # every label inside its box, in the fonts this browser has (Graphviz estimated Helvetica's widths)
+    spill = root.locator(".yax-graph svg").evaluate("""(svg) => [...svg.querySelectorAll('g.node, g.cluster')]
+      .flatMap((g) => { const box = g.querySelector(':scope > polygon, :scope > ellipse, :scope > path');
+        if (!box) return [];
+        const b = box.getBBox();
+        return [...g.querySelectorAll(':scope > text')].map((t) => t.getBBox())
+          .filter((t) => t.x < b.x - 0.5 || t.x + t.width > b.x + b.width + 0.5)
+          .map((t) => `${g.id}: text ${t.x.toFixed(1)}..${(t.x + t.width).toFixed(1)} in ${b.x.toFixed(1)}..${(b.x + b.width).toFixed(1)}`); })""")
+    assert spill == [], spill
     nb.shot("08-graph")
 
     # undo twice restores the original
@@ -263,6 +272,11 @@ def _steps(nb: Notebook) -> None:
     assert bg == theme_bg, (bg, theme_bg)
     assert lum(fg) > 0.5 and lum(row_fg) > 0.5, (fg, row_fg)  # light text on the dark background
     page.wait_for_selector("#jupyterlab-splash", state="detached")  # Lab's splash while it switches
+    # the match highlight keeps every text of its rows at WCAG AA contrast (4.5:1) on the dark theme
+    root.locator(".yax-query input").fill("//module_call[@type='Dense'] | //activation")
+    page.wait_for_function("(el) => el.querySelectorAll('.yax-row.yax-match').length >= 4", arg=root.element_handle())
+    worst = root.evaluate(CONTRAST)
+    assert worst["rows"] >= 4 and worst["min"] >= 4.5, worst
     root.screenshot(path=str(ARTIFACTS / "14-dark.png"))
 
     assert nb.errors == [], nb.errors
@@ -271,3 +285,27 @@ def _steps(nb: Notebook) -> None:
 # relative luminance (0 black .. 1 white) of a CSS `rgb(...)`/`rgba(...)` colour
 LUMINANCE = """(c) => { const [r, g, b] = c.match(/[\\d.]+/g).slice(0, 3).map((v) => +v / 255);
   return 0.2126 * r + 0.7152 * g + 0.0722 * b; }"""
+
+# the lowest WCAG contrast ratio of the texts in the highlighted rows against the highlight (composited
+# over the explorer's background): {min, rows, at}
+CONTRAST = """(root) => {
+  const rgba = (c) => { const v = c.match(/[\\d.]+/g).map(Number);
+    return c.startsWith('color(') ? [v[0] * 255, v[1] * 255, v[2] * 255, v[3] ?? 1] : [v[0], v[1], v[2], v[3] ?? 1]; };
+  const over = (top, under) => top.slice(0, 3).map((x, i) => x * top[3] + under[i] * (1 - top[3]));
+  const lin = (x) => { x /= 255; return x <= 0.03928 ? x / 12.92 : ((x + 0.055) / 1.055) ** 2.4; };
+  const L = ([r, g, b]) => 0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b);
+  const base = rgba(getComputedStyle(root).backgroundColor);
+  const out = { min: Infinity, rows: 0, at: '' };
+  for (const row of root.querySelectorAll('.yax-row.yax-match')) {
+    out.rows += 1;
+    const bg = over(rgba(getComputedStyle(row).backgroundColor), base);
+    for (const el of row.querySelectorAll('.yax-name, .yax-type, .yax-attrs, .yax-shapes, .yax-params, .yax-policy')) {
+      if (!el.textContent.trim()) continue;
+      const fg = over(rgba(getComputedStyle(el).color), bg);
+      const [a, b] = [L(fg), L(bg)].sort((x, y) => y - x);
+      const ratio = (a + 0.05) / (b + 0.05);
+      if (ratio < out.min) Object.assign(out, { min: ratio, at: `${el.className}: ${el.textContent}` });
+    }
+  }
+  return out;
+}"""

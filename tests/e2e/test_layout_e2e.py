@@ -1,5 +1,6 @@
 """The explorer's layout at the widths users work at (issue 26): a Hugging Face Flax T5 (rows
-with several inputs, long output names) in a real JupyterLab and Debian's chromium, at 1100,
+with several inputs, long output names, 4 + 4 layers of which 3 fold into one row ×3 with its dtype
+badges) in a real JupyterLab and Debian's chromium, at 1100,
 1400 and 1600 px, each with JupyterLab's file browser open and closed. Nothing the explorer
 shows may be cut or overlap: checked on the elements' boxes, and a screenshot of each state is
 saved as ``artifacts/e2e/layout-<width>-<open|closed>.png``."""
@@ -31,7 +32,7 @@ class OldClip:  # T5 calls jnp.clip(x, a_max=...), a keyword JAX 0.10 no longer 
         return jnp.clip(x, a_min, a_max)
 
 modeling_flax_t5.jnp = OldClip()
-config = transformers.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2,
+config = transformers.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=4, num_decoder_layers=4,
                                num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16)
 model = transformers.FlaxT5ForConditionalGeneration(config, seed=0, dtype=jnp.float32, _do_init=True)
 ex = Explorer(model, input_ids=IDS, decoder_input_ids=DEC)
@@ -125,11 +126,15 @@ MEASURE = """async (root) => {
   }
 
   // the toolbar's buttons on one line; "collapse all" shares its line with another control
-  const buttons = ['.yax-undo', '.yax-redo', '.yax-copy', '.yax-graph-button', '.yax-export']
+  const buttons = ['.yax-query', '.yax-undo', '.yax-redo', '.yax-copy', '.yax-graph-button', '.yax-export', '.yax-save-html']
     .map((s) => root.querySelector(`.yax-toolbar ${s}`));
   const tops = buttons.map((b) => Math.round(box(b).top));
   const lineH = parseFloat(getComputedStyle(buttons[0]).lineHeight) || 18;
-  out.toolbar = { tops, tall: buttons.filter((b) => box(b).height > 2 * lineH).map(text) };
+  out.toolbar = { tops, tall: buttons.filter((b) => b.matches('button') && box(b).height > 2 * lineH).map(text),
+    query: Math.round(box(root.querySelector('.yax-query input')).width) };
+  // the tree beside the side panel keeps most of the width (the panel never squeezes it to a strip)
+  const [left, side] = [box(root.querySelector('.yax-left')), box(root.querySelector('.yax-side'))];
+  out.split = { tree: Math.round(left.width), side: Math.round(side.width), beside: side.left >= left.right - 1 };
   const collapse = root.querySelector('.yax-collapse-all');
   const cb = box(collapse);
   const mates = [...collapse.parentElement.children].filter((c) => c !== collapse && box(c).width > 0)
@@ -153,9 +158,12 @@ def open_t5(nb: Notebook):
     root = page.locator(".yax-explorer").first
     page.wait_for_selector('.yax-explorer[data-ready="1"]', timeout=120_000)
     out = nb.run(1)
-    assert "replaced 4 node(s)" in out, out
+    assert "replaced 8 node(s)" in out, out  # one in each of the 4 + 4 layers
     page.wait_for_selector(".yax-compare .yax-hist", timeout=120_000)
     root.locator(".yax-expand-all").click()  # every row, the decoder's too
+    # the 3 layers alike after the first (which holds the relative attention bias) fold into one row x3,
+    # whose badges (x3, dtypes, parameters "each") are measured with the others
+    root.locator(".yax-row.yax-folded").first.wait_for()
     return root
 
 
@@ -209,6 +217,10 @@ def check(root, width: int, browser_open: bool) -> list[str]:
         if not diff["apart"]:
             problems.append(f"{state}: the Diff tab's columns overlap")
         problems += [f"{state}: diff row over the other column: {o}" for o in diff["over"]]
+    if m["toolbar"]["query"] < 100:
+        problems.append(f"{state}: the query box is squeezed to {m['toolbar']['query']} px")
+    if m["split"]["beside"] and m["split"]["tree"] < 1.2 * m["split"]["side"]:
+        problems.append(f"{state}: the side panel squeezes the tree: {m['split']}")
     if len(set(m["toolbar"]["tops"])) != 1 or m["toolbar"]["tall"]:
         problems.append(f"{state}: toolbar buttons not on one line: tops {m['toolbar']['tops']}, "
                         f"wrapped {m['toolbar']['tall']}")
@@ -229,8 +241,27 @@ def test_layout_at_three_widths_with_the_file_browser_open_and_closed(notebook):
                 root.scroll_into_view_if_needed()
                 page.screenshot(path=str(ARTIFACTS / f"layout-{width}-{'open' if browser_open else 'closed'}.png"))
         assert not problems, "\n".join(problems)
+        keeps_the_selection_in_place(root)
         assert not notebook.errors, notebook.errors
     except BaseException:
         page.screenshot(path=str(ARTIFACTS / "layout-failure.png"), full_page=True)
         print("console errors:", notebook.errors)
         raise
+
+
+def keeps_the_selection_in_place(root) -> None:
+    """Undo (Ctrl+Z) and redo (Ctrl+Shift+Z) keep the selected row where it was on screen, deep in the tree."""
+    page = root.page
+    tree = root.locator(".yax-tree")
+    tree.evaluate("(el) => { el.scrollTop = 60 * 22; }")
+    page.wait_for_timeout(300)
+    row = root.locator(".yax-row").nth(8)
+    row.locator(".yax-name").click()
+    where = "(el) => { const s = el.querySelector('.yax-row.yax-selected'); return s && [s.querySelector('.yax-name').textContent, Math.round(s.getBoundingClientRect().top - el.getBoundingClientRect().top)]; }"
+    before = tree.evaluate(where)
+    for keys, ready in (("Control+z", ".yax-redo:not([disabled])"), ("Control+Shift+z", ".yax-undo:not([disabled])")):
+        page.keyboard.press(keys)
+        root.locator(ready).wait_for(timeout=120_000)
+        page.wait_for_timeout(1500)  # the equations of open calls load again
+        assert tree.evaluate(where) == before, (keys, before, tree.evaluate(where))
+    page.screenshot(path=str(ARTIFACTS / "layout-undo-kept.png"))

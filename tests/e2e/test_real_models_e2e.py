@@ -369,7 +369,7 @@ def _nnx(nb: Notebook) -> None:
     # LoRA fits an nnx Linear: offered, taken, bit-equal at the start; its variables join the state
     menu = open_fits(root, fc1)
     assert menu.locator('.yax-fit[data-name="LoRA r=2"]:not(.yax-refused)').count() == 1
-    assert menu.locator('.yax-fit.yax-refused[data-name="GELU"]').count() == 1
+    assert menu.locator('.yax-fit.yax-refused[data-name="GELU (tanh)"]').count() == 1
     menu.locator('.yax-fit[data-name="LoRA r=2"]').click()
     compared(root, 1)
     text = root.locator(".yax-compare").inner_text()

@@ -89,8 +89,13 @@ def _steps(nb: Notebook) -> None:
     row = _dense(root, "Block_0")
     row.hover()
     assert f"sharding: {said['dense']}" in row.get_attribute("title").split("\n")
+    assert row.locator(".yax-sharding").inner_text() == "P(None,'model')"  # on the row, not only on hover
+    top = root.locator(".yax-row").first  # the model's input, split over `data`, as passed
+    assert top.locator(".yax-sharding").inner_text() == "in P('data')"
+    assert "inputs as passed: ids i32[4,16] P('data')" in top.get_attribute("title")
     norm = root.locator(".yax-row", has=page.locator('.yax-name:text-is("LayerNorm_0")')).first
     assert "sharding" not in (norm.get_attribute("title") or "")  # replicated parameters: nothing said
+    assert norm.locator(".yax-sharding").count() == 0
     _shot(root, row, "1-tree")
 
     # drop LoRA on it: the comparison shows, and the adapter's row says how its new parameters lie

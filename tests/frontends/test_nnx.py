@@ -630,7 +630,7 @@ def test_flax_bridge_models_open_in_the_explorer_and_bridge_modules_are_replacem
     assert [r[3:5] for r in ex._tree["rows"]] == [["Outer", "Outer"], ["dense", "ToNNX"], ["Dense", "Dense"],
                                                   ["relu", "relu"], ["lin", "Linear"]]
     relu = yax.query("//activation", ex.mox)[0]
-    ex._on_msg(ex, {"rid": 1, "type": "substitute", "target": view(ex.mox).ids[id(relu)], "name": "GELU"}, [])
+    ex._on_msg(ex, {"rid": 1, "type": "substitute", "target": view(ex.mox).ids[id(relu)], "name": "GELU (tanh)"}, [])
     assert sent[-1]["type"] == "ok"
     assert ex._comparison["first_divergence"] == "Outer/relu (now gelu)"
     want = model.lin(jax.nn.gelu(model.dense(x)))

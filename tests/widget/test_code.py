@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import keyword
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import yax
 from yax_widget import Explorer
@@ -72,3 +77,59 @@ def test_the_opening_lines_name_every_input_they_read():
         "# `mox0`, `variables`: what was given to Explorer(...); use your names", "mox = mox0", "params = variables"]
     assert opening_lines("mox", ["m", "{'params': p}", "x"], 2, {}, True) == [
         "# `m`, `p`: the notebook's names given to %yax", "mox = m", "params = {'params': p}"]
+
+
+def _evil_function():
+    def f(x):
+        return x
+
+    f.__module__ = "evil"  # a public-looking home, so its `module.qualname` would be written
+    f.__qualname__ = "f, mox)\nimport os\nmox = (mox"
+    return f
+
+
+class _Evil(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return x
+
+
+def test_copy_as_code_writes_only_dotted_names_for_a_replacement():
+    """A replacement's name is written only when it is a dotted Python name: a `__qualname__`
+    holding a newline would put a statement of its own into the script (`import os`). Otherwise the
+    script names a placeholder and says what to put there."""
+    from yax_widget._code import replacement_code
+
+    assert replacement_code(_evil_function()) is None
+    # a class by its importable name, else its bare `__name__` when that is a Python name, else not at all
+    evil_home = type("Evil", (_Evil,), {"__module__": "evil_models", "__qualname__": "E()\nimport os\nE"})
+    assert replacement_code(evil_home()) == "Evil()"
+    assert replacement_code(type("E()\nimport os\nE", (_Evil,), {"__module__": "evil_models"})()) is None
+    assert replacement_code(jax.nn.gelu) == "jax.nn.gelu" and replacement_code(yax.LoRA(rank=2)) == "yax.LoRA(rank=2)"
+
+    def f(x):
+        return jax.nn.relu(x @ jnp.ones((3, 3))).sum(-1)
+
+    x = jnp.arange(6.0).reshape(2, 3) - 2
+    ex = Explorer(f, x)
+    ex.add_replacement("evil", _evil_function())
+    ex.substitute("//activation", "evil")
+    code = ex.code()
+    assert "import os" not in code and "\nimport jax\nimport yax\n" in "\n" + code
+    assert "# `evil`: the replacement registered as 'evil'; define it first\nmox = yax.sub(" in code
+    ns = {"fn": f, "f": f, "x": x, "evil": lambda x: x}
+    exec(compile(code, "<copy as code>", "exec"), ns)
+    assert str(ns["mox"]) == str(ex.mox)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=30), st.text(max_size=12))
+def test_a_replacement_is_written_as_a_dotted_name_or_not_at_all(qualname, module):
+    from yax_widget._code import replacement_code
+
+    def g(x):
+        return x
+
+    g.__qualname__, g.__module__ = qualname, module
+    code = replacement_code(g)
+    assert code is None or all(p.isidentifier() and not keyword.iskeyword(p) for p in code.split("."))

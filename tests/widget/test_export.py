@@ -11,7 +11,9 @@ import contextlib
 import dataclasses
 import json
 import pathlib
+from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -79,6 +81,12 @@ def test_an_nnx_model_with_lora_runs_from_its_export(tmp_path):
 def run_as_the_readme_says(files: list[str], **inputs) -> tuple[list, dict]:
     """Run the README's snippet exactly as written, from the folder holding the files, with
     the user's inputs bound to the names the README gives them; its ``outputs``, and the manifest."""
+    scope, manifest = readme_scope(files, **inputs)
+    return scope["outputs"], manifest
+
+
+def readme_scope(files: list[str], **inputs) -> tuple[dict, dict]:
+    """The variables of the README's snippet after it ran (`run_as_the_readme_says`), and the manifest."""
     readme = pathlib.Path(next(f for f in files if f.endswith(".README.md")))
     manifest = json.loads(pathlib.Path(next(f for f in files if f.endswith(".manifest.json"))).read_text())
     code = readme.read_text().split("```python\n", 1)[1].split("```", 1)[0]
@@ -88,7 +96,7 @@ def run_as_the_readme_says(files: list[str], **inputs) -> tuple[list, dict]:
     assert all(f"`{v}`" in readme.read_text() for v in scope)
     with contextlib.chdir(readme.parent):
         exec(code, scope)
-    return scope["outputs"], manifest
+    return scope, manifest
 
 
 @contextlib.contextmanager
@@ -136,7 +144,7 @@ def test_a_t5_opened_with_keyword_inputs_is_called_by_their_names(t5, tmp_path):
     assert manifest["outputs"][0]["path"] == ".logits"
     np.testing.assert_allclose(outputs[0], want, rtol=1e-5, atol=1e-5)
     # after a change: the rewritten model, as yax runs it
-    ex.substitute("//activation[@name='relu']", "GELU")
+    ex.substitute("//activation[@name='relu']", "GELU (tanh)")
     outputs, _ = run_as_the_readme_says(ex.export(tmp_path / "t5_gelu"), input_ids=ids, decoder_input_ids=dec)
     rewritten = yax.eval_mox(ex.mox, ex.params, input_ids=ids, decoder_input_ids=dec).logits
     np.testing.assert_allclose(outputs[0], rewritten, rtol=1e-5, atol=1e-5)
@@ -229,3 +237,89 @@ def test_an_nnx_model_with_random_state_runs_from_its_readme(tmp_path):
         if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
             a, b = jax.random.key_data(a), jax.random.key_data(b)
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+# -- issue 38.11: what the export writes, as a careful user and an attacker find it --------------
+
+def bits(a) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(a)).reshape(-1).view(np.uint8)
+
+
+class LowPrecision(nn.Module):
+    """A first layer whose parameters are of ``dtype`` (computing in float32), then a float32 one."""
+
+    dtype: Any
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(2)(nn.relu(nn.Dense(5, dtype=jnp.float32, param_dtype=self.dtype)(x)))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_low_precision_parameters_load_as_the_readme_says_bit_for_bit(tmp_path, dtype):
+    """bfloat16 parameters went into the `.npz` as `|V2` arrays (NumPy has no bfloat16), which the README's own
+    snippet handed to the function, and JAX refused. The snippet, run as written, now gives the parameters
+    back bit for bit, and the function called with them gives the model's answer."""
+    m = LowPrecision(getattr(jnp, dtype))
+    x = jnp.linspace(-1, 1, 12).reshape(3, 4)
+    v = m.init(jax.random.key(0), x)
+    v = jax.tree_util.tree_map(lambda a: a if a.dtype == jnp.float32 else (a + 0.3).astype(a.dtype), v)
+    ex = Explorer(m, v, x, warm=False)
+    files = ex.export(tmp_path / "m")
+    scope, manifest = readme_scope(files, x=x)
+    want = jax.tree_util.tree_leaves(ex.params)
+    assert [a.dtype for a in scope["params"]] == [a.dtype for a in want] and dtype in {str(a.dtype) for a in want}
+    for got, w in zip(scope["params"], want):
+        np.testing.assert_array_equal(bits(got), bits(w))
+    np.testing.assert_allclose(scope["outputs"][0], m.apply(v, x), rtol=1e-6, atol=1e-6)
+    assert list(manifest["params_bits"].values()) == [dtype] * 2  # programs reading the manifest are told too
+
+
+def test_a_failed_write_leaves_no_file_and_the_retry_succeeds(tmp_path, monkeypatch):
+    """A full disk left a truncated `.params.npz` (and the function beside it), and the retry was refused because
+    the files existed. Each file is written under another name and all are renamed once all are whole: a
+    failure leaves nothing, says why as a refusal (the button's reply too), and the retry writes them all."""
+    import errno
+
+    from models import MLP
+
+    m, x = MLP(), jnp.linspace(-1, 1, 8).reshape(2, 4)
+    ex = Explorer(m, m.init(jax.random.key(0), x), x, warm=False)
+    ex.sent = []
+    ex.send = lambda content, buffers=None: ex.sent.append(content)
+    real = np.savez
+
+    def savez(file, *args, **kwds):  # what fitted on the disk, then no more
+        file.write(b"PK\x03\x04" + b"\0" * 4096)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", savez)
+    with pytest.raises(yax.YaxError) as e:
+        ex.export(tmp_path / "mlp")
+    msg = str(e.value)
+    assert isinstance(e.value, yax.YaxInputError) and "No space left on device" in msg and "Nothing was written" in msg
+    assert f"`{tmp_path / 'mlp'}." in msg and msg.endswith(".")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.chdir(tmp_path)
+    reply = ask(ex, rid=1, type="export")  # the button: a refusal, not a crash
+    assert reply["type"] == "error" and "No space left on device" in reply["message"], reply
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(np, "savez", real)
+    files = ex.export(tmp_path / "mlp")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(pathlib.Path(f).name for f in files)
+    outputs, _ = run_as_the_readme_says(files, x=x)
+    np.testing.assert_allclose(outputs[0], m.apply(ex.params, x), rtol=1e-6, atol=1e-6)
+    assert ask(ex, rid=2, type="export")["files"][0] == "yax_model_step0.jax_exported"
+
+
+def test_a_300_character_stem_is_refused_with_a_sentence(tmp_path):
+    """It raised a bare OSError ("File name too long") after the export had been computed."""
+    from models import MLP
+
+    m, x = MLP(), jnp.linspace(-1, 1, 8).reshape(2, 4)
+    ex = Explorer(m, m.init(jax.random.key(0), x), x, warm=False)
+    with pytest.raises(yax.YaxInputError) as e:
+        ex.export(tmp_path / ("m" * 300))
+    msg = str(e.value)
+    assert "bytes long" in msg and "at most" in msg and "Try a shorter name." in msg, msg
+    assert list(tmp_path.iterdir()) == []

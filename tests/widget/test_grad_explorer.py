@@ -216,6 +216,10 @@ def test_the_backward_nan_search_selects_the_row_whose_rule_gave_the_first_nan()
     relu = next(c for c in capturable_calls(ex.mox) if c.path == "Sick/planted/relu")
     assert "NaN or Inf in its gradient left out" in ex._overlay["why"][str(ids[id(relu)])]
     assert str(ids[id(next(c for c in capturable_calls(ex.mox) if c.path == "Sick/a"))]) not in ex._overlay["why"]
+    # and how many, for the visible mark on the row: the count the tooltip gives, rows with none left out
+    said = int(ex._overlay["why"][str(ids[id(relu)])].split(" NaN")[0].replace(",", ""))
+    assert ex._overlay["nonfinite"][str(ids[id(relu)])] == said > 0
+    assert all(n > 0 and "NaN or Inf" in ex._overlay["why"][r] for r, n in ex._overlay["nonfinite"].items())
 
 
 class Trap(nn.Module):

@@ -1,11 +1,16 @@
 """The explorer under hostile and unusual use: a failure while
 showing a change leaves the explorer where the front-end was told it is, nothing
 escapes the message handler, "copy as code" survives odd module and replacement
-names, and a closed explorer lets go of its thread and its measured values."""
+names, and a closed explorer lets go of its thread and its measured values. What one
+request may cost is bounded (the files the buttons write), requests from several
+threads run one at a time, and an explorer that fails to open leaves nothing behind."""
 
 from __future__ import annotations
 
+import gc
+import itertools
 import logging
+import sys
 import threading
 import time
 
@@ -17,7 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import yax
-from yax_widget import Explorer, _payloads, _protocol
+from yax_widget import Explorer, Session, _payloads, _protocol
+from yax_widget import _session as session_module
+from yax_widget._protocol import answer
 
 from .helpers import ask, explorer, snapshot
 
@@ -197,3 +204,189 @@ def test_the_explorer_opens_and_changes_a_model_thousands_of_calls_deep():
         assert ask(ex, rid=i, **msg)["type"] == "ok", ex.sent[-1]
     assert ex.history and yax.query("count(//sin)", ex.mox) == 0.0
 
+
+
+# -- what one request may cost (issue 38, point 12) ---------------------------------------------------------------
+
+def _small(**kw) -> Session:
+    m = nn.Sequential([nn.Dense(8), nn.gelu, nn.Dense(2)])
+    x = jnp.linspace(-1, 1, 12).reshape(3, 4)
+    return Session(m, m.init(jax.random.key(0), x), x, **kw)
+
+
+def test_the_buttons_write_a_file_once_per_state_and_at_most_max_writes(tmp_path, monkeypatch):
+    """A repeated Save HTML or Export of what was written last answers with the file written
+    (today 20 `snapshot` requests wrote 36 MiB), requests arriving together write one file, and one
+    explorer's buttons write at most `MAX_WRITES` of each."""
+    monkeypatch.chdir(tmp_path)
+    s = _small()
+    first = answer(s, {"rid": 0, "type": "snapshot"})
+    assert first["type"] == "ok" and first["file"] == "Sequential_snapshot.html"
+    for i in range(1, 6):
+        assert answer(s, {"rid": i, "type": "snapshot"}) == {**first, "rid": i}
+    assert "Sequential_snapshot.html" in s.state["status"]["message"] and "already" in s.state["status"]["message"]
+    threads = [threading.Thread(target=answer, args=(s, {"rid": 9, "type": "snapshot", "view": {"scroll": 5}}))
+               for _ in range(4)]  # arriving together: one is written, the others answered with it
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["Sequential_snapshot.html", "Sequential_snapshot_2.html"]
+    exported = answer(s, {"rid": 10, "type": "export"})
+    assert exported["type"] == "ok" and answer(s, {"rid": 11, "type": "export"}) == {**exported, "rid": 11}
+    assert len(list(tmp_path.iterdir())) == 2 + 4
+    (tmp_path / "Sequential_snapshot.html").unlink()  # the file is gone: the same press writes it again
+    assert answer(s, {"rid": 12, "type": "snapshot"})["file"] == "Sequential_snapshot.html"
+    s.substitute("//activation", "ReLU")  # another model: written anew
+    assert answer(s, {"rid": 13, "type": "snapshot"})["file"] == "Sequential_snapshot_3.html"
+    assert answer(s, {"rid": 14, "type": "export"})["files"][0] == "yax_model_step1.jax_exported"
+    monkeypatch.setattr(_protocol, "MAX_WRITES", 5)  # four written: the fifth is the last
+    assert answer(s, {"rid": 15, "type": "snapshot", "view": {"scroll": 7}})["type"] == "ok"
+    files = sorted(p.name for p in tmp_path.iterdir())
+    refused = answer(s, {"rid": 16, "type": "snapshot", "view": {"scroll": 8}})
+    assert refused["type"] == "error" and "5 snapshots" in refused["message"] and "save_html" in refused["message"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == files
+    s.close()
+
+
+# -- lifecycle (issue 38, point 14) ---------------------------------------------------------------------------------
+
+def test_a_failed_explorer_leaves_no_widget_behind(monkeypatch):
+    from ipywidgets.widgets import widget as registry
+
+    unraisable: list = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    gc.collect()
+    before = set(registry._instances)
+    for _ in range(5):
+        with pytest.raises(yax.YaxInputError, match="grad_of"):
+            Explorer(lambda x: x, jnp.ones(2), grad_of=3)
+    gc.collect()
+    assert set(registry._instances) - before == set()
+    assert [f"{u.exc_type.__name__}: {u.exc_value}" for u in unraisable] == []
+
+
+def test_close_lets_go_of_the_values_a_worker_measures_after_it(monkeypatch):
+    started, release = threading.Event(), threading.Event()
+    real = session_module.measure
+
+    def slow(*a, **k):
+        started.set()
+        release.wait(30)
+        return real(*a, **k)
+
+    monkeypatch.setattr(session_module, "measure", slow)
+    before = _workers()
+    s = _small(warm=True)  # the worker measures the original at once
+    assert started.wait(30)
+    s.close()
+    release.set()
+    for t in _workers() - before:
+        t.join(30)
+    assert s._reference is None and s._refs == {} and s._current is None and s._base_values is None
+
+
+def test_requests_on_one_session_run_one_at_a_time(monkeypatch):
+    """A request arriving while another runs waits for it (a `values` request once raised `IndexError`
+    in a storm of concurrent ones)."""
+    s = _small()
+    inside, release, order = threading.Event(), threading.Event(), []
+    real_code, real_undo = _protocol.Code.run, _protocol.Undo.run
+
+    def slow_code(self, session):
+        order.append("code in")
+        inside.set()
+        release.wait(30)
+        order.append("code out")
+        return real_code(self, session)
+
+    def undo(self, session):
+        order.append("undo")
+        return real_undo(self, session)
+
+    monkeypatch.setattr(_protocol.Code, "run", slow_code)
+    monkeypatch.setattr(_protocol.Undo, "run", undo)
+    replies: list = []
+    a = threading.Thread(target=lambda: replies.append(answer(s, {"rid": 1, "type": "code"})))
+    b = threading.Thread(target=lambda: replies.append(answer(s, {"rid": 2, "type": "undo"})))
+    a.start()
+    assert inside.wait(30)
+    b.start()
+    time.sleep(0.3)
+    assert order == ["code in"]  # the undo waits
+    release.set()
+    a.join(30)
+    b.join(30)
+    assert order == ["code in", "code out", "undo"] and [r["type"] for r in replies] == ["ok", "ok"]
+    s.close()
+
+
+def _storm(s: Session, requests: list[list[dict]], threads: bool) -> list[dict]:
+    """Each list of ``requests`` sent in order, the lists from as many threads (or one after another)."""
+    replies: list = [None] * sum(map(len, requests))
+    rid = itertools.count()
+    jobs = [[(next(rid), r) for r in rs] for rs in requests]
+
+    def send(job):
+        for i, r in job:
+            reply = answer(s, {"rid": i, **r})
+            reply.pop("seconds", None)
+            replies[i] = reply
+
+    if threads:
+        ts = [threading.Thread(target=send, args=(job,)) for job in jobs]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(300)
+    else:
+        for job in jobs:
+            send(job)
+    return replies
+
+
+def test_requests_hammered_from_threads_answer_as_a_serial_run_does():
+    """values, query and substitute requests from three threads at once: every reply and the state
+    after them are those of the same requests sent one after another (the substitution puts GELU
+    where GELU was, so that every order of them gives the same model, rows and values)."""
+    def requests(s: Session) -> list[list[dict]]:
+        ids = yax.internal.node_ids(s.mox)
+        rows = [ids[id(n)] for n in s.mox.modules()]
+        gelu = ids[id(yax.query("//activation", s.mox)[0])]
+        s.add_replacement("gelu", jax.nn.gelu)  # what the node runs: every state is the same model
+        return [[{"type": "values", "id": r} for r in rows * 4],
+                [{"type": "query", "xpath": "//module_call"}, {"type": "query", "xpath": "//activation"}] * 6,
+                [{"type": "substitute", "target": gelu, "name": "gelu"}] * 3]
+
+    serial = _small()
+    want = _storm(serial, requests(serial), threads=False)
+    storm = _small()
+    got = _storm(storm, requests(storm), threads=True)
+    assert [r["type"] for r in want] == ["ok"] * len(want)
+    assert got == want
+    assert storm.state["history"] == serial.state["history"] and storm.mox.sig == serial.mox.sig
+    for r in [yax.internal.node_ids(serial.mox)[id(n)] for n in serial.mox.modules()]:
+        assert storm.inspector.row(storm.node(r))["outputs"] == serial.inspector.row(serial.node(r))["outputs"]
+    serial.close()
+    storm.close()
+
+
+def test_the_nan_search_running_out_of_memory_says_what_to_try(monkeypatch):
+    from yax._capture import nonfinite
+
+    def exhausted(*a, **k):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4.00GiB.")
+
+    monkeypatch.setattr(nonfinite, "model_jit", lambda fn, **kw: exhausted)  # the flagging program
+    monkeypatch.setattr(nonfinite, "first_backward", exhausted)  # the backward pass's
+    s = _small()
+    args, kwargs = s.call_args()
+    for grad_of in (None, lambda out: out.sum()):
+        with pytest.raises(yax.YaxError, match="ran out of device memory") as e:
+            yax.first_nonfinite(s.mox, *args, grad_of=grad_of, **kwargs)
+        assert "fewer rows" in str(e.value) and "yax.capture" in str(e.value) and "4.00GiB" in str(e.value)
+        assert isinstance(e.value.__cause__, jax.errors.JaxRuntimeError)
+    reply = answer(s, {"rid": 1, "type": "nonfinite"})
+    assert reply["type"] == "error" and "ran out of device memory" in reply["message"], reply
+    assert "failed with" not in reply["message"]
+    s.close()

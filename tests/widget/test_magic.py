@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import ast
+import warnings
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from yax_widget import Explorer
 
@@ -102,3 +107,65 @@ def test_magic_keyword_arguments_open_a_hugging_face_model_as_explorer_does(shel
     assert str(ns["mox"]) == str(ex.mox)
     ex.close()
     same.close()
+
+
+def test_magic_text_after_a_comment_sign_is_a_comment_never_options(shell, model):
+    """`#` outside strings starts a comment, in the arguments and among the options; inside a
+    string (Python's, the shell's, an XPath's) it is a character."""
+    assert _words("m p x  # --query //activation") == (["m", "p", "x"], [])
+    assert _words("m p x --query //activation  # the gelus --query //x") == (["m", "p", "x"], ["--query", "//activation"])
+    assert _words("m p x --query \"//a[@x='#']\"") == (["m", "p", "x"], ["--query", "//a[@x='#']"])
+    assert _words("m p x --query '//a[@x=\"#\"]' # c") == (["m", "p", "x"], ["--query", '//a[@x="#"]'])
+    assert _words("m '# --query //x' y") == (["m", "'# --query //x'", "y"], [])
+    assert _words("m x # '--query //a'") == (["m", "x"], [])
+    assert _words("m x#--query //a") == (["m", "x"], [])
+    m, v = model
+    shell.run_line_magic("load_ext", "yax_widget")
+    shell.user_ns.update(model=m, variables=v, batch=IDS)
+    ex = shell.run_line_magic("yax", "model variables batch  # --query //activation")
+    assert isinstance(ex, Explorer) and ex._query == "" and ex._matches == [] and ex.selection == []
+    ex = shell.run_line_magic("yax", "model variables batch --query \"//module_call[@name='#']\" # --query //x")
+    assert ex._query == "//module_call[@name='#']"
+
+
+def test_magic_bad_keywords_and_lines_are_usage_errors_saying_why(shell, model):
+    from IPython.core.error import UsageError
+
+    m, v = model
+    shell.run_line_magic("load_ext", "yax_widget")
+    shell.user_ns.update(model=m, variables=v, batch=IDS)
+    for line, msg in [("model variables batch **{1: batch}", r"keyword arguments are named by strings, but `\*\*\{1: batch\}` "
+                                                              r"holds the key `1`"),
+                      ("model variables batch=batch **{'batch': batch}", "keyword `batch` is given twice"),
+                      ("model variables batch static_argnames=1", "`static_argnames` must be"),
+                      ("model variables batch static_argnums='a'", "`static_argnums` must be"),
+                      ("model variables\nimport os", "one line"),
+                      ("model variables batch; import os", "no list of Python arguments")]:
+        with pytest.raises(UsageError, match=msg):
+            shell.run_line_magic("yax", line)
+    from ipywidgets.widgets import widget as registry
+
+    before = set(registry._instances)
+    with pytest.raises(UsageError, match="XPath"):  # opened, then refused: closed, not left behind
+        shell.run_line_magic("yax", "model variables batch --query '//['")
+    assert set(registry._instances) - before == set()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(list("mx =*#'\"-[](){}:,.\\q1@/\t") + ["--query ", "lambda ", " in ", "\n", "é"]),
+                max_size=30).map("".join))
+def test_split_line_splits_or_says_why(line):
+    """Any line is split into arguments and options, or refused with a `ValueError` the magic turns
+    into a `UsageError`; never another exception."""
+    from yax_widget._magic import split_line
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # `'\)'`: an invalid escape, still Python
+        try:
+            arguments, options = split_line(line)
+        except ValueError as e:
+            assert str(e)
+            return
+        for a in arguments:  # each argument is a Python expression as typed (a line break once shifted them)
+            assert a.expr in line and ast.parse(a.expr, mode="eval")
+    assert all(isinstance(o, str) for o in options)

@@ -188,3 +188,19 @@ def test_rows_carry_the_users_line_and_the_source_request_reads_it(model):
         reply = ask(ex, rid=3, type="source", id=bare)
         assert reply["lines"] == [] and reply["note"].startswith("JAX recorded no line") and reply["note"].endswith(".")
     assert ask(ex, rid=4, type="source", id=10**9)["type"] == "error"  # an id the model does not have
+
+
+def test_a_replaced_activation_is_marked_changed_not_added(model):
+    """GELU swapped for ReLU is one replacement in each block: the rows are "changed" on both sides (as
+    docs/rewrite.md says), not an addition and a removal; removing a layer (identity) stays "removed"."""
+    ex = explorer(model)
+    ex.substitute("//activation[@name='gelu']", "ReLU")
+    ids_now, ids_then = view(ex.mox).ids, view(ex.original).ids
+    relus = [ids_now[id(n)] for n in yax.query("//activation[@name='relu']", ex.mox)]
+    gelus = [ids_then[id(n)] for n in yax.query("//activation[@name='gelu']", ex.original)]
+    assert len(relus) == len(gelus) == 2
+    assert ex._diff["current"] == {str(i): "changed" for i in relus}
+    assert ex._diff["original"] == {str(i): "changed" for i in gelus}
+    ex.substitute("//module_call[@type='Dropout']", "identity")
+    marks = ex._diff["current"]
+    assert sorted(marks.values()).count("changed") >= 2 and "added" not in marks.values()

@@ -58,7 +58,7 @@ def test_a_session_compares_the_original_and_the_current_model_with_a_reference(
     alone = yax.compare(ref, s.mox, *s._args_of(s.params, s._in_use), names=NAMES)
     assert cs.against_first["step 1"].to_dict() == alone.to_dict()
     # more changes: the original and the last few states of the history, one column each
-    for act in ("SiLU", "GELU", "tanh", "identity", "ReLU"):
+    for act in ("SiLU", "GELU (tanh)", "tanh", "identity", "ReLU"):
         s.substitute("//activation", act)
     assert s.comparisons.names == ("pytorch", "original", "step 3", "step 4", "step 5", "step 6")
     firsts = s.comparisons.first_divergence

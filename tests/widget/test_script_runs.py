@@ -61,6 +61,14 @@ bart = transformers.FlaxBartForConditionalGeneration(transformers.BartConfig(
     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32), seed=0)
 ids = jnp.arange(8).reshape(1, 8) * 7 % 50
 dec = ids[:, :4]
+x2, ids5 = x[:2], ids[:, :5]  # what `x[:2]` and `ids[:, :5]` give, under a name
+clip = transformers.FlaxCLIPModel(transformers.CLIPConfig(
+    text_config=dict(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                     num_attention_heads=2, max_position_embeddings=8),
+    vision_config=dict(image_size=32, patch_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                       num_attention_heads=2), projection_dim=8), seed=0)
+pix = jnp.linspace(-1.0, 1.0, 2 * 3 * 32 * 32).reshape(2, 3, 32, 32)
+tokens, mask = jnp.tile(ids, (2, 1)), jnp.ones((2, 8), jnp.int32).at[1, 6:].set(0)
 
 def inputs(text):
     """The positional and keyword inputs written as ``text`` (``"x, train=False"``), from this zoo."""
@@ -73,16 +81,23 @@ def dump(out):
 # (how it opens: `Explorer` arguments or a `%yax` line, the names the user has -> zoo objects,
 #  the inputs `eval_mox` runs on after the parameters)
 CASES = [
-    ("Explorer(mlp, mlp_vars, x)", {"model": "mlp", "variables": "mlp_vars", "batch": "x"}, "x"),
+    # `Explorer(...)`: the names its caller bound to what it was given
+    ("Explorer(mlp, mlp_vars, x)", {"mlp": "mlp", "mlp_vars": "mlp_vars", "x": "x"}, "x"),
     ("Explorer(normed, normed_vars, x, train=False)",
-     {"model": "normed", "variables": "normed_vars", "batch": "x"}, "x, train=False"),
-    ("Explorer(mlp_mox, mlp_vars, x)", {"mox0": "mlp_mox", "variables": "mlp_vars"}, "x"),
-    ("Explorer(net, x)", {"net": "net", "batch": "x"}, "x"),
-    ("Explorer(gpt, input_ids=ids)", {"model": "gpt", "input_ids": "ids"}, "input_ids=ids"),
-    ("Explorer(bart, input_ids=ids, decoder_input_ids=dec)",
-     {"model": "bart", "input_ids": "ids", "decoder_input_ids": "dec"}, "input_ids=ids, decoder_input_ids=dec"),
+     {"normed": "normed", "normed_vars": "normed_vars", "x": "x"}, "x, train=False"),
+    ("Explorer(mlp_mox, mlp_vars, x)", {"mlp_mox": "mlp_mox", "mlp_vars": "mlp_vars"}, "x"),
+    ("Explorer(net, x)", {"net": "net", "x": "x"}, "x"),
+    ("Explorer(gpt, input_ids=ids)", {"gpt": "gpt", "ids": "ids"}, "input_ids=ids"),
+    ("Explorer(bart, input_ids=ids, decoder_input_ids=dec)", {"bart": "bart", "ids": "ids", "dec": "dec"},
+     "input_ids=ids, decoder_input_ids=dec"),
+    ("Explorer(clip, input_ids=tokens, pixel_values=pix, attention_mask=mask)",
+     {"clip": "clip", "tokens": "tokens", "pix": "pix", "mask": "mask"},
+     "input_ids=tokens, pixel_values=pix, attention_mask=mask"),
     ("Explorer(fn, x)", {"fn": "fn", "x": "x"}, "x"),
     ("Explorer(fn, x=x)", {"fn": "fn", "x": "x"}, "x=x"),
+    # an input no name holds (`x[:2]`): the usual names, and the comment says to use your own
+    ("Explorer(mlp, mlp_vars, x[:2])", {"model": "mlp", "variables": "mlp_vars", "batch": "x2"}, "x2"),
+    ("Explorer(gpt, input_ids=ids[:, :5])", {"model": "gpt", "input_ids": "ids5"}, "input_ids=ids5"),
     ("%yax mlp mlp_vars x", {"mlp": "mlp", "mlp_vars": "mlp_vars", "x": "x"}, "x"),
     ("%yax model weights batch[:2] train=False", {"model": "normed", "weights": "normed_vars", "batch": "x"},
      "x[:2], train=False"),
@@ -160,7 +175,8 @@ def test_copy_as_code_runs_in_a_fresh_kernel(shell):
             assert not ex.comparison.allclose, opened  # the change shows in the numbers
             code = ex.code()
             assert _listed(code) == list(names), f"{opened}: the comment lists other names than the script's\n{code}"
-            assert ("use your names" in code) != opened.startswith("%yax"), code
+            assert ("use your names" in code) == ("[" in opened and not opened.startswith("%yax")), code
+            assert ("names given to Explorer(...)" in code) == ("use your names" not in code and opened.startswith("Explorer"))
             # a namespace holding only the user's names the comment lists, then the script as pasted
             kernel.submit("%reset -f\n" + "\n".join(f"from zoo import {z} as {n}" for n, z in names.items()), opened)
             kernel.submit(code, opened)

@@ -54,12 +54,12 @@ def test_the_session_runs_without_any_widget_library():
         "from yax_widget import Session\n"
         "m = nn.Sequential([nn.Dense(4), nn.relu, nn.Dense(2)]); x = jnp.ones((1, 3))\n"
         "s = Session(m, m.init(jax.random.key(0), x), x)\n"
-        "print(s.substitute('//activation', 'GELU'), s.comparison.first_divergence, s.state['history']['index'])\n"
+        "print(s.substitute('//activation', 'GELU (tanh)'), s.comparison.first_divergence, s.state['history']['index'])\n"
         "s.close()\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["replaced", "1", "node(s)", "selected", "by", "//activation", "with", "GELU",
+    assert out.stdout.split() == ["replaced", "1", "node(s)", "selected", "by", "//activation", "with", "GELU", "(tanh)",
                                   "Sequential/relu", "1"]
 
 
@@ -101,7 +101,7 @@ def test_a_closed_session_refuses_every_command_and_starts_no_thread():
     assert ask(s, type="graph", depth=1)["type"] == "ok"
     assert ask(s, type="equations", ids=[1])["type"] == "ok"
     assert ask(s, type="source", id=1)["type"] == "ok"
-    for call in (lambda: s.undo(), lambda: s.query("//*"), lambda: s.substitute("//activation", "GELU"),
+    for call in (lambda: s.undo(), lambda: s.query("//*"), lambda: s.substitute("//activation", "GELU (tanh)"),
                  lambda: s.use_batch("example"), lambda: s.values("//activation"), lambda: s.export("x"),
                  lambda: s.add_replacement("x", jax.nn.relu), lambda: s.compare_with("previous")):
         with pytest.raises(yax.YaxInputError, match="closed"):
@@ -230,12 +230,17 @@ def test_exports_never_replace_a_file_unasked(tmp_path, monkeypatch):
     s = session()
     s.substitute("//activation", "ReLU")
     first = ask(s, type="export")
-    second = ask(s, type="export")
+    assert ask(s, type="export") == first  # pressed again, nothing changed: the files written, none written
+    assert s.state["status"]["message"] == "already exported to yax_model_step1.jax_exported: nothing changed since"
+    other = session()  # another explorer, whose step 1 has files of that name already
+    other.substitute("//activation", "ReLU")
+    second = ask(other, type="export")
     assert first["type"] == second["type"] == "ok"
     assert [os.path.basename(f) for f in first["files"]][0] == "yax_model_step1.jax_exported"
     assert [os.path.basename(f) for f in second["files"]][0] == "yax_model_step1_2.jax_exported"
     assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(f) for f in first["files"] + second["files"])
-    assert s.state["status"]["message"].startswith("exported to yax_model_step1_2.jax_exported")
+    assert other.state["status"]["message"].startswith("exported to yax_model_step1_2.jax_exported")
+    other.close()
     readme = tmp_path / "yax_model_step1.README.md"
     text = readme.read_text()
     with pytest.raises(yax.YaxInputError, match=r"would replace .*yax_model_step1\.jax_exported.*overwrite=True"):

@@ -57,8 +57,12 @@ def test_the_file_holds_the_state_the_kernel_computed_and_the_bundle_once(change
     text = p.read_text(encoding="utf-8")
     data = page_data(text)
     state = data["state"]
-    for trait in ("_tree", "_original_tree", "_history", "_diff", "_palette", "_status", "_batches"):
+    for trait in ("_tree", "_original_tree", "_history", "_diff", "_palette", "_batches"):
         assert state[trait] == json.loads(json.dumps(getattr(ex, trait))), trait
+    # its status line says what the page shows, not the kernel's last news (the save itself, say)
+    assert state["_status"] == {"busy": False, "message": "step 1 of 1: replaced 4 node(s) selected by //activation "
+                                                          "with ReLU"}
+    assert ex._status["message"] != state["_status"]["message"]
     assert state["_history"]["items"] == ["replaced 4 node(s) selected by //activation with ReLU"]
     # the comparison, its heatmaps as the same float32 bytes
     c, want = state["_comparison"], ex._comparison
@@ -108,8 +112,10 @@ def test_the_button_writes_next_to_the_notebook_with_the_view_it_reports(changed
     got = replies(data)
     assert got[key(type="expand", id=dense)]["rows"] and got[key(type="graph", id=dense, depth=2)]["type"] == "ok"
     assert data["state"]["_values"]["id"] == dense and got[key(type="values", id=dense)]["id"] == dense
-    # a second press: a new file, none replaced
-    assert ask(ex, rid=2, type="snapshot", view=v)["file"] == "Transformer_snapshot_2.html"
+    # a second press of the same view, nothing changed: the file written, nothing written
+    assert ask(ex, rid=2, type="snapshot", view=v) == {**reply, "rid": 2}
+    # another view: a new file, none replaced
+    assert ask(ex, rid=2, type="snapshot", view={**v, "scroll": 0})["file"] == "Transformer_snapshot_2.html"
     # a malformed view or ids of no call: refused, nothing written
     for bad, why in (({**v, "tab": "Nope"}, "`tab` must be one of"), ({**v, "colour": 1}, "has no field `colour`"),
                      ({**v, "expanded": [10**6]}, "`expanded` must be the id of a node"),
@@ -157,3 +163,52 @@ def test_an_explorer_of_abstract_parameters_saves_its_structure(model, tmp_path)
     assert replies(data)[key(type="values", id=dense)] == {"type": "error", "message": NO_VALUES}
     assert data["state"]["_values"] == {}
     assert any(r["request"] == {"type": "expand", "id": dense} for r in data["replies"])  # equations need no values
+
+
+# -- issue 38.11: no partial file, and a name too long said in a sentence -------------------------
+
+def test_a_failed_write_leaves_no_file_and_the_retry_succeeds(changed, tmp_path, monkeypatch):
+    """A full disk left a truncated page (64 KB of HTML that opened blank) and the retry was refused because the
+    file existed. The page is written under another name and renamed when whole."""
+    import builtins
+    import errno
+
+    from yax_widget import _snapshot
+
+    class FullDisk:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def write(self, text):
+            self.fh.write(text[: 1 << 16])  # what fitted
+            self.fh.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_snapshot, "open", lambda *a, **k: FullDisk(builtins.open(*a, **k)), raising=False)
+    path = tmp_path / "page.html"
+    with pytest.raises(SnapshotPathError) as e:
+        changed.save_html(path)
+    assert "No space left on device" in str(e.value) and str(e.value).endswith("."), str(e.value)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.chdir(tmp_path)
+    reply = ask(changed, rid=1, type="snapshot", view=None)  # the button: a refusal, not a crash
+    assert reply["type"] == "error" and "No space left on device" in reply["message"], reply
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    changed.save_html(path)
+    assert page_data(path.read_text(encoding="utf-8"))["meta"]["model"] == "Transformer"
+    assert [p.name for p in tmp_path.iterdir()] == ["page.html"]
+
+
+def test_a_name_too_long_is_refused_with_a_sentence(changed, tmp_path):
+    """A 300-character name raised a bare OSError ("File name too long") from `Path.is_dir`."""
+    with pytest.raises(SnapshotPathError) as e:
+        changed.save_html(tmp_path / ("p" * 300 + ".html"))
+    assert "bytes long" in str(e.value) and "Try a shorter name." in str(e.value), str(e.value)
+    assert list(tmp_path.iterdir()) == []

@@ -277,7 +277,8 @@ def test_batches_switch_the_values_and_the_comparison():
     ex.sent = []
     ex.send = lambda content, buffers=None: ex.sent.append(content)
     # the example is the batch named `positive` (the same array), so it is not listed twice
-    assert ex._batches == {"names": ["positive", "negative"], "current": "positive"}
+    assert ex._batches == {"names": ["positive", "negative"], "current": "positive",
+                           "inputs": [{"name": "x", "type": "f32[2,4]", "sharding": ""}]}
     second = ex.query("//module_call[@name='second']")[0]
     rid = node_ids(ex.mox)[id(second)]
     ask(ex, rid=1, type="values", id=rid)
@@ -320,7 +321,8 @@ def test_bad_batches_are_refused_saying_why(model):
     with pytest.raises(yax.YaxInputError, match="must map names"):
         Explorer(m, v, IDS, batches=[IDS])
     ex = explorer(model)
-    assert ex._batches == {"names": ["example"], "current": "example"}
+    assert ex._batches == {"names": ["example"], "current": "example",
+                           "inputs": [{"name": "ids", "type": "i32[2,8]", "sharding": ""}]}
     reply = ask(ex, rid=1, type="batch", name="nope")
     assert reply["type"] == "error" and "example" in reply["message"] and ex.batch == "example"
     with pytest.raises(yax.YaxInputError, match="selects 2"):
@@ -402,7 +404,8 @@ def test_values_on_an_nnx_model_with_batches():
     x = jnp.linspace(-1, 1, 24).reshape(3, 8)
     ex = Explorer(Net(nnx.Rngs(0)), x, batches={"x": x, "minus x": -x}, warm=False)
     state = ex.session.args[0]
-    assert ex._batches == {"names": ["x", "minus x"], "current": "x"}
+    assert ex._batches == {"names": ["x", "minus x"], "current": "x",
+                           "inputs": [{"name": "x", "type": "f32[3,8]", "sharding": ""}]}
     assert _agrees_with_capture(ex, (state, x)) == 4  # Net, fc1, relu, fc2
     ex.use_batch("minus x")
     assert _agrees_with_capture(ex, (state, -x)) == 4

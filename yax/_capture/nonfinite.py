@@ -281,29 +281,38 @@ def first_nonfinite(mox: Mox, *args: Any, grad_of: Callable[[Any], Any] | None =
     """
     check_root(mox, "first_nonfinite")
     flat = flatten_inputs(mox, args, kwargs)
-    if grad_of is not None:
+    try:
         with jax.debug_nans(False), jax.debug_infs(False):
-            return first_backward(mox, flat, args, kwargs, grad_of, argnums)
+            if grad_of is not None:
+                return first_backward(mox, flat, args, kwargs, grad_of, argnums)
+            return _forward(mox, flat, args, kwargs)
+    except Exception as e:  # XLA's RESOURCE_EXHAUSTED: said as what to try, not as XLA's allocation report
+        if errors.OutOfMemory.caused_by(e):
+            raise errors.OutOfMemory("first_nonfinite", e, backward=grad_of is not None) from e
+        raise
+
+
+def _forward(mox: Mox, flat: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> NonFinite | None:
+    """`first_nonfinite` of the forward pass (jax's NaN and Inf checks off)."""
     search = _searches.get(mox)
     if search is None:
         search = _searches[mox] = _Search(mox)
-    with jax.debug_nans(False), jax.debug_infs(False):
-        arg_flags, level = jax.device_get(search.jitted(flat))
-        if arg_flags.any():
-            i = search.args[int(np.argmax(arg_flags))]
-            keypath = jax.tree_util.tree_flatten_with_path((args, kwargs))[0][mox.dyn_in[i]][0]
-            return _bad_argument(mox, i, flat[i], errors.arg_name(keypath))
-        found = _first(search.entries, level)
-        if found is None:
-            return None
-        (_, eqn, _, out_i), step = found
-        call = _innermost_call(mox, eqn)
-        nodes = [eqn] if call is None else [eqn, call]
-        plan = cached_plan(nodes, mox, "first_nonfinite", forward_only=True)
-        prog = program_for(mox, nodes, plan, "capture", inputs=True, forward_only=True)
-        _, got = prog(flat, {}, None)
-        if not any_spread(got):
-            got = jax.device_get(got)
+    arg_flags, level = jax.device_get(search.jitted(flat))
+    if arg_flags.any():
+        i = search.args[int(np.argmax(arg_flags))]
+        keypath = jax.tree_util.tree_flatten_with_path((args, kwargs))[0][mox.dyn_in[i]][0]
+        return _bad_argument(mox, i, flat[i], errors.arg_name(keypath))
+    found = _first(search.entries, level)
+    if found is None:
+        return None
+    (_, eqn, _, out_i), step = found
+    call = _innermost_call(mox, eqn)
+    nodes = [eqn] if call is None else [eqn, call]
+    plan = cached_plan(nodes, mox, "first_nonfinite", forward_only=True)
+    prog = program_for(mox, nodes, plan, "capture", inputs=True, forward_only=True)
+    _, got = prog(flat, {}, None)
+    if not any_spread(got):
+        got = jax.device_get(got)
 
     def at(x: Any) -> Any:
         """The value at the scan step: a sharded one indexed where it is (`ValueStats` reduces it there)."""

@@ -48,6 +48,27 @@ function naturalSize(svg) {
   return [px(svg.getAttribute("width")), px(svg.getAttribute("height"))];
 }
 
+/** Fit every label of `svg` (in the page) inside its box. Graphviz sizes the boxes by its own estimate
+ * of Helvetica's widths; the browser draws with whatever font stands for Helvetica here (often a wider
+ * one), so a label could run past its box: one that would is drawn condensed to the box's width.
+ * Returns how many were. */
+export function fitLabels(svg) {
+  let fitted = 0;
+  for (const g of svg.querySelectorAll("g.node, g.cluster")) {
+    const shape = g.querySelector(":scope > polygon, :scope > ellipse, :scope > path");
+    if (!shape || typeof shape.getBBox !== "function") continue;
+    const room = shape.getBBox().width - 8; // Graphviz's own margin around a label, about 4 points a side
+    for (const text of g.querySelectorAll(":scope > text")) {
+      if (room > 0 && text.getComputedTextLength() > room) {
+        text.setAttribute("textLength", String(room));
+        text.setAttribute("lengthAdjust", "spacingAndGlyphs");
+        fitted += 1;
+      }
+    }
+  }
+  return fitted;
+}
+
 const XLINK = "http://www.w3.org/1999/xlink";
 
 /** Colour the boxes of `svg` (ids `yax-N`, the rows' ids): a border in the divergence colour of
@@ -291,6 +312,7 @@ export function createGraphPane({ el, request, look = () => ({}), onPick = () =>
     svg = new DOMParser().parseFromString(done.svg, "image/svg+xml").documentElement;
     size = naturalSize(svg);
     stage.replaceChildren(svg);
+    stage.dataset.condensed = String(fitLabels(svg)); // in the page: the browser's own text widths
     what.textContent = id === null ? "the whole model" : "the selected call";
     redraw();
     fitAll();

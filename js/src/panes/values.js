@@ -220,11 +220,14 @@ export function scalarChoice(kind, text) {
  * a row of a gradient colouring with no gradient, a hatched mark whose tooltip says why. */
 export function overlayEntry(o, id, x) {
   const why = (o.why || {})[id];
-  if (x === null) return why ? { color: "transparent", title: `no gradient: ${why}`, x: -Infinity } : null;
+  const bad = (o.nonfinite || {})[id] || 0; // NaN or Inf values in its gradient: a mark on the row, not a tooltip
+  if (x === null) {
+    return why ? { color: "transparent", title: `no gradient: ${why}`, x: -Infinity, nonfinite: bad } : null;
+  }
   const title = `${o.label}: ${num(x)}` + (GRAD_STATS.has(o.stat) ? ` (${o.scalar.label})` : "")
     + (why ? `; ${why}` : "");
   // a folded run shows its largest: for a signed attribution, the largest in magnitude
-  return { color: overlayColor(o.stat, x, o.lo, o.hi), title, x: o.stat === "gxa" ? Math.abs(x) : x };
+  return { color: overlayColor(o.stat, x, o.lo, o.hi), title, x: o.stat === "gxa" ? Math.abs(x) : x, nonfinite: bad };
 }
 
 /**
