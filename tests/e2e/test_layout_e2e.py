@@ -49,7 +49,7 @@ MEASURE = """async (root) => {
   const frame = () => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
   const box = (el) => el.getBoundingClientRect();
   const text = (el) => el.textContent.trim();
-  const out = { rows: 0, cutRows: [], table: [], diff: null, toolbar: null, treeBar: null, outside: null };
+  const out = { rows: 0, folded: 0, cutRows: [], table: [], diff: null, toolbar: null, treeBar: null, outside: null };
 
   // the explorer inside its output area (nothing beyond JupyterLab's notebook panel)
   const panel = box(root.closest('.jp-WindowedPanel-outer, .jp-Notebook'));
@@ -74,6 +74,7 @@ MEASURE = """async (root) => {
       const rb = box(row);
       if (rb.top < tb.top || rb.bottom > tb.bottom) continue;  // partly out of view: on the next page
       seen.add(row.dataset.id);
+      if (row.classList.contains('yax-folded')) out.folded += 1;
       const name = row.querySelector('.yax-name').textContent;
       for (const el of row.querySelectorAll('.yax-shapes, .yax-params, .yax-policy')) {
         const b = box(el);
@@ -161,9 +162,6 @@ def open_t5(nb: Notebook):
     assert "replaced 8 node(s)" in out, out  # one in each of the 4 + 4 layers
     page.wait_for_selector(".yax-compare .yax-hist", timeout=120_000)
     root.locator(".yax-expand-all").click()  # every row, the decoder's too
-    # the 3 layers alike after the first (which holds the relative attention bias) fold into one row x3,
-    # whose badges (x3, dtypes, parameters "each") are measured with the others
-    root.locator(".yax-row.yax-folded").first.wait_for()
     return root
 
 
@@ -207,6 +205,8 @@ def check(root, width: int, browser_open: bool) -> list[str]:
         problems.append(f"{state}: the explorer sticks out of the notebook: {m['outside']}")
     if m["rows"] < 100:
         problems.append(f"{state}: only {m['rows']} tree rows seen")
+    if m["folded"] < 2:  # encoder's and decoder's 3 layers alike after the first (its relative attention bias)
+        problems.append(f"{state}: {m['folded']} folded rows seen, whose badges must fit too")
     problems += [f"{state}: tree row cut: {c}" for c in m["cutRows"]]
     if width >= 1600 and not browser_open:  # the user's case: every row in view, without scrolling sideways
         problems += [f"{state}: tree row out of view: {c}" for c in m["outOfView"]]
