@@ -44,7 +44,7 @@ print("FITS=" + ",".join(n for n, i in ex.session.items.items()
       if misfit(i.repl, yax.query("//module_call[@name='lm_head']", ex.mox)[0], ex.mox, params=ex.params) is None))""",
     # 2: the script "Copy as code" shows, run as pasted, makes the explorer's model
     """code = ex.code()
-ns = {"model": model, "batch": IDS}
+ns = {"model": model, "IDS": IDS}  # the names the explorer was opened with, which the script says it reads
 exec(code, ns)
 print("SAME", str(ns["mox"]) == str(ex.mox), len(code.splitlines()))""",
     # 3: an nnx model

@@ -304,7 +304,10 @@ class Walk(RuleBasedStateMachine):
         assert not s.state["status"]["busy"], s.state["status"]
         assert (s.index, len(s.states)) == (self.index, self.length)
         assert s.state["history"]["index"] == s.index and s.state["tree"]["version"] == s.index
-        assert s.state["batches"] == {"names": list(self.batches), "current": self.current}
+        x = self.batches[self.current]
+        assert str(x.dtype) == "float32"  # the input the top row shows, as passed: written by hand
+        shown = {"name": s.input_names[0], "type": f"f32[{','.join(map(str, x.shape))}]", "sharding": ""}
+        assert s.state["batches"] == {"names": list(self.batches), "current": self.current, "inputs": [shown]}
         assert s.batch == self.current and s.args[-1] is self.batches[self.current]
         assert s.state["compare_base"] == self.base
         x = self.batches[self.current]
