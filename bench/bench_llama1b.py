@@ -80,7 +80,7 @@ OPEN = """mox = yax.make_mox(model.module.apply)(params, ids, mask, pos)
 t0 = time.time(); ex = Explorer(mox, params, ids, mask, pos); print("BUILT", time.time() - t0, "AT", time.time())
 ex"""
 
-WARM = 'ex.session._warmer.result(); print("WARM", time.time() - t0)'
+WARM = 'ex.session.worker.warmer.result(); print("WARM", time.time() - t0)'
 
 CHANGE = """ex.add_replacement("LoRA r=8", yax.LoRA(rank=8))
 QV = '//module_call[@name="q_proj" or @name="v_proj"]'
@@ -106,8 +106,8 @@ BASELINE = """g = jax.jit(yax.to_function(lora[0]))  # the modified model compil
 t2 = time.time(); cm = g.lower(lora[1], ids, mask, pos).compile(); t3 = time.time()
 jax.block_until_ready(cm(lora[1], ids, mask, pos)); t4 = time.time()
 print("MODCOMPILE", t3 - t2, "MODRUN", t4 - t3)
-from yax_widget import _values
-t5 = time.time(); b = _values._Boundaries.run(lora[0], (lora[1], ids, mask, pos), {}); b.stats("norm")
+from yax_widget import _reduce
+t5 = time.time(); b = _reduce.Boundaries.run(lora[0], (lora[1], ids, mask, pos), {}); b.stats("norm")
 print("PROGPAINT", time.time() - t5)"""
 
 

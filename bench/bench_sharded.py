@@ -110,7 +110,7 @@ def measured(model, inputs: tuple, layers: int, runs: int) -> dict:
     out["capture"] = runs_of(summaries, runs)
     t, ex = seconds(lambda: Explorer(mox, *inputs, warm=True))  # warm, as in a notebook
     out["open"] = (t, None)
-    out["warm"] = (seconds(lambda: ex.session._warmer.result())[0], None)
+    out["warm"] = (seconds(lambda: ex.session.worker.warmer.result())[0], None)
     ex.add_replacement("LoRA r=8", yax.LoRA(rank=8))
     out["drop"] = (seconds(lambda: ex.substitute('//module_call[@name="q_proj" or @name="v_proj"]', "LoRA r=8"))[0],
                    None)

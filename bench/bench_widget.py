@@ -53,7 +53,7 @@ COMPILE = """f = jax.jit(yax.to_function(ex.mox))  # the model the drop made, co
 t0 = time.time(); c = f.lower(ex.params, ids).compile(); t1 = time.time()
 jax.block_until_ready(c(ex.params, ids)); t2 = time.time()
 print("COMPILE", t1 - t0, "FIRSTRUN", t2 - t1, "KERNEL", ex._comparison["seconds"],
-      "REFMB", sum(x.nbytes for x in [*ex.session._reference.outs, *ex.session._reference.taps.values()]) / 2**20)"""
+      "REFMB", sum(x.nbytes for x in [*ex.session.worker.reference.outs, *ex.session.worker.reference.taps.values()]) / 2**20)"""
 
 # Times a drop in the page: from the `drop` event to the frame after the histogram is in the DOM.
 DROP_TIMER = """(idx) => {
@@ -97,7 +97,7 @@ def main() -> None:
     result: dict = {"layers": a.layers}
     with tempfile.TemporaryDirectory() as tmp:
         root = pathlib.Path(tmp)
-        wait = 'ex.session._warmer.result(); print("WARM", time.time() - t0)'
+        wait = 'ex.session.worker.warmer.result(); print("WARM", time.time() - t0)'
         write_notebook(root / "bench.ipynb", [SETUP, OPEN.format(layers=a.layers), wait,
                                               OPEN.format(layers=a.small), wait, COMPILE])
         with jupyterlab(root) as url, browser() as b:

@@ -56,7 +56,7 @@ MUTANTS = {
         "tests/oracle/test_stats_weights_oracle.py",
     ),
     "Session batch cache": (  # every batch measured under one key: a new batch served an old one's numbers
-        "yax_widget/_session.py",
+        "yax_widget/_batches.py",
         "default_factory=lambda: next(_serials))",
         "default_factory=lambda: 0)",
         "tests/oracle/test_session_walks.py",

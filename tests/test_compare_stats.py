@@ -493,6 +493,7 @@ def test_float64_gradients_compared_in_float64():
         assert not c.allclose
 
 
+@pytest.mark.slow
 def test_float64_statistics_over_many_chunks_keep_one_scale():
     """`_stats` of float64 values sums a chunk at a time, each sum scaled by a power of two near the
     largest value seen so far: chunks of 1e-300, 1 and 1e300 (growing, so the sums are rescaled twice;

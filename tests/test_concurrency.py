@@ -25,7 +25,7 @@ import yax
 from yax import _activations
 from yax._ir import Mox
 
-pytestmark = pytest.mark.core
+pytestmark = [pytest.mark.core, pytest.mark.slow]
 
 THREADS, ROUNDS = 4, 3
 

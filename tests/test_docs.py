@@ -14,10 +14,12 @@ import subprocess
 import sys
 import types
 
-import nbformat
+import pytest
 
 import yax
 import yax_widget
+
+pytestmark = pytest.mark.slow  # builds the whole docs site
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -38,6 +40,8 @@ def test_the_docs_build_and_document_every_public_name(tmp_path):
     # every notebook ran to the end without an error, and its page shows the outputs
     assert {"recipes.ipynb", "inside.ipynb", "explorer.ipynb"} <= {p.name for p in NOTEBOOKS}
     for path in NOTEBOOKS:
+        import nbformat  # (jsonschema's import takes seconds: only here, not at collection)
+
         nb = nbformat.read(tmp_path / "jupyter_execute" / "notebooks" / path.name, as_version=4)
         code = [c for c in nb.cells if c.cell_type == "code"]
         assert all(c.get("execution_count") for c in code), path.name

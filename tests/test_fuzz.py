@@ -141,6 +141,7 @@ def _run_query(q: str, target) -> None:
         assert r is None or isinstance(r, (float, bool, str))
 
 
+@pytest.mark.slow
 @settings(max_examples=700, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(queries())
 def test_generated_queries_answer_or_raise_yax_query_error(q):

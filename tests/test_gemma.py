@@ -19,6 +19,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+pytestmark = pytest.mark.slow  # gemma in an interpreter of its own
+
 HERE = pathlib.Path(__file__).parent
 CHECKS = HERE / "gemma_checks.py"
 NAMES = [f.name for f in ast.parse(CHECKS.read_text()).body

@@ -224,6 +224,7 @@ def test_memory_is_bounded_and_the_bound_measured():
     assert 0 < int(grown_mib) < 200
 
 
+@pytest.mark.slow
 def test_what_dump_xml_writes_load_xml_reads():
     # a leaf computation whose jaxpr text is a comment over 10 MB (libxml2's default limit)
     f32, shape = np.dtype("float32"), (1,) * 100

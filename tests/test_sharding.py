@@ -71,6 +71,7 @@ def tf():
 
 # -- evaluating ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.core
 def test_eval_mox_equals_apply_and_lays_outputs_out_as_jit_of_apply(tf):
     model, v, ids, mox = tf
@@ -165,6 +166,7 @@ def no_implicit_transfers(monkeypatch):
         jax.config.update("jax_transfer_guard_device_to_host", old or "allow")
 
 
+@pytest.mark.slow
 @pytest.mark.core
 def test_compare_reduces_sharded_values_where_they_are(tf, no_implicit_transfers):
     model, v, ids, mox = tf
@@ -206,6 +208,7 @@ def test_statistics_reduced_on_the_devices_equal_numpys():
     np.testing.assert_allclose([a.min, a.max, a.mean, a.std], [b.min, b.max, b.mean, b.std], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.core
 def test_compare_of_a_scanned_sharded_model_per_step():
     m = mesh()
@@ -226,6 +229,7 @@ def test_compare_of_a_scanned_sharded_model_per_step():
             assert t.allclose == s.allclose
 
 
+@pytest.mark.slow
 @pytest.mark.core
 def test_first_nonfinite_reduces_sharded_values_where_they_are(no_implicit_transfers):
     m = mesh()
@@ -390,6 +394,7 @@ def test_hugging_face_model_on_a_mesh():
     assert out.sharding == want.sharding
 
 
+@pytest.mark.slow
 def test_the_explorer_shows_shardings_and_brings_only_summaries_to_the_host(no_implicit_transfers):
     m = mesh()
     model = Transformer(d_model=64, d_mlp=256)

@@ -123,6 +123,7 @@ def test_vmap_over_arrays_stacked_along_the_scan_axis():
     close(one(corrupt[key]), logit_diff(fn(params, CORRUPT, **kwargs)))  # the corrupted stack: nothing changed
 
 
+@pytest.mark.slow
 @pytest.mark.core
 @pytest.mark.parametrize("name", ["transformer", "transformer_scan"])
 def test_grad_through_a_vmapped_patch_is_the_grad_of_the_loop(name):
@@ -142,6 +143,7 @@ def test_grad_through_a_vmapped_patch_is_the_grad_of_the_loop(name):
     close(each, jax.tree_util.tree_map(lambda *g: jnp.stack(g), *loop), atol=1e-4)
 
 
+@pytest.mark.slow
 def test_the_vmapped_sweep_on_hugging_face_gpt2():
     # the notebook's recipe (notebooks/inside.ipynb): GPT-2 blocks return tuples
     transformers = pytest.importorskip("transformers")

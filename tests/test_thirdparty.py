@@ -18,6 +18,8 @@ from thirdparty import CASES, case
 
 import yax
 
+pytestmark = pytest.mark.slow  # the third-party zoo: the full command runs it
+
 # On the oldest supported JAX (``-m core``) every family runs through its wrapper, and two through
 # ``module.apply`` too: both styles reach JAX the same way, only yax's handling of the variables
 # differs, and that does not depend on JAX's version. The newest JAX runs every case.

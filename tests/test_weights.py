@@ -81,6 +81,7 @@ def test_strided_numpy_leaves_and_scalars_keep_their_values(tmp_path):
     assert loaded["z"].shape == (0, 3)
 
 
+@pytest.mark.slow
 def test_hugging_face_gpt2_params_give_the_same_logits(tmp_path):
     from thirdparty import case
 

@@ -22,6 +22,8 @@ from zoo_nnx import CASES
 
 import yax
 
+pytestmark = pytest.mark.slow  # the nnx zoo: the full command runs it
+
 # The two decoders run on the oldest supported JAX too (``-m core``): one entered as the model, one
 # through a jitted forward; the rest reach JAX the same ways.
 OLDEST = {"llama-kv-cache", "qwen3-jitted-forward"}

@@ -3,6 +3,9 @@
 The public API is re-exported here; everything else is private.
 """
 
+# The module systems yax knows (`yax.frontends.register`); before anything that asks the registry.
+from .frontends import _builtin  # noqa: F401  # isort: skip
+
 from ._activations import ACTIVATIONS as ACTIVATIONS
 from ._capture import NonFinite as NonFinite
 from ._capture import capture as capture
@@ -27,13 +30,8 @@ from ._ir import Literal as Literal
 from ._ir import Mox as Mox
 from ._ir import Symbol as Symbol
 from ._ir import Var as Var
-from ._lora import LoRA as LoRA
-from ._lora import lora_mask as lora_mask
-from ._lora import merge_lora as merge_lora
 from ._map import map_mox as map_mox
 from ._precision import Policy as Policy
-from ._precision import default_policy as default_policy
-from ._precision import mixed_precision as mixed_precision
 from ._print import pprint as pprint
 from ._reference import Reference as Reference
 from ._serial import dump_yson as dump_yson
@@ -62,6 +60,11 @@ from .frontends.nnx import replace_modules as replace_modules
 from .rewrite import decider as decider
 from .rewrite import module_of as module_of
 from .rewrite import sub as sub
+from .rewrite.lora import LoRA as LoRA
+from .rewrite.lora import lora_mask as lora_mask
+from .rewrite.lora import merge_lora as merge_lora
+from .rewrite.precision import default_policy as default_policy
+from .rewrite.precision import mixed_precision as mixed_precision
 
 #: The earlier prototype's name for a MoX (a module expression).
 Expr = Mox

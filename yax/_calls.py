@@ -21,7 +21,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 from ._ir import CALL_KINDS, FN_KINDS, Equation, Mox
@@ -105,8 +104,17 @@ class Position:
 
 @dataclasses.dataclass(frozen=True)
 class Index:
-    """The keys and positions of a MoX's nodes (`index`)."""
+    """A MoX's nodes, numbered and placed once (`index`): every concern that names a node uses it.
 
+    A node's *number* is its place in pre-order (the MoX itself 0, then a call's children and an
+    equation's nested computations in order): the ``id`` of its element in the XML view
+    (`yax.internal.element_ids`) and what the explorer sends back. Its *key* names its values
+    across MoXes (module docstring); its `Position` says where it is evaluated."""
+
+    ids: dict[int, int]                  # id(node) -> number (the MoX itself included)
+    nodes: list[Node]                    # number -> node
+    parents: list[int]                   # number -> the number of the node holding it (-1: the MoX)
+    callers: list[int]                   # number -> the number of the call it runs in (-1: none below the MoX)
     keys: dict[int, str]                 # id(call or equation) -> key
     calls: dict[str, Mox]                # key -> call node, in the order calls finish (nested ones too)
     positions: dict[int, Position]       # id(call) -> where it is evaluated
@@ -135,44 +143,54 @@ def calls(mox: Mox) -> dict[str, Mox]:
 
 
 def _build(mox: Mox) -> Index:
+    """One pre-order walk with its context (the scans around a node, the equation whose body
+    cannot give values out): numbers and keys as nodes are entered, positions as calls finish."""
     seen: collections.Counter[str] = collections.Counter()
+    ids: dict[int, int] = {}
+    nodes: list[Node] = []
+    parents: list[int] = []
+    callers: list[int] = []
     keyed: dict[int, str] = {}
-    for n in mox.walk():  # program order: a call before what it calls
-        if isinstance(n, Mox) and n.kind not in CALL_KINDS:
+    finished: dict[str, Mox] = {}
+    positions: dict[int, Position] = {}
+    counter = 0
+    # (node, parent number, enclosing call's number, scans around, their equations, blocking
+    # equation), or (a call, its position's context) where the call's children are done: it finishes there
+    todo: list[Any] = [(mox, -1, -1, (), (), None)]
+    while todo:
+        item = todo.pop()
+        if len(item) == 2:
+            call, context = item
+            finished[keyed[id(call)]] = call
+            positions[id(call)] = Position(counter, *context)
+            counter += 1
+            continue
+        n, parent, caller, scans, eqns, blocked = item
+        num = ids[id(n)] = len(nodes)
+        nodes.append(n)
+        parents.append(parent)
+        callers.append(caller)
+        if isinstance(n, Mox):
+            if n.kind in CALL_KINDS and n is not mox:
+                b = base(n)
+                seen[b] += 1
+                keyed[id(n)] = b if seen[b] == 1 else f"{b}#{seen[b]}"
+                todo.append((n, (scans, blocked, eqns)))
+                caller = num
+            todo.extend((c, num, caller, scans, eqns, blocked) for c in reversed(n.children))
             continue
         b = base(n)
         seen[b] += 1
         keyed[id(n)] = b if seen[b] == 1 else f"{b}#{seen[b]}"
-    finished: dict[str, Mox] = {}
-    positions: dict[int, Position] = {}
-    counter = 0
-    # Frames: (children, the call whose children they are, scans around, their equations, blocking equation).
-    Frame = tuple[Iterator[Any], Mox | None, tuple[Any, ...], tuple[Any, ...], Equation | None]
-    stack: list[Frame] = [(iter(mox.children), None, (), (), None)]
-    while stack:
-        it, call, scans, eqns, blocked = stack[-1]
-        c = next(it, None)
-        if c is None:
-            stack.pop()
-            if call is not None and call.kind in CALL_KINDS:
-                finished[keyed[id(call)]] = call
-                positions[id(call)] = Position(counter, scans, blocked, eqns)
-                counter += 1
-            continue
-        if isinstance(c, Mox):
-            stack.append((iter(c.children), c, scans, eqns, blocked))
-            continue
-        rule = how(c)
-        inner_scans, inner_eqns, inner_blocked = scans, eqns, blocked
+        rule = how(n)
         if rule == "scan":
-            inner_scans = (*scans, (counter, int(c.params["length"]), bool(c.params.get("reverse", False))))
-            inner_eqns = (*eqns, c)
+            scans = (*scans, (counter, int(n.params["length"]), bool(n.params.get("reverse", False))))
+            eqns = (*eqns, n)
             counter += 1
-        elif rule not in OPEN and c.subs:
-            inner_blocked = blocked or c
-        for _, s in reversed(c.subs):
-            stack.append((iter(s.children), None, inner_scans, inner_eqns, inner_blocked))
-    return Index(keyed, finished, positions)
+        elif rule not in OPEN and n.subs:
+            blocked = blocked or n
+        todo.extend((s, num, caller, scans, eqns, blocked) for _, s in reversed(n.subs))
+    return Index(ids, nodes, parents, callers, keyed, finished, positions)
 
 
 def param_copies(mox: Mox, call: Mox) -> int:

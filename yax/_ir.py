@@ -33,8 +33,8 @@ import dataclasses
 import enum
 import math
 import types
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import jax
 import numpy as np
@@ -64,6 +64,24 @@ class Kind(enum.StrEnum):
 CALL_KINDS = (Kind.MODULE_CALL, Kind.METHOD_CALL, Kind.ACTIVATION, Kind.FUNCTION)
 #: Call kinds that stand for a plain function rather than a module.
 FN_KINDS = (Kind.ACTIVATION, Kind.FUNCTION)
+
+#: The functions behind `Mox`'s convenience methods (``str``, ``query``, ``to_json``, ``summary``…),
+#: put here by the modules that define them (`delegate`): the IR imports none of its printers,
+#: serialisers or queries. Importing any part of yax imports them all (`yax/__init__.py`).
+_delegates: dict[str, Callable[..., Any]] = {}
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def delegate(name: str) -> Callable[[_F], _F]:
+    """Makes the decorated function the one `Mox`'s method ``name`` calls."""
+
+    def put(f: _F) -> _F:
+        _delegates[name] = f
+        return f
+
+    return put
+
 
 
 class Symbol:
@@ -444,38 +462,26 @@ class Mox(_Typed):
 
     def query(self, xpath: str, *, timeout: float | None = None) -> Any:
         """`yax.query(xpath, self)`: XPath 1.0 over the tree rooted here."""
-        from ._xpath import query
-
-        return query(xpath, self, timeout=timeout)
+        return _delegates["query"](xpath, self, timeout=timeout)
 
     # -- prototype-compatible views ----------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        from ._serial import to_dict
-
-        return to_dict(self)
+        return _delegates["to_dict"](self)  # type: ignore[no-any-return]
 
     def to_json(self, **kwargs: Any) -> str:
-        from ._serial import to_json
-
-        return to_json(self, **kwargs)
+        return _delegates["to_json"](self, **kwargs)  # type: ignore[no-any-return]
 
     def pprint(self, *, source: bool = False) -> str:
         """`yax.pprint` of this node; ``source=True`` ends each line with the user's ``# file.py:line``."""
-        from ._print import pprint
-
-        return pprint(self, source=source)
+        return _delegates["pprint"](self, source=source)  # type: ignore[no-any-return]
 
     def summary(self) -> str:
         """A table of module calls: path, type, shapes, parameters, FLOPs."""
-        from ._summary import summary
+        return _delegates["summary"](self)  # type: ignore[no-any-return]
 
-        return summary(self)
-
-    # -- printing (delegates to _print) -------------------------------------
+    # -- printing (`yax.pprint`) ---------------------------------------------
     def __str__(self) -> str:
-        from ._print import pprint
-
-        return pprint(self)
+        return _delegates["pprint"](self)  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         label = self.path or str(self.kind)

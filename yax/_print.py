@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ._ir import FN_KINDS, Equation, Kind, Literal, Mox, Symbol, Var, holds_mox
+from ._ir import FN_KINDS, Equation, Kind, Literal, Mox, Symbol, Var, delegate, holds_mox
 from ._source import location
 from ._vocab import type_str, value_str
 
@@ -169,6 +169,7 @@ class _Printer:
                 todo.extend(reversed(blocks))
 
 
+@delegate("pprint")
 def pprint(mox: Mox, *, source: bool = False) -> str:
     """The jaxpr-like text of a MoX: one block per call, headed by its path,
     type and key attributes. With ``source=True``, each call and equation ends

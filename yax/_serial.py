@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import IO, Any
 
-from ._ir import Equation, Mox, holds_mox
+from ._ir import Equation, Mox, delegate, holds_mox
 from ._print import Names, key_attrs
 from ._vocab import dtype_str, value_str
 from .errors import YaxDependencyError
@@ -20,6 +20,7 @@ def _sym(names: Names, a: Any) -> dict[str, Any]:
     return d
 
 
+@delegate("to_dict")
 def to_dict(mox: Mox, names: Names | None = None) -> dict[str, Any]:
     """A JSON-ready dict of the tree: kinds, paths, types, attributes,
     shapes, parameter counts, equations with their nested computations.
@@ -179,6 +180,7 @@ class _Yson:
         return b
 
 
+@delegate("to_json")
 def to_json(mox: Mox, **kwargs: Any) -> str:
     """`to_dict` as JSON text (``json.dumps`` keyword arguments pass through:
     ``indent``, ``separators``, ``sort_keys``, ``ensure_ascii`` …), written

@@ -4,10 +4,9 @@ and FLOPs (matrix products and convolutions), like ``flax.linen.tabulate``."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from . import _calls
-from ._ir import CALL_KINDS, Equation, Kind, Mox
+from ._ir import CALL_KINDS, Equation, Kind, Mox, delegate
 from ._map import Node
 from ._precision import is_mixed, precisions
 from ._vocab import type_str
@@ -78,22 +77,13 @@ def flops(mox: Mox) -> int:
 def _rows(mox: Mox) -> list[tuple[int, Mox, int]]:
     """``(depth, call, times it runs)`` of every call under ``mox``, in
     document order (calls in a scan body run ``length`` times)."""
+    idx = _calls.index(mox)
+    depth: dict[int, int] = {-1: 0}
     out: list[tuple[int, Mox, int]] = []
-    stack: list[tuple[Mox, int, int, tuple[Any, ...] | None]] = [(mox, 0, 1, None)]  # node, depth inside it, times, row
-    while stack:
-        node, depth, mult, row = stack.pop()
-        if row is not None:
-            out.append(row)
-        below: list[tuple[Mox, int, int, tuple[Any, ...] | None]] = []
-        for c in node.children:
-            if isinstance(c, Equation):
-                times = mult * (c.params.get("length", 1) if c.name == "scan" else 1)
-                below.extend((sub, depth, times, None) for _, sub in c.subs)
-            elif c.kind in CALL_KINDS:
-                below.append((c, depth + 1, mult, (depth, c, mult)))
-            else:
-                below.append((c, depth, mult, None))
-        stack.extend(reversed(below))
+    for i, n in enumerate(idx.nodes):
+        if i and isinstance(n, Mox) and n.kind in CALL_KINDS:
+            depth[i] = depth[idx.callers[i]] + 1
+            out.append((depth[i] - 1, n, math.prod(idx.positions[id(n)].stack)))
     return out
 
 
@@ -105,6 +95,7 @@ def _params(mox: Mox, node: Mox) -> str:
     return f"{node.num_params:,}".replace(",", "_") + (f" ×{n}" if n > 1 else "")
 
 
+@delegate("summary")
 def summary(mox: Mox) -> str:
     """A table of module calls: path, type, input/output shapes, parameters
     owned, FLOPs and, where calls differ in them, the dtypes of their

@@ -233,3 +233,6 @@ def trace_target(target: Any, *args: Any, static_argnums: int | Sequence[int] | 
     its state comes first: docs/nnx.md)."""
     mox = make_mox(target, static_argnums=static_argnums, static_argnames=static_argnames)(*args, **kwargs)
     return mox, frontends.get(mox.frontend).arguments(target, args)
+
+
+frontends.engine.provide(make_mox=make_mox)

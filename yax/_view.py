@@ -36,6 +36,7 @@ from typing import Any
 
 from lxml import etree
 
+from ._calls import index
 from ._ir import CALL_KINDS, FN_KINDS, Equation, Kind, Mox
 from ._precision import precisions
 from ._print import pprint, shown_params
@@ -284,24 +285,8 @@ def tree_of(x: Any, caller: str) -> tuple[etree._ElementTree, View | None]:
     return t.tree, t if isinstance(t, View) else None
 
 
-_ids: weakref.WeakKeyDictionary[Mox, dict[int, int]] = weakref.WeakKeyDictionary()
-
-
 def element_ids(mox: Mox) -> dict[int, int]:
-    """``id(node)`` -> the node's element id in the view of ``mox``, without
-    building the document when it is not built yet: the same pre-order walk
-    (a call's children, an equation's nested computations), so opening a
-    model does not wait for the XML of every equation (on a 70B structure the
-    document took seconds; the first query builds it)."""
-    v = _views.get(mox)
-    if v is not None:
-        return v.ids
-    out = _ids.get(mox)
-    if out is None:
-        out, stack = {}, [mox]
-        while stack:
-            node = stack.pop()
-            out[id(node)] = len(out)
-            stack.extend(reversed(_below(node)))
-        _ids[mox] = out
-    return out
+    """``id(node)`` -> the node's element id in the view of ``mox`` (its number in
+    `yax._calls.index`), without building the document: opening a model does not wait for the XML
+    of every equation (on a 70B structure the document took seconds; the first query builds it)."""
+    return index(mox).ids

@@ -30,7 +30,7 @@ from typing import Any
 from lxml import etree
 
 from . import _xpath_worker as worker
-from ._ir import Equation, Mox
+from ._ir import Equation, Mox, delegate
 from ._view import NOT_XML_CHAR, Queryable, View, target_of, to_xml_text
 from .errors import YaxError, YaxQueryError, unexpected
 
@@ -274,6 +274,7 @@ def _failed(xpath: str, kind: str, detail: str) -> YaxQueryError:
     return YaxQueryError(f"The XPath `{q}` could not be evaluated: lxml reported {detail}. {_hint(xpath)}")
 
 
+@delegate("query")
 def query(xpath: str, mox: Mox, *, timeout: float | None = None) -> Any:
     """Run an XPath 1.0 query over a MoX.
 

@@ -4,7 +4,9 @@ benches use beyond the public API (like ``jax.extend`` or
 these names are stable between the two, but not promised to users.
 
 Contents:
-  node lookup      `view` (the XML view: ``.nodes``, ``.ids``; cached), `build_view`, `node_ids`,
+  node lookup      `node_index` (one per MoX: every node's number, which is its element id in the
+                   XML view, its node and parent by number, call keys, positions), `node_ids`,
+                   `view` (the XML view: ``.nodes``, ``.ids``; cached), `build_view`,
                    `to_xml_text`/`from_xml_text` (how the view escapes text XML cannot hold)
   node kinds       `Kind`, `CALL_KINDS`, `FN_KINDS`, `param_copies` (sets of a scanned call's parameters)
   formatting       `type_str`, `value_str`, `shown_params`, `key_attrs`, `shown_attrs`,
@@ -39,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ._calls import index as node_index
 from ._calls import param_copies as param_copies
 from ._capture import ValueStats as ValueStats
 from ._capture import capturable_calls as capturable_calls
@@ -94,8 +97,8 @@ from .rewrite import misfit as misfit
 
 
 def node_ids(mox: Any) -> dict[int, int]:
-    """``id(node)`` -> the node's element id in the XML view of ``mox``."""
-    return element_ids(mox)
+    """``id(node)`` -> the node's number: its element id in the XML view of ``mox`` (`node_index`)."""
+    return node_index(mox).ids
 
 
 def variables_argument(mox: Any, args: tuple[Any, ...]) -> Any:

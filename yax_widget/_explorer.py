@@ -18,7 +18,7 @@ import traitlets
 import yax
 
 from . import _protocol
-from ._session import Change, Session, in_kernel
+from ._session import Change, Session
 from ._targets import caller_names
 
 STATIC = pathlib.Path(__file__).parent / "static"
@@ -31,6 +31,16 @@ if not (STATIC / "widget.js").exists():
     )
 
 __all__ = ["Change", "Explorer"]
+
+
+def in_kernel() -> bool:
+    """Whether this runs in a Jupyter kernel (where a widget is shown)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 class Explorer(anywidget.AnyWidget):

@@ -99,6 +99,10 @@ def export(ex: Session, stem: str | pathlib.Path, overwrite: bool = False) -> di
     The files are written beside their paths and renamed when all four are whole: a failure
     (a full disk) leaves none of them, and the paths are free for a retry.
     """
+    if ex.abstract:
+        raise yax.YaxInputError(
+            "Export writes the model's parameters beside its program, but this explorer was opened with "
+            "abstract ones (`jax.ShapeDtypeStruct`); open it with the real weights to export.")
     if not isinstance(stem, (str, os.PathLike)):
         raise yax.YaxInputError(f"`export` takes the stem of its files' names, but got `{str(stem)[:40]}` of type "
                                 f"`{type(stem).__name__}`. Try `ex.export('my_model')`.")
@@ -171,6 +175,15 @@ def _paths(stem: pathlib.Path) -> list[pathlib.Path]:
 def taken(stem: pathlib.Path) -> list[pathlib.Path]:
     """The files an export to ``stem`` would write that exist already."""
     return [p for p in _paths(stem) if p.exists()]
+
+
+def export_next(ex: Session) -> dict:
+    """`export` to ``yax_model_step{K}`` (K: the current step) in the working directory, with
+    ``_2``, ``_3``… added when files of that name exist (none is replaced): the Export button."""
+    stem, k = f"yax_model_step{ex.index}", 2
+    while taken(pathlib.Path(stem)):
+        stem, k = f"yax_model_step{ex.index}_{k}", k + 1
+    return export(ex, stem)
 
 
 def _groups(ex: Session, flat: list, traced: set[int]) -> tuple[list[int], list[_Input]]:

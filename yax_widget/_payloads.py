@@ -1,6 +1,7 @@
 """What the explorer sends to the front-end: tree rows, equation rows, diff
-marks, the comparison with its heatmap buffers. Pure functions of a MoX (or
-a comparison): they read the model and never change the widget.
+marks, the comparison with its heatmap buffers, the values pane's entries. Pure
+functions of a MoX (or a comparison, or a summary of values): they read the model
+and never change the widget.
 
 Every format here is documented in ``docs/widget.md`` ("Protocol between the
 kernel and the front-end"); js/src reads these columns by position.
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import math
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +29,7 @@ from yax.internal import (
     keyed,
     lines_around,
     node_ids,
+    node_index,
     param_copies,
     precisions,
     shown_attrs,
@@ -123,24 +124,13 @@ def tree(mox: yax.Mox, version: int) -> dict:
     mixed = is_mixed(mox)
     keys = structure_keys(mox)
     laid_out = call_specs(mox)
+    idx = node_index(mox)
     rows: list[list] = []
-    # (node, the row its calls hang from, its own row's parent if it is a call): no recursion, any depth
-    stack: list[tuple[yax.Mox, int, int | None]] = [(mox, -1, None)]
-    while stack:
-        node, parent, row_parent = stack.pop()
-        if row_parent is not None:
-            rows.append(call_row(node, ids, row_parent, param_copies(mox, node),
+    for i, node in enumerate(idx.nodes):  # document order; calls inside a loop or branch body belong to
+        if i and isinstance(node, yax.Mox) and node.kind in CALL_KINDS:  # the enclosing call
+            rows.append(call_row(node, ids, idx.callers[i], param_copies(mox, node),
                                  pols[id(node)].short() if mixed else "", keys[id(node)],
                                  laid_out.get(id(node), "")))
-        below: list[tuple[yax.Mox, int, int | None]] = []
-        for c in node.children:
-            if isinstance(c, yax.Equation):  # calls inside a loop or branch body belong to the enclosing call
-                below.extend((sub, parent, None) for _, sub in c.subs)
-            elif c.kind in CALL_KINDS:
-                below.append((c, ids[id(c)], parent))
-            else:
-                below.append((c, parent, None))
-        stack.extend(reversed(below))
     return {"version": version, "rows": rows}
 
 
@@ -184,17 +174,18 @@ def source(node: yax.Mox | yax.Equation, node_id: int) -> dict:
     return reply
 
 
-_owner_maps: weakref.WeakKeyDictionary[yax.Mox, dict[int, int]] = weakref.WeakKeyDictionary()
-
-
-def owners(mox: yax.Mox) -> dict[int, int]:
-    """Equation id -> id of the call it runs in directly (what `expand` lists)."""
-    m = _owner_maps.get(mox)
-    if m is None:
-        ids = node_ids(mox)
-        m = _owner_maps[mox] = {ids[id(e)]: ids[id(c)] for c in mox.modules() for e in c.children
-                                if isinstance(e, yax.Equation)}
-    return m
+def owners(mox: yax.Mox, numbers: list[int]) -> dict[str, int]:
+    """Of the equations among ``numbers``, each one's number -> the number of the call it runs in
+    directly (what `expand` lists), read off the MoX's node index."""
+    idx = node_index(mox)
+    out = {}
+    for i in numbers:
+        p = idx.parents[i]
+        if isinstance(idx.nodes[i], yax.Equation) and p >= 0:
+            call = idx.nodes[p]
+            if isinstance(call, yax.Mox) and call.kind in CALL_KINDS:
+                out[str(i)] = p
+    return out
 
 
 def _places(calls: Mapping[tuple, Any]) -> dict[tuple, tuple]:
@@ -433,3 +424,36 @@ def comparison_failure(e: Exception) -> dict:
     """The ``_comparison`` trait when the comparison could not be made."""
     return {"message": str(e) if isinstance(e, yax.YaxError) else
             f"The comparison failed with {type(e).__name__}: {gist(str(e))}"}
+
+
+# -- the values pane ----------------------------------------------------------------------
+
+def number(v: Any) -> float | None:
+    """``v`` as a float, None where it is NaN or infinite (JSON has neither)."""
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def value_entry(name: str, type_: str, shape: tuple, steps: tuple, counts: Any, stats: Any, hist: Any,
+                heat: Any, k: Any) -> dict:
+    """The values pane's entry for one output from its summary (`_reduce._reduced`)."""
+    n, nan, posinf, neginf, zeros = (int(c) for c in counts)
+    lo, hi, mean, std, norm = (number(s) if n else None for s in stats)
+    size = int(np.prod(shape))
+    entry = {
+        "name": name, "type": type_, "shape": list(shape), "steps": list(steps), "size": size,
+        "min": lo, "max": hi, "mean": mean, "std": std, "norm": norm,
+        "finite": n, "nan": nan, "posinf": posinf, "neginf": neginf, "zeros": zeros,
+        # the real range of the finite values: equal ends (one value everywhere) are said, not widened
+        "hist": {"counts": np.asarray(hist).tolist(), "lo": lo, "hi": hi, "n": n, "nonfinite": nan + posinf + neginf},
+        "heat": None,
+    }
+    if len(shape) and size:
+        # what was cut is read off the shape: a zero-strided stand-in, no copy
+        at = np.unravel_index(int(k), shape[:-2]) if len(shape) > 2 else ()
+        label = f"{name}[{', '.join(map(str, at))}]" if at else name
+        _, info = heat_slice(np.broadcast_to(np.zeros((), np.int8), shape[-2:]), label)
+        entry["heat"] = {**info, "whole": len(shape) <= 2 and info["whole"], "values": floats(heat),
+                         # the slice shown is where the NaN or Inf are, not simply the first
+                         "nonfinite": bool(nan + posinf + neginf) and len(shape) > 2}
+    return entry

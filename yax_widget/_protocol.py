@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import yax
 from yax.internal import CALL_KINDS, view
 
+from ._palette import PartialFit
 from ._payloads import equation_rows, source
-from ._session import PartialFit
 from ._values import SCALARS, STATS
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 import yax
-from yax.internal import CALL_KINDS, check_target, staged, view
+from yax.internal import CALL_KINDS, check_target, node_index, staged
 
 from ._protocol import MAX_IDS, RequestError, answer
 
@@ -118,7 +118,7 @@ class View:
 
 def model_name(s: Session) -> str:
     """The name of the model's outermost call (``Transformer``), as the tree's first row shows it."""
-    node = next((n for n in view(s.mox).nodes if getattr(n, "kind", None) in CALL_KINDS), None)
+    node = next((n for n in node_index(s.mox).nodes if getattr(n, "kind", None) in CALL_KINDS), None)
     return str(node.name) if node is not None else "model"
 
 
@@ -132,8 +132,8 @@ def _reply(s: Session, request: dict) -> dict:
 def _equations(s: Session, v: View) -> list[dict]:
     """The `expand` replies for the calls whose equations the tree lists (and those whose
     equations the query matched), then for the others, in document order, within `EQUATION_BUDGET`."""
-    ids = view(s.mox).ids
-    calls = [(ids[id(n)], n) for n in view(s.mox).nodes if getattr(n, "kind", None) in CALL_KINDS]
+    ids = node_index(s.mox).ids
+    calls = [(ids[id(n)], n) for n in node_index(s.mox).nodes if getattr(n, "kind", None) in CALL_KINDS]
     open_ = set(v.equations) | {int(c) for c in s.state["match_owners"].values()}
     recorded, budget = [], EQUATION_BUDGET
     for rid, node in sorted(calls, key=lambda c: (c[0] not in open_, c[0])):
@@ -308,7 +308,7 @@ def save_html(s: Session, path: Any, *, overwrite: bool = False, v: View | None 
     p = _checked(path, overwrite)
     if v is None:
         shown = s.state["values"].get("id")
-        ok = isinstance(shown, int) and 0 <= shown < len(view(s.mox).nodes)
+        ok = isinstance(shown, int) and 0 <= shown < len(node_index(s.mox).nodes)
         v = View(selected=shown if ok else None)
     text = page(s, v)
     # written beside `p` and renamed when whole: a full disk leaves no truncated page that blocks the retry

@@ -1,5 +1,5 @@
-"""What the explorer traces for the object it is given, and the opening lines
-of "copy as code" that trace it again. Both are the frontends' to say
+"""What the explorer traces for the object it is given (and the options it refuses), and
+the opening lines of "copy as code" that trace it again. Both are the frontends' to say
 (`yax.internal.unwrap_target`, `Frontend.script`): no module system is named here."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import re
 import symtable
 from typing import Any
 
+import yax
 from yax.internal import frontend_named, unwrap_target
 
 
@@ -25,6 +26,20 @@ def hf_call(target: Any, args: tuple) -> tuple[Any, tuple]:
     trace as constants."""
     found = unwrap_target(target, args)
     return (target, args) if found is None else (found[0], found[1])
+
+
+def check_static(argnums: Any, argnames: Any) -> None:
+    """Refuse ``static_argnums``/``static_argnames`` that `yax.make_mox` (as `jax.jit`) does not take."""
+    def each(v: Any, kind: type) -> bool:
+        items = [v] if isinstance(v, kind) else list(v) if isinstance(v, (list, tuple)) else None
+        return items is not None and all(isinstance(i, kind) and not isinstance(i, bool) for i in items)
+
+    if argnums is not None and not each(argnums, int):
+        raise yax.YaxInputError(f"`static_argnums` must be the position of an argument or a tuple of them, such "
+                                f"as `(1,)`, not `{str(argnums)[:40]}` (a `{type(argnums).__name__}`).")
+    if argnames is not None and not each(argnames, str):
+        raise yax.YaxInputError(f"`static_argnames` must be the name of an argument or a tuple of them, such as "
+                                f"`(\"grid\",)`, not `{str(argnames)[:40]}` (a `{type(argnames).__name__}`).")
 
 
 def target_kind(target: Any, traced: Any, mox: Any) -> str:

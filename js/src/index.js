@@ -2,6 +2,7 @@
 // the model. State comes from traits; requests go to Python as custom messages with a `rid`
 // (requests.js). docs/widget.md has the protocol and the layout of these modules.
 import { h } from "./dom.js";
+import { keepKeys } from "./keys.js";
 import { showCode } from "./panes/code.js";
 import { renderCompare } from "./panes/compare.js";
 import { renderDiff } from "./panes/diff.js";
@@ -11,108 +12,20 @@ import { createSourcePane } from "./panes/source.js";
 import { paletteItems } from "./panes/palette.js";
 import { createTabs } from "./panes/tabs.js";
 import { createValues } from "./panes/values.js";
+import { layout, sidePanes, toolbarButtons, treeControls } from "./parts.js";
 import { createQueryBox, partialOffer } from "./querybox.js";
 import { createRequests, DEFAULT_TIMEOUT_MS } from "./requests.js";
 import { treeRows } from "./rows.js";
 import { restoreView, snapshotModel, viewState } from "./snapshot.js";
 import { createStatus } from "./status.js";
 import { buildTree, pathOf } from "./tree.js";
-import { divergenceLegend, TreeView } from "./treeview.js";
+import { TreeView } from "./treeview.js";
 
 // Python replies to a change (substitute, undo, redo) once the changed model is compiled,
 // run and compared: those requests may take this many times longer.
 const CHANGE_TIMEOUT_FACTOR = 10;
 
-function toolbarButtons() {
-  return {
-    undo: h("button", { class: "yax-undo", title: "Undo the last change" }, "↶ Undo"),
-    redo: h("button", { class: "yax-redo", title: "Redo" }, "↷ Redo"),
-    copy: h("button", { class: "yax-copy", title: "The yax.sub calls reproducing this model" }, "Copy as code"),
-    graph: h("button", { class: "yax-graph-button", title: "Graph of the selected module (or the model)" }, "Graph"),
-    export: h("button", { class: "yax-export", title: "Save the current model to run without yax, next to the "
-      + "notebook: yax_model_stepK.jax_exported (jax.export) and yax_model_stepK.params.npz" }, "Export"),
-    save: h("button", { class: "yax-save-html", title: "Save the explorer as it is (open rows, selection, comparison, "
-      + "values, history) next to the notebook as <model>_snapshot.html: one file that opens without a kernel "
-      + "or network" }, "Save HTML"),
-  };
-}
-
-function sidePanes() {
-  return {
-    Compare: h("div", { class: "yax-compare" }),
-    Values: h("div", { class: "yax-values" }),
-    Diff: h("div", { class: "yax-diff" }),
-    History: h("div", { class: "yax-history-pane" }),
-    Graph: h("div", { class: "yax-graph" }),
-    Code: h("div", { class: "yax-code-pane" }),
-    Source: h("div", { class: "yax-source-pane" }),
-  };
-}
-
-/** The bar above the tree: the name/path filter, match navigation, expand/collapse all. */
-function treeControls() {
-  return {
-    search: h("input", { type: "search", placeholder: "filter by name or path", "aria-label": "filter rows" }),
-    prev: h("button", { class: "yax-prev-match", title: "Previous match (Shift+F3)" }, "↑"),
-    next: h("button", { class: "yax-next-match", title: "Next match (F3)" }, "↓"),
-    at: h("span", { class: "yax-match-at" }),
-    only: h("input", { type: "checkbox", class: "yax-only-matches" }),
-    fold: h("input", { type: "checkbox", class: "yax-fold-repeats", checked: true }),
-    expand: h("button", { class: "yax-expand-all", title: "Expand every call and list its equations" }, "expand all"),
-    collapse: h("button", { class: "yax-collapse-all", title: "Collapse every call" }, "collapse all"),
-  };
-}
-
-function layout({ query, controls, buttons, status, view, palette, tabs, panes }) {
-  const c = controls;
-  const treeBar = h("div", { class: "yax-tree-bar" }, h("div", { class: "yax-search" }, c.search),
-    h("span", { class: "yax-match-nav" }, "matches", c.prev, c.next, c.at),
-    h("label", { class: "yax-only", title: "Show only the rows the query matches, and the calls around them" },
-      c.only, "only matches"),
-    // the tree's shape: kept together on one line when the bar wraps
-    h("span", { class: "yax-tree-shape" }, h("label", { class: "yax-only", title: "Fold 3 or more consecutive "
-      + "calls alike (the same structure, only their weights may differ, names differing only in their numbers: "
-      + "80 decoder layers) into one row ×N, which opens onto the first's inside and shows the matches, diff marks "
-      + "and divergence of all; its ×N unfolds it. Unticked: every call on its own row." }, c.fold, "fold ×N"),
-    c.expand, c.collapse));
-  const toolbar = h("div", { class: "yax-toolbar" }, query.el,
-    buttons.undo, buttons.redo, buttons.copy, buttons.graph, buttons.export, buttons.save, status.el);
-  const side = h("div", { class: "yax-side" },
-    h("div", { class: "yax-section-title" }, "Replacements — drag onto a layer or the query box"),
-    palette, tabs.bar, ...Object.values(panes));
-  return h("div", { class: "yax-explorer" }, toolbar,
-    h("div", { class: "yax-main" }, h("div", { class: "yax-left" }, treeBar, view.el, divergenceLegend()), side));
-}
-
-/** Keys typed in the explorer stay in it. JupyterLab and Notebook 7 run their command-mode shortcuts
- * (`d d` deletes the cell, `m` makes it markdown, `a`/`b` insert cells) from keys that reach the page,
- * some listening before the key reaches its target (Notebook 7 on the document, capturing). So the
- * explorer takes its keys first, on the window as they start out: none goes further, and `onKey` handles
- * it as the explorer's own listeners would (the key's default action, typing in a field, still happens).
- * `data-lm-suppress-shortcuts` tells Lumino's command registry the same. Ctrl+Z / Ctrl+Shift+Z (⌘ on
- * macOS), and Ctrl+Y, undo and redo the explorer's changes, except in a text field, where they edit the
- * text. Returns the function that stops listening. */
-export function keepKeys(root, { undo, redo }, onKey = () => {}) {
-  root.setAttribute("data-lm-suppress-shortcuts", "true");
-  const typing = (t) => typeof t?.closest === "function" && t.closest("input, textarea, select, [contenteditable]") !== null;
-  const take = (e) => {
-    if (!(e.target instanceof e.target.ownerDocument.defaultView.Node) || !root.contains(e.target)) return;
-    e.stopPropagation();
-    if (e.type !== "keydown") return;
-    onKey(e);
-    const mod = e.ctrlKey || e.metaKey;
-    if (e.defaultPrevented || !mod || e.altKey || typing(e.target)) return;
-    const k = e.key.toLowerCase();
-    const button = k === "z" ? (e.shiftKey ? redo : undo) : k === "y" && !e.shiftKey ? redo : null;
-    if (!button) return;
-    e.preventDefault(); // the browser's own undo, or the notebook's undo of a cell operation
-    if (!button.disabled) button.click();
-  };
-  const win = root.ownerDocument.defaultView;
-  const types = ["keydown", "keyup", "keypress"];
-  for (const type of types) win.addEventListener(type, take, true);
-  return () => { for (const type of types) win.removeEventListener(type, take, true); };
-}
+export { keepKeys }; // keys.js: still exported here, so the bundle exports what it did
 
 function connectControls({ controls: c, view }) {
   c.search.addEventListener("input", () => view.setFilter(c.search.value));

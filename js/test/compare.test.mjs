@@ -8,7 +8,7 @@ const { window } = new JSDOM("<!doctype html><html><body></body></html>", { pret
 for (const k of ["window", "document"]) globalThis[k] = window[k];
 window.HTMLCanvasElement.prototype.getContext = () => ({ fillRect() {}, createImageData: (w, h) => ({ width: w, height: h, data: new Uint8ClampedArray(w * h * 4) }), putImageData() {} });
 const { renderCompare } = await import("../src/panes/compare.js");
-const { boundaryTitle } = await import("../src/treeview.js");
+const { boundaryTitle } = await import("../src/treerow.js");
 
 const undefinedRel = { rel: null, max_abs: 0.455, mean_abs: 0.1, cosine: null, allclose: false, nonfinite: 12,
   changed: 0, undefined: { rel: "the original is 0 at every finite entry", cosine: "the original is 0 at every finite entry" } };

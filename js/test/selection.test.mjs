@@ -1,11 +1,11 @@
-// The selection across a rewrite (treeview.js): a row is found again by its kind and path, the k-th
+// The selection across a rewrite (treefollow.js): a row is found again by its kind and path, the k-th
 // of those where a module is called k times, as `xpath_for` names a node; an equation by its place
 // among its call's equations of its primitive.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { callRow, equationRow } from "../src/rows.js";
 import { buildTree, equationNodes } from "../src/tree.js";
-import { equationPlace, sameRow } from "../src/treeview.js";
+import { equationPlace, sameRow } from "../src/treefollow.js";
 
 const call = (id, parent, name, kind = "module_call") => callRow({ id, parent, kind, name, type: name });
 

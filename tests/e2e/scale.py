@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .lab import Notebook
 
-ROW_H = 22  # px, treeview.js's ROW_H
+ROW_H = 22  # px, treerow.js's ROW_H
 
 OPEN = """import json, time, jax, jax.numpy as jnp, transformers, yax
 from yax_widget import Explorer

@@ -21,7 +21,7 @@ from .lab import ARTIFACTS, Notebook
 
 pytestmark = pytest.mark.e2e
 
-# the rows a view of 1000 px holds (22 px each) and the overscan on both sides (treeview.js): the DOM
+# the rows a view of 1000 px holds (22 px each, treerow.js) and the overscan on both sides (treeview.js): the DOM
 # holds about 40 of the 11,000 rows; a tree that was not virtualised would hold them all
 MAX_ROWS_IN_DOM = 80
 

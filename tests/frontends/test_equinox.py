@@ -113,6 +113,7 @@ def loss(out):
     return (out.astype(jnp.float32) ** 2).sum()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_eval_jit_and_grad_equal_calling_the_model(name):
     model, x = MODELS[name]()

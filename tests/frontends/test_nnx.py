@@ -435,6 +435,7 @@ def test_sub_inside_jit_vmap_remat(traced):
     assert not close(want[0], model(*args))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["transformer_scan", "transformer_scan_remat"])
 def test_lora_in_nnx_scan_trains_and_merges(name, traced):
     """LoRA inside `nnx.scan` (and `nnx.remat` in it): the adapters are stacked

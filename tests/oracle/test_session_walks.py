@@ -48,8 +48,8 @@ from hypothesis.stateful import (
 
 import yax
 from yax.internal import CALL_KINDS, call_keys, capturable_calls, capture_keys, node_ids, view
-from yax_widget import Session, _payloads, _values
-from yax_widget import _session as session_module
+from yax_widget import Session, _payloads, _reduce
+from yax_widget import _worker as worker_module
 from yax_widget._protocol import answer
 
 from .gen import EXAMPLES
@@ -92,9 +92,9 @@ def opened(model: str) -> tuple[yax.Mox, Any, Any]:
 #: the values' reductions, the state's setter ("session": the walk's session) and the batch switch's
 #: repaint ("inspector": its inspector)
 POINTS = {
-    "worker": [(session_module, "measure"), (session_module, "compare_measured")],
+    "worker": [(worker_module, "measure"), (worker_module, "compare_measured")],
     "caller": [(_payloads, "comparison_state"), (_payloads, "tree"), (_payloads, "diff_marks"),
-               (_values, "_summarize"), ("session", "_set"), ("inspector", "batch_changed")],
+               (_reduce, "_summarize"), ("session", "_set"), ("inspector", "batch_changed")],
 }
 
 
@@ -194,10 +194,10 @@ class Walk(RuleBasedStateMachine):
             with interrupting(s, at):
                 got = do()
         except KeyboardInterrupt:
-            s.run_on_worker(lambda: None)  # a measurement left running ends before the next step
+            s.worker.run(lambda: None)  # a measurement left running ends before the next step
             assert frozen(s) == before, f"{what}, interrupted at {at}, left the session half-changed"
             got = None
-        s.run_on_worker(lambda: None)
+        s.worker.run(lambda: None)
         event(f"{what.split()[0]}: " + ("interrupted" if got is None else got.get("type", "ok")))
         if isinstance(got, dict) and got.get("type") == "error":
             assert not got["message"].startswith("The request failed with"), got["message"]  # a bug, not a refusal
@@ -353,7 +353,7 @@ class Walk(RuleBasedStateMachine):
         node = s.node(self.selected)
         got = eager_capture(node, s.mox, s.params, x)[capture_keys(s.mox)[id(node)]]
         want = arrays(got)
-        assert [e["name"] for e in shown["outputs"]] == [n for n, _ in want][:_values.MAX_OUTPUTS]
+        assert [e["name"] for e in shown["outputs"]] == [n for n, _ in want][:_reduce.MAX_OUTPUTS]
         for e, (_, a) in zip(shown["outputs"], want):
             fin = a[np.isfinite(a)]
             assert e["size"] == a.size and e["finite"] == fin.size and e["zeros"] == int((a == 0).sum())
@@ -371,7 +371,7 @@ class Walk(RuleBasedStateMachine):
         ids, keys = node_ids(s.mox), capture_keys(s.mox)
         want = {}
         for c in calls:
-            outs = [a for _, a in arrays(got[keys[id(c)]])][:_values.MAX_OUTPUTS]
+            outs = [a for _, a in arrays(got[keys[id(c)]])][:_reduce.MAX_OUTPUTS]
             size = sum(a.size for a in outs)
             finite = [a[np.isfinite(a)] for a in outs]
             if shown["stat"] == "norm":

@@ -195,6 +195,7 @@ class Stack(nn.Module):
         return nn.Dense(2, name="head")(layers(self.act, name="layers")(x, None)[0])
 
 
+@pytest.mark.slow
 def test_inside_scanned_and_rematerialised_stacks():
     x = jax.random.normal(jax.random.key(2), (2, 8))
     params = Stack().init(KEY, x)

@@ -243,6 +243,7 @@ def test_a_recurrent_cell_cut_from_a_patched_model():
     ("bert-module", '//module_call[@type="FlaxBertLayer" or @type="FlaxBertPredictionHeadTransform"]'),
     ("resnet-wrapper", '//module_call[@type="FlaxResNetBasicLayer" or @type="FlaxResNetEmbeddings"]'),
 ])
+@pytest.mark.slow
 def test_third_party_layers_cut_from_a_patched_model(name, pattern):
     """Every layer reading the patched activation is replaced by its counterpart cut from the model
     traced under the patch (a decider picks it by path): the result is the patched model, with the

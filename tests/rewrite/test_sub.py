@@ -39,6 +39,7 @@ def test_swap_activation_matches_hand_modified_model(src, dst, fn):
     np.testing.assert_allclose(yax.eval_mox(mox, params, ids), model.apply(params, ids), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_rewritten_mox_under_jit_grad_vmap():
     mox, fn, (params, ids), kw = traced("transformer")
     new = yax.sub('//*[@name="gelu"]', jax.nn.relu, mox)
@@ -242,6 +243,7 @@ def test_dropping_variables_a_shared_call_still_reads_is_refused():
     assert str(e.value).endswith("Nothing was changed.")
 
 
+@pytest.mark.slow
 def test_variables_inside_scan_bodies_are_stacked_per_layer():
     mox, fn, (params, ids), kw = traced("transformer_scan")
     new, lp = yax.sub(DENSE_MLP, yax.LoRA(rank=2), mox, params=params, key=KEY)

@@ -13,7 +13,7 @@ import pytest
 import yax
 from yax.internal import view
 from yax_widget import Explorer
-from yax_widget._session import NO_VALUES
+from yax_widget._values import NO_VALUES
 
 from .helpers import ask
 
@@ -42,6 +42,7 @@ def opened(fn, variables) -> Explorer:
     return ex
 
 
+@pytest.mark.slow
 def test_the_structure_works_as_with_real_weights(llama):
     fn, real, abstract = llama
     a, r = opened(fn, abstract), opened(fn, real)

@@ -37,12 +37,12 @@ def test_substitute_the_query_matches_with_a_module(model):
 
 def test_the_original_is_measured_once_in_the_background(model):
     ex = explorer(model, warm=True)
-    ex.session._warmer.result(timeout=120)
-    ref = ex.session._reference  # the original's outputs and boundary values on the example inputs
-    assert ex.session._warmer.done() and compiled_programs(ex.original) and ref is not None and len(ref.taps) > 20
+    ex.session.worker.warmer.result(timeout=120)
+    ref = ex.session.worker.reference  # the original's outputs and boundary values on the example inputs
+    assert ex.session.worker.warmer.done() and compiled_programs(ex.original) and ref is not None and len(ref.taps) > 20
     ex.substitute("//activation[@name='gelu']", "ReLU")
     ex.substitute("//module_call[@type='Dropout']", "identity")
-    assert ex.session._reference is ref  # a change runs only the modified model
+    assert ex.session.worker.reference is ref  # a change runs only the modified model
     assert ex.comparison.first_divergence == "Transformer/Block_0/gelu"
     # the same verdicts and numbers as comparing from scratch
     assert ex.comparison.to_dict() == yax.compare(ex.original, ex.mox, ex.params, IDS).to_dict()

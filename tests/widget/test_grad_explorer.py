@@ -17,8 +17,8 @@ import pytest
 import yax
 from yax.internal import capturable_calls, node_ids
 from yax_widget import Explorer
+from yax_widget._reduce import MAX_OUTPUTS
 from yax_widget._snapshot import View, snapshot_data
-from yax_widget._values import MAX_OUTPUTS
 
 from .helpers import ask, recording
 
@@ -271,7 +271,7 @@ def test_the_snapshot_records_the_gradient_colouring_and_the_values_gradient():
 @pytest.mark.parametrize("kind", ["logit", "sum"])
 def test_a_pytree_output_takes_its_logits(kind):
     """Hugging Face outputs carry `.logits`; other pytrees: their first floating array."""
-    from yax_widget._values import Scalar
+    from yax_widget._gradients import Scalar
 
     class Out:
         def __init__(self, logits):

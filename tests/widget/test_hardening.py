@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import yax
 from yax_widget import Explorer, Session, _payloads, _protocol
-from yax_widget import _session as session_module
+from yax_widget import _worker as worker_module
 from yax_widget._protocol import answer
 
 from .helpers import ask, explorer, snapshot
@@ -138,12 +138,12 @@ def test_closed_explorers_stop_their_thread_and_drop_their_values(model):
     for _ in range(3):
         ex = explorer(model)
         ex.substitute("//activation[@name='gelu']", "ReLU")  # compares: the worker runs
-        assert ex.session._reference is not None
+        assert ex.session.worker.reference is not None
         opened.append(ex)
     assert len(_workers() - before) == 3
     for ex in opened:
         ex.close()
-        assert ex.session._reference is None and ex.session._pool is None
+        assert ex.session.worker.reference is None and ex.session.worker.pool is None
         assert ex.history and ex.mox is not ex.original  # what was done stays readable
     deadline = time.monotonic() + 30
     while _workers() - before and time.monotonic() < deadline:
@@ -165,6 +165,7 @@ HOSTILE_XPATHS = [
                      {"type": "substitute", "target": "query", "name": "ReLU"},
                      {"type": "substitute", "target": "query", "name": "identity"}]),
 ), min_size=1, max_size=8))
+@pytest.mark.slow
 def test_the_explorer_always_says_where_it_is(model, messages):
     """Whatever the front-end sends, it gets one reply per request, and after an error
     the explorer is where it was; the traits always show the current state."""
@@ -268,14 +269,14 @@ def test_a_failed_explorer_leaves_no_widget_behind(monkeypatch):
 
 def test_close_lets_go_of_the_values_a_worker_measures_after_it(monkeypatch):
     started, release = threading.Event(), threading.Event()
-    real = session_module.measure
+    real = worker_module.measure
 
     def slow(*a, **k):
         started.set()
         release.wait(30)
         return real(*a, **k)
 
-    monkeypatch.setattr(session_module, "measure", slow)
+    monkeypatch.setattr(worker_module, "measure", slow)
     before = _workers()
     s = _small(warm=True)  # the worker measures the original at once
     assert started.wait(30)
@@ -283,7 +284,8 @@ def test_close_lets_go_of_the_values_a_worker_measures_after_it(monkeypatch):
     release.set()
     for t in _workers() - before:
         t.join(30)
-    assert s._reference is None and s._refs == {} and s._current is None and s._base_values is None
+    w = s.worker
+    assert w.reference is None and w.refs == {} and w.current is None and w.base_values is None
 
 
 def test_requests_on_one_session_run_one_at_a_time(monkeypatch):

@@ -24,6 +24,8 @@ from yax_widget import Explorer
 
 from .helpers import ask
 
+pytestmark = pytest.mark.slow  # every zoo model's menu
+
 TALLY: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
 
 

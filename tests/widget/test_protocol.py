@@ -175,6 +175,7 @@ def test_malformed_messages_get_an_error_and_change_nothing(model, content):
                                "equations", "goto", "source", "compare_base", 10**30, -(2**63)]),
               st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)),
 ))
+@pytest.mark.slow
 def test_random_messages_always_get_one_reply(model, content):
     ex = _FUZZ.setdefault("ex", explorer(model))
     n = len(ex.sent)

@@ -55,7 +55,7 @@ def test_a_session_compares_the_original_and_the_current_model_with_a_reference(
     assert [(c["name"], c["current"]) for c in cols] == [("original", False), ("step 1", True)]
     assert cols[1]["first_divergence_id"] is not None and cols[0]["first_divergence_id"] is None
     # the same numbers as yax.compare_all by hand
-    alone = yax.compare(ref, s.mox, *s._args_of(s.params, s._in_use), names=NAMES)
+    alone = yax.compare(ref, s.mox, *s.call_args()[0], names=NAMES)
     assert cs.against_first["step 1"].to_dict() == alone.to_dict()
     # more changes: the original and the last few states of the history, one column each
     for act in ("SiLU", "GELU (tanh)", "tanh", "identity", "ReLU"):

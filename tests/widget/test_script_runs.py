@@ -22,6 +22,8 @@ import pytest
 import yax
 from yax_widget import Explorer
 
+pytestmark = pytest.mark.slow  # fresh kernels
+
 # The user's objects, built identically here and in the kernel.
 ZOO = '''
 import json

@@ -21,8 +21,9 @@ import pytest
 import yax
 from yax.internal import misfit, node_ids
 from yax_widget import Session
+from yax_widget._palette import PartialFit
 from yax_widget._protocol import REQUESTS, answer
-from yax_widget._session import INITIAL_STATE, PartialFit
+from yax_widget._session import INITIAL_STATE
 
 X = jnp.linspace(-1, 1, 12).reshape(3, 4)
 
@@ -108,7 +109,7 @@ def test_a_closed_session_refuses_every_command_and_starts_no_thread():
             call()
     time.sleep(0.1)
     assert {t for t in threading.enumerate() if t.name.startswith("yax-explorer")} <= before
-    assert s._pool is None and frozen(s)[1:] == state[1:] and s.state == state[0]
+    assert s.worker.pool is None and frozen(s)[1:] == state[1:] and s.state == state[0]
     assert s.history[0].description.startswith("replaced")  # the history stays readable
 
 
@@ -356,7 +357,7 @@ class _Interrupt:
 @pytest.mark.parametrize("where", ["measure", "comparison_state", "batch_changed"])
 def test_an_interrupted_batch_switch_leaves_the_session_as_it_was(where, monkeypatch):
     from yax_widget import _payloads as payloads
-    from yax_widget import _session as session_module
+    from yax_widget import _worker as worker_module
 
     s = session(batches={"b": 2 * X})
     s.substitute("//activation", "ReLU")
@@ -365,7 +366,7 @@ def test_an_interrupted_batch_switch_leaves_the_session_as_it_was(where, monkeyp
     s.inspector.paint("norm")
     before = frozen(s), s.batch, s.args, s.comparison
     if where == "measure":
-        monkeypatch.setattr(session_module, "measure", _Interrupt(session_module.measure))
+        monkeypatch.setattr(worker_module, "measure", _Interrupt(worker_module.measure))
     elif where == "comparison_state":
         monkeypatch.setattr(payloads, "comparison_state", _Interrupt(payloads.comparison_state))
     else:
@@ -384,14 +385,14 @@ def test_an_interrupted_batch_switch_leaves_the_session_as_it_was(where, monkeyp
 @pytest.mark.parametrize("where", ["measure", "comparison_state", "state"])
 def test_an_interrupted_compare_with_leaves_the_session_as_it_was(where, monkeypatch):
     from yax_widget import _payloads as payloads
-    from yax_widget import _session as session_module
+    from yax_widget import _worker as worker_module
 
     s = session()
     s.substitute("//activation", "ReLU")
     s.substitute("//activation", "tanh")
     before = frozen(s), s.comparison
     if where == "measure":
-        monkeypatch.setattr(session_module, "measure", _Interrupt(session_module.measure))
+        monkeypatch.setattr(worker_module, "measure", _Interrupt(worker_module.measure))
     elif where == "comparison_state":
         monkeypatch.setattr(payloads, "comparison_state", _Interrupt(payloads.comparison_state))
     else:  # found by the oracle: interrupted after the base was set, before the comparison was shown

@@ -18,8 +18,8 @@ import pytest
 import yax
 from yax.internal import view
 from yax_widget import Explorer
-from yax_widget._session import NO_VALUES
 from yax_widget._snapshot import STATIC, SnapshotPathError, View, save_html
+from yax_widget._values import NO_VALUES
 
 from .helpers import IDS, ask, explorer
 

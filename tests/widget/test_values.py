@@ -16,7 +16,7 @@ from models import ScannedTransformer
 import yax
 from yax.internal import capturable_calls, capture_keys, node_ids
 from yax_widget import Explorer
-from yax_widget import _values as values_module
+from yax_widget import _reduce as reduce_module
 
 from .helpers import IDS, ask, explorer
 
@@ -79,23 +79,23 @@ def test_rows_are_read_off_what_the_comparison_measured_and_selecting_again_is_s
     calls = list(ex.mox.modules())
     # the original's rows are read off its measurement (made once, when the explorer opens): no program
     ask(ex, rid=1, type="values", id=ids[id(calls[3])])
-    assert ex.mox not in values_module._programs and ex.session._reference is not None
+    assert ex.mox not in reduce_module._programs and ex.session.worker.reference is not None
     # a changed model's, off what its comparison measured: the model runs no second time
     ex.substitute('//activation[@name="gelu"]', "ReLU")
-    monkeypatch.setattr(values_module._Boundaries, "run", lambda *a: pytest.fail("ran the model again"))
+    monkeypatch.setattr(reduce_module.Boundaries, "run", lambda *a: pytest.fail("ran the model again"))
     calls = list(ex.mox.modules())
     ids = node_ids(ex.mox)
     for c in calls:
         ask(ex, rid=2, type="values", id=ids[id(c)])
-    assert ex.mox not in values_module._programs
+    assert ex.mox not in reduce_module._programs
     # again: nothing runs on the device, the entry is the one kept
     kept = ex._values
-    monkeypatch.setattr(values_module, "_summarize", lambda *a: pytest.fail("ran again"))
+    monkeypatch.setattr(reduce_module, "_summarize", lambda *a: pytest.fail("ran again"))
     ask(ex, rid=3, type="values", id=ids[id(calls[-1])])
     assert ex._values is kept
     # undone: the changed model's values are let go of, the original's read off its measurement again
     ex.undo()
-    assert ex.session._current is None
+    assert ex.session.worker.current is None
     ask(ex, rid=4, type="values", id=node_ids(ex.mox)[id(list(ex.mox.modules())[3])])
 
 
@@ -145,7 +145,7 @@ def test_colouring_paints_every_call_from_one_program(model):
                         "nonfinite": (~np.isfinite(flat)).mean()}[stat]
                 assert o["values"][str(ids[id(c)])] == pytest.approx(real, rel=1e-5, abs=1e-7)
             assert o["lo"] == min(o["values"].values()) and o["hi"] == max(o["values"].values())
-        assert ex.mox not in values_module._programs  # neither ran again
+        assert ex.mox not in reduce_module._programs  # neither ran again
     ask(ex, rid=2, type="overlay", stat="off")
     assert ex._overlay == {}
     assert ask(ex, rid=3, type="overlay", stat="mean")["type"] == "error" and ex._overlay == {}
@@ -158,8 +158,8 @@ def _same_boundaries(mox, args, kwargs=None) -> int:
 
     kwargs = kwargs or {}
     taps = measure(mox, args, kwargs, paired_outputs(mox, mox)[0]).taps
-    read = values_module._Boundaries.measured(mox, taps)
-    ran = values_module._Boundaries.run(mox, args, kwargs)
+    read = reduce_module.Boundaries.measured(mox, taps)
+    ran = reduce_module.Boundaries.run(mox, args, kwargs)
     assert read is not None and read.where == ran.where and read.more == ran.more
     for stat in ("norm", "zeros", "nonfinite"):
         a, b = read.stats(stat), ran.stats(stat)
@@ -177,6 +177,7 @@ def _same_boundaries(mox, args, kwargs=None) -> int:
     return len(ran.where)
 
 
+@pytest.mark.slow
 def test_the_originals_rows_read_off_its_measurement_are_those_its_program_runs():
     from thirdparty import IDS as HF_IDS
     from thirdparty import _hf
@@ -192,7 +193,7 @@ def test_the_originals_rows_read_off_its_measurement_are_those_its_program_runs(
     half = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), v)
     hm = yax.make_mox(m.apply)(half, ids)
     assert _same_boundaries(hm, (half, ids)) > 5
-    assert values_module._Boundaries.measured(hm, yax.internal.measure(
+    assert reduce_module.Boundaries.measured(hm, yax.internal.measure(
         hm, (half, ids), {}, yax.internal.paired_outputs(hm, hm)[0]).taps).where[
             node_ids(hm)[id(hm.children[0])]][0][2].startswith("bf16[")
 
@@ -209,10 +210,10 @@ def test_rows_float32_would_not_hold_exactly_are_run_not_read_off_the_measuremen
     ex = Explorer(m, v, x, warm=False)
     from yax.internal import measure, paired_outputs
 
-    assert values_module._Boundaries.measured(ex.mox, measure(ex.mox, (v, x), {}, paired_outputs(ex.mox, ex.mox)[0])
+    assert reduce_module.Boundaries.measured(ex.mox, measure(ex.mox, (v, x), {}, paired_outputs(ex.mox, ex.mox)[0])
                                               .taps) is None
     ex.session.inspector.paint("norm")
-    prog = values_module._programs[ex.mox]  # run: the int32 row shows its own values
+    prog = reduce_module._programs[ex.mox]  # run: the int32 row shows its own values
     assert _agrees_with_capture(ex, (v, x)) == len(capturable_calls(ex.mox))
     assert prog.capture._cache_size() == 1  # one program, compiled once, for every row and the colouring
 

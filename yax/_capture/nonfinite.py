@@ -11,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import errors
+from .._calls import index
 from .._eval import Hooks, bind, flatten_inputs, run
-from .._ir import CALL_KINDS, Equation, Mox
+from .._ir import Equation, Mox
 from .._jit import model_jit
 from .._sharding import any_spread, spread
 from .backward import first_backward
@@ -137,20 +138,10 @@ def _first(entries: list[tuple[Any, ...]], level: tuple[Any, ...]) -> tuple[tupl
 
 def _innermost_call(mox: Mox, eqn: Equation) -> Mox | None:
     """The innermost call node around ``eqn`` (through nested computations)."""
-    stack: list[tuple[Any, Mox | None]] = [(iter(mox.children), None)]
-    while stack:
-        it, call = stack[-1]
-        c = next(it, None)
-        if c is None:
-            stack.pop()
-            continue
-        if c is eqn:
-            return call
-        if isinstance(c, Equation):
-            stack.extend((iter(s.children), call) for _, s in c.subs)
-        else:
-            stack.append((iter(c.children), c if c.kind in CALL_KINDS else call))
-    return None
+    idx = index(mox)
+    i = idx.ids.get(id(eqn), 0)
+    caller = idx.callers[i] if i else -1
+    return idx.nodes[caller] if caller >= 0 else None  # type: ignore[return-value]
 
 
 def _first_reader(mox: Mox, var: Any) -> tuple[Equation | None, Equation | None]:

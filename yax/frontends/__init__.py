@@ -8,16 +8,15 @@ and where variables live in the parameters it takes. Shared code (the
 recorder, the builder, the rewrite engine, printers) asks the registry here.
 
 Adding a module system is one new file in this folder that defines a
-`Frontend` subclass and a module-level ``frontend`` instance; it is found by
-name at import, ordered by its ``order`` (the plain-function frontend, which
-takes any callable, comes last). The interface, every hook a frontend may
+`Frontend` subclass and a module-level ``frontend`` instance; `._builtin` finds
+it by name when yax is imported and registers it here, ordered by its ``order``
+(the plain-function frontend, which takes any callable, comes last). This module
+is the registry only: it imports no frontend, so none of them imports upward. The interface, every hook a frontend may
 contribute, is declared in `._protocol`.
 """
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -26,36 +25,27 @@ from ._protocol import Frontend as Frontend
 from ._protocol import MappedCall as MappedCall
 from ._protocol import Template as Template
 from ._protocol import Variables as Variables
+from ._protocol import engine as engine
 
 T = TypeVar("T")
 
 
-def _load() -> list[Frontend]:
-    found = []
-    for info in pkgutil.iter_modules(__path__):
-        mod = importlib.import_module(f"{__name__}.{info.name}")
-        f = getattr(mod, "frontend", None)
-        if isinstance(f, Frontend):
-            found.append(f)
-    return sorted(found, key=lambda f: (f.order, f.name))
-
-
-_registry: list[Frontend] | None = None
+#: Every frontend, in the order they are asked: filled by `register`, which `._builtin` calls for
+#: each module of this folder (the registry imports none of them).
+_registry: list[Frontend] = []
 
 
 def registry() -> list[Frontend]:
     """Every frontend, in the order they are asked."""
-    global _registry
-    if _registry is None:
-        _registry = _load()
     return _registry
 
 
 def register(frontend: Frontend) -> None:
-    """Add a frontend defined outside this folder (a third-party module system);
-    one defined here is found by itself."""
-    registry().append(frontend)
-    registry().sort(key=lambda f: (f.order, f.name))
+    """Add a frontend: those in this folder are added by `._builtin` when yax is imported; a
+    third-party module system calls this itself."""
+    if frontend not in _registry:
+        _registry.append(frontend)
+        _registry.sort(key=lambda f: (f.order, f.name))
 
 
 def get(name: str | None) -> Frontend:

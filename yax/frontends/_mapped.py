@@ -21,6 +21,7 @@ import jax
 from .._ir import Mox
 from .._vocab import type_str
 from ..errors import YaxRewriteError, where
+from ._protocol import engine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,8 +139,6 @@ def fit_hint(node: Any, found: tuple[int, ...], expected: tuple[int, ...], trans
 def trace_mapped(module: Any, apply: Callable[..., Any], var_avals: Any, avals: list[Any], how: Mapped) -> Mox:
     """``apply(variables, *xs)`` traced under ``jax.vmap`` as ``how`` maps the
     replaced call: on one instance's inputs, variables stacked (or broadcast)."""
-    from .._trace import make_mox
-
     stacked = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(how.stacked(a.shape), a.dtype), var_avals)
 
     def leaves(v: Any, *xs: Any) -> list[Any]:
@@ -151,5 +150,5 @@ def trace_mapped(module: Any, apply: Callable[..., Any], var_avals: Any, avals: 
         return each(v, *xs)
 
     vmapped.__name__ = vmapped.__qualname__ = type(module).__name__
-    mox: Mox = make_mox(vmapped)(stacked, *avals)
+    mox: Mox = engine.make_mox(vmapped)(stacked, *avals)
     return mox

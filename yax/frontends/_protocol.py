@@ -19,7 +19,26 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from .._ir import Mox, Var
-    from .._lora import LoRA
+    from ..rewrite.lora import LoRA
+
+
+class Engine:
+    """What frontends use of the layers above them, handed down rather than imported (so no
+    frontend imports upward): ``make_mox`` (`yax._trace` puts it here), ``sub``, ``locate`` and
+    ``matches`` (`yax.rewrite`). Importing any part of yax fills it (`yax/__init__.py`)."""
+
+    make_mox: Callable[..., Any]
+    sub: Callable[..., Any]
+    locate: Callable[..., Any]
+    matches: Callable[..., Any]
+
+    def provide(self, **functions: Callable[..., Any]) -> None:
+        for name, f in functions.items():
+            setattr(self, name, f)
+
+
+#: The one `Engine`: frontends call ``engine.make_mox(...)``, ``engine.sub(...)``.
+engine = Engine()
 
 
 @runtime_checkable

@@ -32,7 +32,6 @@ import functools
 import inspect
 import math
 import sys
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -42,10 +41,12 @@ import numpy as np
 
 from .. import _activations, errors
 from .._ir import Kind, ModuleInfo, Mox, Packing, Var
+from .._lora import first_a
+from .._patching import Patches
 from .._record import CallInfo, Recorder, marked_call, recorder
 from ..errors import YaxRewriteError, where
 from . import _mapped
-from ._protocol import Frontend, MappedCall, Variables
+from ._protocol import Frontend, MappedCall, Variables, engine
 
 NAME = "equinox"
 
@@ -257,36 +258,26 @@ def _classes() -> list[type]:
     return out
 
 
-_lock = threading.Lock()
-_users = 0  # traces running with the methods wrapped, in all threads
-_undo: list[tuple[type, Callable[..., Any]]] = []
+_patches = Patches(put=type.__setattr__)  # Equinox's modules refuse `setattr` on their classes
 
 
 @contextlib.contextmanager
 def _patched(rec: Recorder) -> Iterator[None]:
     """Wrap ``__call__`` of every Equinox model class for one trace (while any
     trace in any thread runs: the first wraps, the last unwraps)."""
-    global _users
     if not _loaded():
         yield
         return
     rec.scratch[NAME] = _Trace()
-    with _lock:
-        _users += 1
+
+    def unwrapped() -> Iterator[tuple[type, str, Callable[..., Any]]]:
         for cls in _classes():
             fn = vars(cls)["__call__"]
             if not hasattr(fn, "__yax_method__"):
-                _undo.append((cls, fn))
-                type.__setattr__(cls, "__call__", _wrap(fn))
-    try:
+                yield cls, "__call__", fn
+
+    with _patches.wrapped(unwrapped, lambda _, fn: _wrap(fn)):
         yield
-    finally:
-        with _lock:
-            _users -= 1
-            if not _users:
-                for cls, fn in reversed(_undo):
-                    type.__setattr__(cls, "__call__", fn)
-                _undo.clear()
 
 
 # -- LoRA -------------------------------------------------------------------------------
@@ -341,14 +332,12 @@ def _lora_drawn(module: Any, key: Any, index: int, stack: tuple[int, ...]) -> di
     adapter: Any = _lora_type()
     if type(module) is not adapter:
         return {}
-    from .._lora import first_a
-
     a = module.lora_a
     return {"lora_a": first_a(key, index, stack, a.shape, a.dtype, a.shape[-1])}
 
 
 def _merge(mox: Mox, model: Any) -> tuple[Mox, Any] | None:
-    from ..rewrite import sub
+    sub = engine.sub
 
     t = _lora_type()
     nodes = [n for n in mox.modules() if n.module_type is t and n.scope is not None]
@@ -599,8 +588,6 @@ class EquinoxFrontend(Frontend):
 
     def trace_replacement(self, module: Any, avals: list[Any], call: Callable[..., Any],
                           mapped: MappedCall | None = None) -> tuple[Mox, Any, int]:
-        from .._trace import make_mox
-
         if mapped is not None and not isinstance(mapped, _mapped.Mapped):
             raise NotImplementedError("An Equinox module is mapped only like a call inside `jax.vmap`.")
         eqx = _eqx()
@@ -613,7 +600,7 @@ class EquinoxFrontend(Frontend):
         called.__name__ = called.__qualname__ = type(module).__name__
         abstract = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), params)
         if mapped is None:
-            return make_mox(called)(abstract, *avals), params, 0
+            return engine.make_mox(called)(abstract, *avals), params, 0
         # under `jax.vmap` like the layer it replaces: on one instance's inputs, its arrays shared
         return _mapped.trace_mapped(module, called, abstract, avals, mapped), params, 0
 

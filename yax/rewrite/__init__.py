@@ -289,3 +289,6 @@ def _sub(pattern: Any, repl: Any, mox: Mox, params: Any, key: Any, cast: bool, m
         raise errors.Dangling(errors.where(bad[0]), window(root, bad[0]))
     _roots.note(root)  # a node cut from it can be used in another MoX (`own`)
     return result
+
+
+frontends.engine.provide(sub=sub, locate=locate, matches=matches)

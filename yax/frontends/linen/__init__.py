@@ -33,7 +33,7 @@ from ..._ir import Kind, ModuleInfo, Mox, Var
 from ..._record import CallInfo, Recorder, marked_call, recorder
 from ...errors import YaxRewriteError, where
 from .. import _mapped as _vmap
-from .._protocol import Frontend, MappedCall, Variables
+from .._protocol import Frontend, MappedCall, Variables, engine
 from . import _lora
 from ._lora import LoRA as LoRA
 
@@ -697,8 +697,6 @@ class LinenFrontend(Frontend):
         inside ``nn.vmap``, `.._mapped.Mapped`) under ``jax.vmap`` the same way:
         on one instance's inputs, its variables stacked (or broadcast) as the
         original's. The variables returned are one instance's."""
-        from ..._trace import make_mox
-
         if mapped is not None and not isinstance(mapped, _vmap.Mapped):
             raise NotImplementedError("A linen module is mapped only like a call inside `nn.vmap`.")
 
@@ -709,7 +707,7 @@ class LinenFrontend(Frontend):
         one = avals if mapped is None else mapped.instance(avals)
         var_avals = jax.eval_shape(lambda *xs: _initialised(module, call, jax.random.key(0), xs), *one)
         if mapped is None:
-            return make_mox(apply)(var_avals, *avals), var_avals, 0
+            return engine.make_mox(apply)(var_avals, *avals), var_avals, 0
         return _vmap.trace_mapped(module, apply, var_avals, avals, mapped), var_avals, 0
 
     def variables(self, mox: Mox, params: Any) -> Variables | None:

@@ -27,6 +27,7 @@ import numpy as np
 from ..._ir import Mox
 from ..._lora import abstract_inputs, contraction, delta, no_weight, weight_name
 from ...errors import YaxRewriteError, where
+from .._protocol import engine
 
 
 class LoRA(nn.Module):
@@ -134,7 +135,7 @@ def _axes(node: Mox, base: nn.Module, own: dict[str, Any], name: str) -> tuple[i
 
 def merge(mox: Mox, params: Any) -> tuple[Mox, Any] | None:
     """Every `LoRA` of ``mox`` folded back into the layer it adapts, or ``None`` when there is none."""
-    from ...rewrite import sub
+    sub = engine.sub
     from . import DictVariables, _get, _put
 
     nodes = [n for n in mox.modules() if n.module_type is LoRA]

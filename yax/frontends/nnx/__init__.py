@@ -19,7 +19,7 @@ import numpy as np
 
 from ..._ir import Mox
 from ..._sharding import spec_of
-from .._protocol import Frontend, MappedCall, Variables
+from .._protocol import Frontend, MappedCall, Variables, engine
 from . import _lora, _rebuild
 from ._base import NAME, flax_nnx, is_module
 from ._state import StateVariables, replace_modules
@@ -76,8 +76,6 @@ class NnxFrontend(Frontend):
 
     def trace_replacement(self, module: Any, avals: list[Any], call: Callable[..., Any],
                           mapped: MappedCall | None = None) -> tuple[Mox, Any, int]:
-        from ..._trace import make_mox
-
         if mapped is not None:
             raise NotImplementedError("An nnx module cannot be mapped like a call of another module system.")
 
@@ -89,7 +87,7 @@ class NnxFrontend(Frontend):
 
         called.__name__ = called.__qualname__ = pure.__name__
         abstract = jax.tree_util.tree_map(_shape_of, r_state)
-        return make_mox(called)(abstract, *avals), r_state, len(jax.tree_util.tree_leaves(r_state))
+        return engine.make_mox(called)(abstract, *avals), r_state, len(jax.tree_util.tree_leaves(r_state))
 
     def variables(self, mox: Mox, params: Any) -> Variables | None:
         return StateVariables(mox, params) if mox.frontend == self.name else None

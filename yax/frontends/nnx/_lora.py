@@ -44,6 +44,7 @@ import jax.numpy as jnp
 from ..._ir import Mox
 from ..._lora import abstract_inputs, contraction, delta, first_a, no_weight, weight_name
 from ...errors import YaxRewriteError, where
+from .._protocol import engine
 from ._base import flax_nnx
 from ._rebuild import builder
 
@@ -301,7 +302,7 @@ def merge(mox: Mox, state: Any) -> tuple[Mox, Any] | None:
     """Each adapter of ``mox`` becomes the layer it adapts, its kernel plus
     the adapter's update (per layer, when stacked by ``nnx.vmap``/``nnx.scan``);
     ``None`` when ``mox`` holds no adapter."""
-    from ...rewrite import sub
+    sub = engine.sub
     from ._state import flat_state
 
     by_type = _foldings()

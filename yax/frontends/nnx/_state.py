@@ -28,7 +28,7 @@ from ... import errors
 from ..._ir import Kind, Mox, Packing, Var
 from ..._vocab import key_name, type_str
 from ...errors import YaxRewriteError, where
-from .._protocol import Variables
+from .._protocol import Variables, engine
 from . import _lora
 from ._base import NAME, flax_nnx, is_module, is_module_type
 
@@ -181,9 +181,7 @@ def replace_modules(model: Any, pattern: Any, repl: Any, *args: Any, **kwargs: A
       >>> type(lora.layers[0]).__name__, type(model.layers[0]).__name__
       ('LoRALinear', 'Linear')
     """
-    from ..._trace import make_mox
-    from ...rewrite.select import locate, matches
-
+    make_mox, locate, matches = engine.make_mox, engine.locate, engine.matches
     nnx = flax_nnx()
     if not is_module(model):
         raise YaxRewriteError(

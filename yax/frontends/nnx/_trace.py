@@ -30,7 +30,6 @@ import dataclasses
 import functools
 import inspect
 import itertools
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -39,6 +38,7 @@ import numpy as np
 
 from ... import _activations
 from ..._ir import Kind, ModuleInfo
+from ..._patching import Patches
 from ..._record import CallInfo, Recorder, marked_call, recorder
 from ..._vocab import key_name
 from ._base import NAME, flax_nnx, is_graph_leaf, is_graph_type, is_variable_type, nnx_loaded
@@ -308,10 +308,9 @@ def _classes() -> list[type]:
     return out
 
 
-#: Guards what traces in several threads share: the wrapped methods and the stamps.
-_lock = threading.Lock()
-_users = 0  # traces running with the methods wrapped, in all threads
-_undo: list[tuple[type, str, Callable[..., Any]]] = []  # (class, name, own function), unwrapped by the last
+#: The wrapped methods; its lock guards what else traces in several threads share: the stamps.
+_patches = Patches()
+_lock = _patches.lock
 
 
 @contextlib.contextmanager
@@ -323,36 +322,20 @@ def patched_methods(rec: Recorder) -> Iterator[None]:
         return
     tr = rec.scratch["nnx"] = _Trace(next(_tokens))
     try:
-        _wrap_methods()
-        yield
+        with _patches.wrapped(_unwrapped, _wrap):
+            yield
     finally:
-        _unwrap_methods()
         _unstamp(tr)
 
 
-def _wrap_methods() -> None:
-    """Wrap what is not wrapped yet: every method for the first of traces
-    running at once, the classes defined since for a later one."""
-    global _users
-    with _lock:
-        _users += 1
-        for cls in _classes():
-            for name, fn in list(vars(cls).items()):
-                if (name == "__call__" or not name.startswith("_")) and inspect.isfunction(fn) \
-                        and not hasattr(fn, "__yax_method__"):
-                    _undo.append((cls, name, fn))
-                    setattr(cls, name, _wrap(name, fn))
-
-
-def _unwrap_methods() -> None:
-    """The last of traces running at once gives every class its own functions back."""
-    global _users
-    with _lock:
-        _users -= 1
-        if not _users:
-            for cls, name, fn in reversed(_undo):
-                setattr(cls, name, fn)
-            _undo.clear()
+def _unwrapped() -> Iterator[tuple[type, str, Callable[..., Any]]]:
+    """What is not wrapped yet: every method for the first of traces running at once, the
+    classes defined since for a later one."""
+    for cls in _classes():
+        for name, fn in list(vars(cls).items()):
+            if (name == "__call__" or not name.startswith("_")) and inspect.isfunction(fn) \
+                    and not hasattr(fn, "__yax_method__"):
+                yield cls, name, fn
 
 
 @functools.cache
