@@ -42,14 +42,6 @@ def pytest_addoption(parser):
     )
 
 
-def pytest_collection_modifyitems(config, items):
-    """The browser tests share one JupyterLab and one chromium: under ``--dist loadgroup`` (the full
-    command) they all run on one worker while the other runs the rest."""
-    for item in items:
-        if item.get_closest_marker("e2e") is not None:
-            item.add_marker(pytest.mark.xdist_group("browser"))
-
-
 def pytest_configure(config):
     # read by tests/oracle/gen.py when the oracle's modules are collected (after this hook)
     n = config.getoption("--oracle-examples")
