@@ -176,8 +176,10 @@ class _Program:
         keys, ids = capture_keys(mox), node_ids(mox)
         self.rows = [ids[id(c)] for c in calls]
         ref = weakref.ref(mox)  # the cache must not keep its own key alive
+        self.traces = 0  # how many times `program` was traced (each trace is one compile)
 
         def program(dyn: list, template: tuple) -> tuple[list, list]:
+            self.traces += 1
             m = ref()
             args, kwargs = rebuilt(m, dyn, template)
             _, got = yax.capture(calls, m, *args, **kwargs) if calls else (None, {})

@@ -215,7 +215,9 @@ def test_rows_float32_would_not_hold_exactly_are_run_not_read_off_the_measuremen
     ex.session.inspector.paint("norm")
     prog = reduce_module._programs[ex.mox]  # run: the int32 row shows its own values
     assert _agrees_with_capture(ex, (v, x)) == len(capturable_calls(ex.mox))
-    assert prog.capture._cache_size() == 1  # one program, compiled once, for every row and the colouring
+    # one program, traced (so compiled) once, for every row and the colouring. (Not jit's
+    # `_cache_size()`: it read 0 once after this very program ran, in a worker of the full command.)
+    assert prog.traces == 1 and prog.capture._cache_size() <= 1
 
 
 class _Scaled(nn.Module):
