@@ -9,7 +9,7 @@
 #                                 and the suite on the newest JAX without the browser and the
 #                                 slowest tests (`-m "not e2e and not slow"`: the zoos, the docs
 #                                 site, fresh kernels, the biggest models), the oracle drawing 3
-#                                 examples a property; about 5 minutes on 2 cores once JAX's
+#                                 examples a property; about 6 minutes on 2 cores once JAX's
 #                                 compilation cache (.jax-cache/, kept between fast runs) is warm.
 #
 # Further arguments go to pytest (both tiers), e.g. `--fast tests/test_eval.py -x`.
@@ -31,8 +31,8 @@ else
     export JAX_COMPILATION_CACHE_DIR="$(mktemp -d -t yax-jax-cache.XXXXXX)"
 fi
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1
-JS_LOG="$(mktemp -t yax-js.XXXXXX)" OLDEST_LOG="$(mktemp -t yax-oldest.XXXXXX)"
-trap '((FAST)) || rm -rf "$JAX_COMPILATION_CACHE_DIR"; rm -f "$JS_LOG" "$OLDEST_LOG"' EXIT
+JS_LOG="$(mktemp -t yax-js.XXXXXX)" OLDEST_LOG="$(mktemp -t yax-oldest.XXXXXX)" E2E_LOG="$(mktemp -t yax-e2e.XXXXXX)"
+trap '((FAST)) || rm -rf "$JAX_COMPILATION_CACHE_DIR"; rm -f "$JS_LOG" "$OLDEST_LOG" "$E2E_LOG"' EXIT
 
 .venv/bin/python -m ruff check yax yax_widget tests bench docs
 npm --prefix js test >"$JS_LOG" 2>&1 &  # the front-end's unit tests, beside mypy
@@ -54,8 +54,6 @@ fi
 # most of their time waiting on them); the core suite on the oldest JAX. (pytest-xdist's
 # `--dist loadgroup` cannot put the browser tests on one worker under pytest 9: it renames nodes
 # through an attribute pytest 9 no longer reads.)
-E2E_LOG="$(mktemp -t yax-e2e.XXXXXX)"
-trap 'rm -rf "$JAX_COMPILATION_CACHE_DIR"; rm -f "$JS_LOG" "$OLDEST_LOG" "$E2E_LOG"' EXIT
 .venv-oldest/bin/python -c "import jax; print('core suite on the oldest supported jax', jax.__version__)"
 .venv-oldest/bin/python -m pytest -n 1 -m core tests "$@" >"$OLDEST_LOG" 2>&1 &
 oldest=$!

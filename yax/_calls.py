@@ -170,18 +170,17 @@ def _build(mox: Mox) -> Index:
         nodes.append(n)
         parents.append(parent)
         callers.append(caller)
+        is_call = isinstance(n, Mox) and n.kind in CALL_KINDS and n is not mox
+        if is_call or isinstance(n, Equation):  # keyed in program order: a call before what it calls
+            b = base(n)
+            seen[b] += 1
+            keyed[id(n)] = b if seen[b] == 1 else f"{b}#{seen[b]}"
         if isinstance(n, Mox):
-            if n.kind in CALL_KINDS and n is not mox:
-                b = base(n)
-                seen[b] += 1
-                keyed[id(n)] = b if seen[b] == 1 else f"{b}#{seen[b]}"
+            if is_call:
                 todo.append((n, (scans, blocked, eqns)))
                 caller = num
             todo.extend((c, num, caller, scans, eqns, blocked) for c in reversed(n.children))
             continue
-        b = base(n)
-        seen[b] += 1
-        keyed[id(n)] = b if seen[b] == 1 else f"{b}#{seen[b]}"
         rule = how(n)
         if rule == "scan":
             scans = (*scans, (counter, int(n.params["length"]), bool(n.params.get("reverse", False))))

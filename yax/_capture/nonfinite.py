@@ -139,8 +139,7 @@ def _first(entries: list[tuple[Any, ...]], level: tuple[Any, ...]) -> tuple[tupl
 def _innermost_call(mox: Mox, eqn: Equation) -> Mox | None:
     """The innermost call node around ``eqn`` (through nested computations)."""
     idx = index(mox)
-    i = idx.ids.get(id(eqn), 0)
-    caller = idx.callers[i] if i else -1
+    caller = idx.callers[idx.ids.get(id(eqn), 0)]  # the MoX itself (0) runs in no call
     return idx.nodes[caller] if caller >= 0 else None  # type: ignore[return-value]
 
 
