@@ -106,9 +106,9 @@ def test_lora_on_the_attention_einsums_trains_and_merges():
     assert not np.allclose(out.logits, model.apply(params, TOKENS).logits, atol=1e-4)
     merged, mp = yax.merge_lora(new, trained)
     assert_close(model.apply(mp, TOKENS), out, rtol=1e-4, atol=1e-5)  # the library's model on merged weights
-    with pytest.raises(yax.YaxRewriteError, match=r"`mlp` at `Transformer/layer_0/mlp` has its variables in a scope "
-                       r"it shares with other variables \(gating_einsum|linear"):
+    with pytest.raises(yax.errors.CannotAdapt) as e:
         yax.sub('//module_call[@type="Einsum"]', yax.LoRA(rank=2), mox, params=params)
+    assert e.value.node.path.startswith("Transformer/") and e.value.found.startswith("has ")
 
 
 def test_lora_on_bfloat16_gemma_is_exact_and_merge_says_why_it_cannot_rebuild():

@@ -174,8 +174,9 @@ def test_shape_mismatch_names_the_path_and_both_shapes(tmp_path):
 def test_dtype_mismatch_names_the_path_and_both_dtypes(tmp_path):
     _, v = dense(3)
     yax.save_weights(v, tmp_path / "w.safetensors")
-    with pytest.raises(WeightsDoNotFit, match=r"`params/kernel` is f32\[4,3\] in the file but bf16\[4,3\] in `like`"):
+    with pytest.raises(WeightsDoNotFit) as e:
         yax.load_weights(tmp_path / "w.safetensors", like=dense(3, jnp.bfloat16)[1])
+    assert ("params/kernel", "bf16[4,3]", "f32[4,3]") in e.value.mismatched
 
 
 def test_every_problem_is_listed_in_one_message(tmp_path):
@@ -297,7 +298,7 @@ def test_a_float64_scalar_beside_a_bfloat16_keeps_its_dtype(tmp_path):
 
 def assert_sentence(e: BaseException, *parts: str) -> None:
     """A yax refusal said as a full sentence: each of ``parts`` in it, a "try" hint, a full stop."""
-    msg = str(e)
+    msg = yax.errors.message(e)  # without the docs pointer of a specific class
     assert isinstance(e, yax.YaxInputError), (type(e), msg)
     assert msg.endswith(".") and ("Try " in msg or " try " in msg) and len(msg) < 800, msg
     for part in parts:

@@ -219,3 +219,49 @@ def _leaves(tree: Any) -> list[Any]:
     import jax
 
     return [a for a in jax.tree_util.tree_leaves(tree) if hasattr(a, "shape")]
+
+
+
+def formals(eqn: Equation) -> list[tuple[str, Mox, list[tuple[Any, Any, str]]]]:
+    """For each computation ``eqn`` holds (``(param name, body)``), its formal
+    parameters paired with the inputs of ``eqn`` they take, and how: ``whole``
+    (passed as it is), ``step`` (one step of what a scan scans over: a stacked
+    layer's weight) or ``carry`` (a loop's carry: its first value only)."""
+    p, rule = eqn.params, how(eqn)
+    out = []
+    for name, sub in eqn.subs:
+        ins: list[tuple[Any, str]] = []
+        if rule == "scan":
+            nc, xs = p["num_consts"], p["num_consts"] + p["num_carry"]
+            ins = [(a, "whole" if k < nc else "carry" if k < xs else "step") for k, a in enumerate(eqn.inputs)]
+        elif rule == "cond":  # the first input picks the branch
+            ins = [(a, "whole") for a in eqn.inputs[1:]]
+        elif rule == "while":
+            c, b = p["cond_nconsts"], p["body_nconsts"]
+            consts = eqn.inputs[:c] if name.startswith("cond") else eqn.inputs[c:c + b]
+            ins = [(a, "whole") for a in consts] + [(a, "carry") for a in eqn.inputs[c + b:]]
+        else:
+            ins = [(a, "whole") for a in eqn.inputs]
+        out.append((name, sub, [(f, a, k) for f, (a, k) in zip(sub.invars, ins)]))
+    return out
+
+
+def bound(mox: Mox) -> dict[Any, tuple[int, int]]:
+    """Every variable of ``mox`` that only renames one of its inputs: bound
+    to it by a call or by the body of a higher-order primitive, never
+    computed (a loop's carry is). Each maps to ``(the input's position, how
+    many scans slice it on the way)``: a scan's body sees one step of what it
+    scans over (a stacked layer's weight)."""
+    out: dict[Any, tuple[int, int]] = {v: (i, 0) for i, v in enumerate(mox.invars)}
+    for n in mox.walk():
+        if isinstance(n, Mox):
+            for formal, actual in zip(n.invars, n.inputs):
+                if actual in out and formal is not actual:
+                    out[formal] = out[actual]
+        elif n.subs and any(a in out for a in n.inputs):
+            for _, _, pairs in formals(n):
+                for formal, actual, kind in pairs:
+                    if actual in out and kind != "carry":
+                        i, s = out[actual]
+                        out[formal] = (i, s + (kind == "step"))
+    return out

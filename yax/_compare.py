@@ -27,7 +27,7 @@ from ._reference import Reference
 from ._sharding import any_spread, subnormal
 from ._vocab import type_str
 from ._weights import key_of
-from .errors import YaxInputError
+from .errors import NotARootMox, WrongType, YaxInputError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -669,7 +669,7 @@ def paired_outputs(original: Mox, modified: Mox) -> tuple[tuple[int, ...], tuple
     equal shapes); raises `YaxInputError` when they cannot be paired."""
     for m, what in ((original, "original"), (modified, "modified")):
         if not isinstance(m, Mox) or m.kind != Kind.ROOT:
-            raise YaxInputError(f"`compare` expected a root MoX as `{what}`, but got {type(m).__name__}.")
+            raise NotARootMox("compare", f"a `{type(m).__name__}`", role=what)
     sel_a, sel_b = (frontends.of_root(m).compared(m) for m in (original, modified))
     if frontends.of_root(original).pair_by_name and frontends.of_root(modified).pair_by_name:
         names_b = {_output_names(modified)[j]: j for j in sel_b}
@@ -1083,8 +1083,7 @@ def compare_reference(reference: Reference, mox: Mox, *args: Any, names: _refere
     against the reference's, the reference as the original. The first argument's leaves (the
     parameters) are measured against the reference's weights where it holds some."""
     if not isinstance(mox, Mox) or mox.kind != Kind.ROOT:
-        raise YaxInputError(f"`compare` with a `Reference` expected a root MoX beside it, but got "
-                            f"{type(mox).__name__}.")
+        raise NotARootMox("compare", f"a `{type(mox).__name__}`", role="the model beside the `Reference`")
     idx = _calls.index(mox)
     numeric = [k for k, c in idx.calls.items() if _numeric(c.outputs)]
     stacks = {k: idx.positions[id(idx.calls[k])].stack for k in numeric}
@@ -1317,7 +1316,7 @@ def compare_all(models: Any, *args: Any, names: _reference.Names = None, rtol: f
     elif isinstance(models, (list, tuple)):
         named = [(v.source if isinstance(v, Reference) and v.source else str(i), v) for i, v in enumerate(models)]
     else:
-        raise YaxInputError(f"`compare_all` expected a dict or a list of models, but got a `{type(models).__name__}`.")
+        raise WrongType("models", "a dict or a list of models", models)
     if len(named) < 2 or len({n for n, _ in named}) != len(named):
         raise YaxInputError(f"`compare_all` compares two or more models with distinct names; got "
                             f"{[n for n, _ in named]}.")
@@ -1330,8 +1329,7 @@ def compare_all(models: Any, *args: Any, names: _reference.Names = None, rtol: f
             return v[0], (v[1], *args[1:])
         if isinstance(v, (Mox, Reference)):
             return v, args
-        raise YaxInputError(f"`compare_all` takes root MoXes, `(mox, params)` pairs and `Reference`s, but "
-                            f"`{what}` is a `{type(v).__name__}`.")
+        raise WrongType(what, "a root MoX, a `(mox, params)` pair or a `Reference`", v)
 
     (first_name, first), rest = named[0], named[1:]
     a, args_a = split(first, first_name)

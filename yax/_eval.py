@@ -21,7 +21,7 @@ import numpy as np
 
 from ._ir import Equation, Kind, Literal, Mox, Symbol, holds_mox
 from ._vocab import type_str
-from .errors import YaxEvalError, YaxInputError, arg_name
+from .errors import InputsDiffer, NotARootMox, YaxEvalError, arg_name
 
 # Equation -> ({param name: jaxpr} built from nested MoX nodes, constants its open body takes first).
 _retraced: weakref.WeakKeyDictionary[Equation, tuple[dict[str, Any], tuple[Any, ...]]] = weakref.WeakKeyDictionary()
@@ -181,11 +181,7 @@ def flatten_inputs(mox: Mox, args: tuple[Any, ...], kwargs: dict[str, Any]) -> l
     flat, tree = jax.tree_util.tree_flatten_with_path((args, kwargs))
     if tree != mox.in_tree:
         where, what = structure_difference(mox.in_tree, (args, kwargs))
-        raise YaxInputError(
-            f"The arguments differ in structure from those the MoX was traced with: at `{where}`, {what}. "
-            "Pass the same pytree of arguments (same dict keys, same tuple lengths), or trace again with "
-            "`yax.make_mox`."
-        )
+        raise InputsDiffer(where, "structure", None, what)
     leaves = [x for _, x in flat]
     for i, expected in mox.in_static:
         _check_static(arg_name(flat[i][0]), expected, leaves[i])
@@ -281,10 +277,7 @@ def _check_static(where: str, expected: Any, found: Any) -> None:
         except Exception:
             same = False
     if not same:
-        raise YaxInputError(
-            f"Argument `{where}` is static (baked in at trace time) and was {expected!r} when traced, but is "
-            f"{found!r} now. Trace again with `yax.make_mox` for the new value, or pass an array to make it traced."
-        )
+        raise InputsDiffer(where, "static", expected, found)
 
 
 def _checked_leaf(where: str, v: Symbol, x: Any) -> Any:
@@ -292,15 +285,9 @@ def _checked_leaf(where: str, v: Symbol, x: Any) -> Any:
         x = jax.numpy.asarray(x)
     dtype = getattr(x, "dtype", None)
     if dtype is None:
-        raise YaxInputError(
-            f"Argument `{where}` was an array of {type_str(v)} when traced, but is a `{type(x).__name__}` now. "
-            "Pass an array of that shape and dtype."
-        )
+        raise InputsDiffer(where, "not an array", type_str(v), type(x).__name__)
     if tuple(np.shape(x)) != v.shape or not _same_dtype(_canonical(dtype), v.dtype):
-        raise YaxInputError(
-            f"Argument `{where}` was traced as {type_str(v)} but is {type_str(x)} now. Trace again with "
-            "`yax.make_mox` for new shapes or dtypes, or cast the argument."
-        )
+        raise InputsDiffer(where, "type", type_str(v), type_str(x))
     if not _same_dtype(dtype, v.dtype):  # a NumPy float64 with x64 off: as `jax.jit` takes it, as float32
         x = jax.numpy.asarray(x, v.dtype)
     return x
@@ -338,10 +325,7 @@ def eval_mox(mox: Mox, *args: Any, **kwargs: Any) -> Any:
     """
     if not isinstance(mox, Mox) or mox.kind != Kind.ROOT:
         what = f"a `{mox.kind}` node" if isinstance(mox, Mox) else f"a `{type(mox).__name__}`"
-        raise YaxInputError(
-            f"`eval_mox` expected the root MoX returned by `yax.make_mox(fn)(...)`, but got {what}. "
-            "Evaluate the whole MoX; rewrite nodes with `yax.sub`."
-        )
+        raise NotARootMox("eval_mox", what, "Evaluate the whole MoX; rewrite nodes with `yax.sub`.")
     flat = flatten_inputs(mox, args, kwargs)
     return unflatten_outputs(mox, run(mox, flat))
 
@@ -359,7 +343,8 @@ def to_function(mox: Mox) -> Any:
       Array([0., 0., 0.], dtype=float32)
     """
     if not isinstance(mox, Mox) or mox.kind != Kind.ROOT:
-        raise YaxInputError("`to_function` expected the root MoX returned by `yax.make_mox` or `yax.sub`.")
+        what = f"a `{mox.kind}` node" if isinstance(mox, Mox) else f"a `{type(mox).__name__}`"
+        raise NotARootMox("to_function", what, "Give it the whole MoX from `yax.make_mox` or `yax.sub`.")
 
     def f(*args: Any, **kwargs: Any) -> Any:
         return eval_mox(mox, *args, **kwargs)

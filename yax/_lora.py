@@ -2,18 +2,22 @@
 and `merge_lora`).
 
 `LoRA` says what to do (rank, alpha) and knows no module system: for each
-layer it replaces, the layer's frontend builds the adapter for that kind of
-layer (`Frontend.lora`: a linen layer linear in one weight as a `LoRA` linen
-module running the layer itself with ``weight + (lora_a @ lora_b) * alpha /
-rank``; nnx's ``Linear`` as ``nnx.LoRALinear`` with that scale, any other nnx
-layer linear in one weight as a `LoRA` nnx module doing the same), and
-`merge_lora` asks the frontends to fold their adapters back
-(`Frontend.merge_lora`). What they share lives here: `contraction` reads
-from a layer's jaxpr which axes of its weight meet the input.
+layer it replaces, the adapters its module system registered here
+(`register_adapters`, one `Adapters` a system, in the style of JAX's per-pass rule
+tables) build the adapter for that kind of layer: a linen layer linear in one
+weight as a `LoRA` linen module running the layer itself with ``weight +
+(lora_a @ lora_b) * alpha / rank``; nnx's ``Linear`` as ``nnx.LoRALinear``
+with that scale, any other nnx layer linear in one weight as a `LoRA` nnx
+module doing the same; Equinox's ``Linear`` as a ``LoRALinear``. `merge_lora`
+asks the registered systems to fold their adapters back. A module system
+(a frontend, or a plug-in for one) adds LoRA by registering here, in its own
+files. What the adapters share lives here too: `contraction` reads from a
+layer's jaxpr which axes of its weight meet the input.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -23,6 +27,29 @@ import jax
 import jax.numpy as jnp
 
 from ._ir import Mox
+
+
+@dataclasses.dataclass(frozen=True)
+class Adapters:
+    """One module system's LoRA: ``kinds``, the layer kinds it adapts as
+    messages name them (``"Dense"``); ``make(node, spec)``, the module that
+    adapts the layer ``node`` as ``spec`` (`yax.LoRA`: rank, alpha) says,
+    starting exactly equal to it, or ``None`` for a kind it has no adapter
+    for; ``merge(mox, params)``, ``(mox, params)`` with every adapter it made
+    folded back into its layer, or ``None`` where ``mox`` holds none of them."""
+
+    kinds: tuple[str, ...]
+    make: Callable[[Mox, Any], Any]
+    merge: Callable[[Mox, Any], tuple[Mox, Any] | None]
+
+
+#: The LoRA adapters of each module system, by frontend name (`register_adapters`).
+ADAPTERS: dict[str, Adapters] = {}
+
+
+def register_adapters(system: str, adapters: Adapters) -> None:
+    """Give the module system ``system`` (a frontend's name) its LoRA adapters."""
+    ADAPTERS[system] = adapters
 
 
 def weight_name(params: dict[str, Any]) -> str | None:

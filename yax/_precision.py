@@ -24,7 +24,7 @@ import numpy as np
 
 from ._ir import CALL_KINDS, Equation, Kind, Mox
 from ._vocab import dtype_str
-from .errors import YaxRewriteError
+from .errors import BadPolicy
 
 #: Names jmp accepts for dtypes (``half`` is float16 there too).
 _ALIASES = {"f32": "float32", "full": "float32", "float32": "float32", "f16": "float16", "half": "float16",
@@ -51,7 +51,7 @@ class Policy:
         if all(hasattr(x, a) for a in ("param_dtype", "compute_dtype", "output_dtype")):
             return cls(*(np.dtype(getattr(x, a)).name for a in ("param_dtype", "compute_dtype", "output_dtype")))
         if not isinstance(x, str):
-            raise YaxRewriteError(
+            raise BadPolicy(x, None,
                 f"A mixed-precision policy is a string like \"params=float32,compute=bfloat16,output=float32\" "
                 f"or a `jmp.Policy`, but got a `{type(x).__name__}`.")
         got: dict[str, str] = {}
@@ -59,7 +59,7 @@ class Policy:
             k, _, v = part.partition("=")
             field, dtype = _FIELDS.get(k.strip()), _ALIASES.get(v.strip())
             if field is None or dtype is None or field in got:
-                raise YaxRewriteError(
+                raise BadPolicy(x, part,
                     f"The policy {x!r} has {part!r}, which is not one of params=, compute=, output= "
                     f"(or p=, c=, o=) given once with one of {', '.join(sorted(set(_ALIASES)))}. "
                     "Example: \"params=float32,compute=bfloat16,output=float32\".")

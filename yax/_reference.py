@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import YaxInputError
+from .errors import WrongType, YaxInputError
 
 _META = "yax_reference"
 _VERSION = 1
@@ -87,8 +87,7 @@ class Reference:
     def __init__(self, outputs: Mapping[str, Any], inputs: Mapping[str, Any] | None = None,
                  weights: Mapping[str, Any] | None = None, source: str = "") -> None:
         if not isinstance(outputs, Mapping):
-            raise YaxInputError(f"`Reference` expected a mapping of module names to their outputs, but got a "
-                                f"`{type(outputs).__name__}`.")
+            raise WrongType("outputs", "a mapping of module names to their outputs", outputs)
         object.__setattr__(self, "outputs", {str(k): arrays_of(v) for k, v in outputs.items()})
         object.__setattr__(self, "inputs", {str(k): arrays_of(v) for k, v in (inputs or {}).items()})
         object.__setattr__(self, "weights", {str(k): _array(v) for k, v in (weights or {}).items()})
@@ -120,8 +119,7 @@ class Reference:
         except ImportError as e:  # pragma: no cover - torch is in the dev extras
             raise YaxInputError("`Reference.from_torch` needs PyTorch: `pip install torch`.") from e
         if not isinstance(module, torch.nn.Module):
-            raise YaxInputError(f"`Reference.from_torch` expected a `torch.nn.Module`, but got a "
-                                f"`{type(module).__name__}`. Record other code with `Reference(outputs)`.")
+            raise WrongType("module", "a `torch.nn.Module`", module, "Record other code with `Reference(outputs)`.")
         outs: dict[str, Any] = {}
         ins: dict[str, Any] = {}
         seen: dict[str, int] = {}
@@ -311,8 +309,8 @@ def _renamed(names: Names, r: str) -> str:
         for pattern, repl in names:
             r = re.sub(pattern, repl, r)
         return r
-    raise YaxInputError(f"`names` must be a dict of reference names to model keys, a list of (pattern, "
-                        f"replacement) pairs, or a function of a reference name; got a `{type(names).__name__}`.")
+    raise WrongType("names", "a dict of reference names to model keys, a list of (pattern, replacement) pairs, "
+                    "or a function of a reference name", names)
 
 
 def _unindexed(r: str) -> list[tuple[str, int | None]]:

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import ml_dtypes
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ._calls import how
+from ._calls import formals
 from ._ir import CALL_KINDS, Equation, Mox, Var
 
 
@@ -196,18 +196,8 @@ def _reads(root: Mox, wanted: dict[Var, Any]) -> dict[Mox, list[Var]]:
 
 def _into(eqn: Equation, subs: list[tuple[str, Mox]], bind: Any) -> None:
     """Alias the parameters of the computations ``eqn`` holds to its inputs."""
-    rule = how(eqn)
-    if rule == "while":
-        p = eqn.params
-        nc, nb = p.get("cond_nconsts", 0), p.get("body_nconsts", 0)
-        carry = eqn.inputs[nc + nb:]
-        for name, body in subs:
-            consts = eqn.inputs[:nc] if name.startswith("cond") else eqn.inputs[nc:nc + nb]
-            bind(body.invars, (*consts, *carry))
-        return
-    offset = 1 if rule == "cond" else 0  # a cond's first input picks the branch
-    for _, body in subs:
-        bind(body.invars, eqn.inputs[offset:])
+    for _, _, pairs in formals(eqn):
+        bind([f for f, _, _ in pairs], [a for _, a, _ in pairs])
 
 
 # -- new variables ----------------------------------------------------------------------

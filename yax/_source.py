@@ -38,9 +38,20 @@ import types
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-#: Packages whose frames are never the user's: the libraries a model is built with and yax itself,
-#: and kauldron, which wraps Flax's ``Module.apply``/``init`` process-wide once imported (gemma does).
-LIBRARIES = ("jax", "jaxlib", "flax", "equinox", "kauldron", "yax", "yax_widget")
+#: Packages whose frames are never the user's: JAX and yax itself, and the module systems' own
+#: libraries, which each frontend names (`Frontend.libraries`) and its registration adds here
+#: (`add_libraries`).
+LIBRARIES: tuple[str, ...] = ("jax", "jaxlib", "yax", "yax_widget")
+
+
+def add_libraries(names: tuple[str, ...]) -> None:
+    """Count frames of the packages ``names`` as never the user's (a module system's library)."""
+    global LIBRARIES
+    new = tuple(n for n in names if n not in LIBRARIES)
+    if new:
+        LIBRARIES = (*LIBRARIES, *new)
+        _skipped.cache_clear()
+        is_user_file.cache_clear()
 
 
 class Location(NamedTuple):

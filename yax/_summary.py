@@ -27,10 +27,13 @@ def _own_flops(eqn: Equation) -> int | None:
     return None
 
 
-def all_flops(mox: Mox) -> dict[int, int]:
-    """``id(node)`` -> known FLOPs of every node under ``mox`` (itself
-    included): dot_general and convolutions, nested computations times the
-    length of a scan, the larger branch of a cond. One pass, no recursion."""
+def all_flops(mox: Mox) -> dict[int, int | None]:
+    """``id(node)`` -> the FLOPs of matrix products and convolutions of every
+    node under ``mox`` (itself included): nested computations times the
+    length of a scan. ``None`` where the count is not known before the
+    program runs (`FLOPS_UNKNOWN`): a ``while`` loop's body runs a number of times
+    known only then, and one branch of a ``cond`` runs, chosen then (unless
+    its branches cost the same). One pass, no recursion."""
     order: list[Node] = []
     stack: list[Node] = [mox]
     while stack:
@@ -40,37 +43,37 @@ def all_flops(mox: Mox) -> dict[int, int]:
             stack.extend(n.children)
         elif _own_flops(n) is None:
             stack.extend(s for _, s in n.subs)
-    out: dict[int, int] = {}
+    out: dict[int, int | None] = {}
     for n in reversed(order):  # children before parents
         if isinstance(n, Mox):
-            out[id(n)] = sum(out[id(c)] for c in n.children)
+            counts = [out[id(c)] for c in n.children]
+            out[id(n)] = None if None in counts else sum(counts)  # type: ignore[arg-type]
             continue
         own = _own_flops(n)
-        if own is not None:
-            out[id(n)] = own
-            continue
-        subs = [out[id(s)] for _, s in n.subs]
-        if n.name == "cond":
-            out[id(n)] = max(subs, default=0)
-        else:
-            out[id(n)] = sum(subs) * (n.params.get("length", 1) if n.name == "scan" else 1)
+        out[id(n)] = own if own is not None else _held(n, [out[id(s)] for _, s in n.subs])
     return out
 
 
-def eqn_flops(eqn: Equation) -> int:
-    """FLOPs of one equation where they are known (dot_general, convolutions,
-    and nested computations, times the length of a scan)."""
-    own = _own_flops(eqn)
-    if own is not None:
-        return own
-    subs = [flops(sub) for _, sub in eqn.subs]
-    if eqn.name == "cond":
-        return max(subs, default=0)
-    return sum(subs) * (eqn.params.get("length", 1) if eqn.name == "scan" else 1)
+#: Why a FLOP count is not known (`all_flops` gives ``None``).
+FLOPS_UNKNOWN = ("not known before it runs: it holds a `while` loop, whose body runs a number of times known only "
+           "then, or a `cond` whose branches differ in cost, one of which runs")
 
 
-def flops(mox: Mox) -> int:
-    """Known FLOPs of everything under ``mox``."""
+def _held(eqn: Equation, subs: list[int | None]) -> int | None:
+    """FLOPs of an equation holding computations of ``subs`` FLOPs: a scan's body
+    times its length, a ``cond``'s branches if they agree, others once; ``None``
+    for a ``while`` loop (its steps are counted when it runs) or what holds one."""
+    rule = _calls.how(eqn)
+    if None in subs or (rule == "while" and any(subs)):
+        return None
+    known = [s for s in subs if s is not None]
+    if rule == "cond":
+        return known[0] if len(set(known)) == 1 else (0 if not known else None)
+    return sum(known) * (eqn.params.get("length", 1) if rule == "scan" else 1)
+
+
+def flops(mox: Mox) -> int | None:
+    """FLOPs of matrix products and convolutions under ``mox`` (``None``: `FLOPS_UNKNOWN`)."""
     return all_flops(mox)[id(mox)]
 
 
@@ -102,6 +105,8 @@ def summary(mox: Mox) -> str:
     parameters, computation and outputs (``f32/bf16/f32``, see
     `yax.mixed_precision`) (FLOPs per call; calls inside a scan body run ``length`` times,
     shown as ``×N``, and hold ``×N`` sets of parameters when the scan slices them per step).
+    FLOPs that cannot be known before the program runs (a call holding a ``while`` loop, or a
+    ``cond`` whose branches differ in cost) show as ``unknown*``, with a line saying why.
 
     Example:
       >>> import jax, jax.numpy as jnp, flax.linen as nn, yax
@@ -125,13 +130,16 @@ def summary(mox: Mox) -> str:
                 " ".join(type_str(a) for a in node.inputs),
                 " ".join(type_str(a) for a in node.outputs),
                 _params(mox, node),
-                (f"{f:,}".replace(",", "_") + (f" ×{mult}" if mult > 1 else "")) if f else "",
+                "unknown*" if f is None else (f"{f:,}".replace(",", "_") + (f" ×{mult}" if mult > 1 else "")) if f
+                else "",
             ) + ((pols[id(node)].short(),) if mixed else ())
         )
     top = [n for d, n, _ in rows if d == 0 and n.kind == Kind.MODULE_CALL]
+    total = known[id(mox)]
     table.append(("total", "", "", "", f"{sum(n.num_params for n in top):,}".replace(",", "_"),
-                  f"{known[id(mox)]:,}".replace(",", "_")) + (("",) if mixed else ()))
+                  "unknown*" if total is None else f"{total:,}".replace(",", "_")) + (("",) if mixed else ()))
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table
-    )
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table]
+    if total is None:
+        lines.append(f"* FLOPs {FLOPS_UNKNOWN}.")
+    return "\n".join(lines)

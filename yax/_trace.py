@@ -172,6 +172,8 @@ def _traced_root(target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
                 ) from e
         name = getattr(target, "__name__", None) or type(target).__name__
         mox = build(closed, rec, ins, outs[-1], name=name, frontend=frontend, origin=origin)
+        if frontends.settle(mox, rec):  # a path the trace guessed, corrected from the data flow
+            mox = build(closed, rec, ins, outs[-1], name=name, frontend=frontend, origin=origin)
         del closed, rec  # gone before the collector runs again, which then scans only what lives on
     specs = input_specs(mox.invars, dyn_vals)
     return dataclasses.replace(mox, shardings=specs) if specs else mox

@@ -17,7 +17,7 @@ from lxml import etree
 
 from ._ir import Mox
 from ._view import SOURCE_ATTRS, Queryable, view
-from .errors import YaxError, YaxXMLError, unexpected
+from .errors import DeclaresDTD, DocumentTooLarge, NotWellFormed, YaxError, YaxXMLError, unexpected
 
 MAX_BYTES = 256 * 2**20
 #: What `load_xml` allows the parsed tree per byte of ``max_bytes`` when no
@@ -188,10 +188,7 @@ class _Source:
 
     def _check_size(self, n: int) -> None:
         if n > self.max_bytes:
-            raise YaxXMLError(
-                f"The document is {n} bytes, larger than the limit of {self.max_bytes} bytes; it was refused "
-                "unread. Pass a larger `max_bytes` (and `max_memory`) if you trust it."
-            )
+            raise DocumentTooLarge("max_bytes", self.max_bytes, n, unread=True)
 
     def _check_path(self, source: Any) -> None:
         path = self.path
@@ -215,10 +212,7 @@ class _Source:
                 raise YaxXMLError(f"The file object's `read` returned a `{type(chunk).__name__}`, not bytes or str.")
             total += len(chunk) if not isinstance(chunk, str) else len(chunk.encode("utf-8", "surrogatepass"))
             if total > self.max_bytes:
-                raise YaxXMLError(
-                    f"The document is larger than the limit of {self.max_bytes} bytes; reading stopped there. "
-                    "Pass a larger `max_bytes` (and `max_memory`) if you trust it."
-                )
+                raise DocumentTooLarge("max_bytes", self.max_bytes, total)
             yield bytes(chunk) if isinstance(chunk, (bytearray, memoryview)) else chunk
 
     def _raw(self) -> Iterator[Any]:
@@ -339,11 +333,6 @@ def _encode(text: str) -> bytes:
         raise YaxXMLError("The document holds a lone surrogate, which is no character XML allows.") from None
 
 
-_REFUSED_DTD = (
-    "The document declares a DTD or entities, which yax documents never contain; it was refused unparsed "
-    "(entity expansion and external entities are unsafe)."
-)
-
 
 def _prolog(buf: bytes, final: bool) -> int | None:
     """Where the root element starts in ``buf`` (UTF-8), or None while more
@@ -361,7 +350,7 @@ def _prolog(buf: bytes, final: bool) -> int | None:
         elif buf.startswith(b"<!--", i):
             j = buf.find(b"-->", i + 4)
         elif buf.startswith(b"<!", i):
-            raise YaxXMLError(_REFUSED_DTD)
+            raise DeclaresDTD()
         else:
             return i  # the root element, or text libxml2 will call malformed
         if j < 0:
@@ -378,11 +367,7 @@ class _Budget:
     def spend(self, chunk: bytes) -> None:
         self.used += len(chunk) + _NODE_BYTES * chunk.count(b"<") + _ATTR_BYTES * chunk.count(b"=")
         if self.used > self.max_memory:
-            raise YaxXMLError(
-                f"The document would take more than `max_memory` = {self.max_memory} bytes once parsed (about "
-                f"{self.used} bytes for what was read so far); reading stopped there. Pass a larger `max_memory` "
-                "if you trust it."
-            )
+            raise DocumentTooLarge("max_memory", self.max_memory, self.used)
 
 
 def _checked(source: _Source, budget: _Budget) -> Iterator[bytes]:
@@ -424,7 +409,7 @@ def _parse_expat(source: _Source, budget: _Budget) -> etree._Element:
         return "{" + n if "}" in n else n
 
     def refuse(*_: Any) -> NoReturn:
-        raise YaxXMLError(_REFUSED_DTD)
+        raise DeclaresDTD()
 
     p.StartElementHandler = lambda tag, attrs: builder.start(name(tag), {name(k): v for k, v in attrs.items()})
     p.EndElementHandler = lambda tag: builder.end(name(tag))
@@ -436,7 +421,7 @@ def _parse_expat(source: _Source, budget: _Budget) -> etree._Element:
             p.Parse(chunk, False)
         p.Parse(b"", True)
     except expat.ExpatError as e:
-        raise YaxXMLError(f"The document is not well-formed XML: {e}.") from None
+        raise NotWellFormed(str(e)) from None
     return builder.close()
 
 
@@ -480,7 +465,7 @@ def load_xml(source: IO[Any] | bytes | str | os.PathLike[str], *, max_bytes: int
         if "Excessive depth" not in str(e):
             first = next((f"{x.message}, line {x.line}, column {x.column}" for x in e.error_log
                           if x.level_name == "FATAL"), str(e))  # the cause: `e` may say "no element found"
-            raise YaxXMLError(f"The document is not well-formed XML: {first}.") from None
+            raise NotWellFormed(first) from None
         if not src.again():
             raise YaxXMLError(
                 "The document is nested more than 2048 levels deep, which needs a second reading that this "
@@ -488,5 +473,5 @@ def load_xml(source: IO[Any] | bytes | str | os.PathLike[str], *, max_bytes: int
             ) from None
         root = _parse_expat(src, _Budget(limit))
     except (ValueError, TypeError) as e:  # lxml's checks of names and text, beyond libxml2's
-        raise YaxXMLError(f"The document is not well-formed XML: {e}.") from None
+        raise NotWellFormed(str(e)) from None
     return Document(etree.ElementTree(root))

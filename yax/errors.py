@@ -11,9 +11,56 @@ from __future__ import annotations
 import collections
 from typing import Any
 
+DOCS = "docs/errors.md"
+"""Where every error class has its section, anchored by its lowercased name (`pointer`)."""
+
 
 class YaxError(Exception):
-    """Base class of every error raised by yax on purpose."""
+    """Base class of every error raised by yax on purpose.
+
+    A specific class (one that names a recurring situation, such as `DoesNotFit`)
+    ends its message with a pointer to its section of ``docs/errors.md``; the
+    category classes below (`YaxInputError`, `YaxRewriteError`, …) do not, as they
+    say only what kind of thing went wrong.
+
+    Example::
+
+        try:
+            new = yax.sub(pattern, repl, mox)
+        except yax.YaxError as e:  # anything yax refused on purpose
+            print(e)
+    """
+
+    def __init__(self, message: object = "", *args: object):
+        cls = documented(type(self))
+        if isinstance(message, str) and cls is not None and cls.__name__ not in CATEGORIES:
+            tail = f" {pointer(cls)}"
+            if not message.endswith(tail):
+                message = f"{message.rstrip()}{tail}" if message else tail.strip()
+        super().__init__(message, *args)
+
+
+def documented(cls: type) -> type | None:
+    """The class of this catalogue that documents ``cls``: itself, or for a class defined
+    elsewhere (the widget's `RequestError`) the nearest base defined here."""
+    return next((c for c in cls.__mro__ if c.__module__ == __name__ and issubclass(c, YaxError)), None)
+
+
+def pointer(cls: type) -> str:
+    """``(docs/errors.md#doesnotfit)``: where an error class is documented."""
+    return f"({DOCS}#{cls.__name__.lower()})"
+
+
+def message(e: BaseException) -> str:
+    """An error's message without its docs pointer: what a menu shows as the reason."""
+    cls = documented(type(e))
+    return str(e) if cls is None else str(e).removesuffix(f" {pointer(cls)}")
+
+
+def said(e: BaseException) -> str:
+    """An error's message without what yax adds to every one of its kind (the docs pointer, and
+    "Nothing was changed."), to quote it inside another message."""
+    return message(e).removesuffix(" Nothing was changed.")
 
 
 class YaxTraceError(YaxError):
@@ -23,6 +70,11 @@ class YaxTraceError(YaxError):
     module with no variables, a non-callable) or when JAX itself fails while
     tracing; the JAX error is chained as ``__cause__``. Fix the function so
     ``jax.make_jaxpr`` accepts it, or pass arguments the way ``apply`` expects.
+
+    Example::
+
+        yax.make_mox(3)                                   # YaxTraceError: not a callable
+        yax.make_mox(model.apply)(variables, x)           # trace the function apply would run
     """
 
 
@@ -32,6 +84,11 @@ class YaxInputError(YaxError):
     The message names the argument by pytree path (``args[1]['params']``) and
     says how its structure, shape, dtype or static value differs. Trace again
     with `make_mox` for new shapes, as you would re-``jit`` a function.
+
+    Example::
+
+        yax.eval_mox(mox, variables, x_of_another_shape)  # a YaxInputError (here `InputsDiffer`)
+        mox = yax.make_mox(model.apply)(variables, x_of_another_shape)
     """
 
 
@@ -39,11 +96,21 @@ class YaxEvalError(YaxError):
     """Evaluating a MoX failed inside an equation or a module call.
 
     The message names the module path and the primitive that failed.
+
+    Example::
+
+        yax.eval_mox(mox, variables, x)                   # YaxEvalError: names the path and primitive
     """
 
 
 class YaxQueryError(YaxError):
-    """An XPath query is invalid or returned something yax cannot map back."""
+    """An XPath query is invalid or returned something yax cannot map back.
+
+    Example::
+
+        yax.query("//module_call[", mox)                  # YaxQueryError: the XPath is invalid
+        yax.query("//module_call[@type='Dense']", mox)
+    """
 
 
 class YaxRewriteError(YaxError):
@@ -52,6 +119,10 @@ class YaxRewriteError(YaxError):
     The message says which node, which input or output, what was expected
     and what was found, and ends with "Nothing was changed." (added here,
     once, for every refusal).
+
+    Example::
+
+        yax.sub("//module_call[@name='Dense_0']", repl, mox)  # a YaxRewriteError: "... Nothing was changed."
     """
 
     def __init__(self, message: str = "", *args: object):
@@ -70,6 +141,11 @@ class YaxCaptureError(YaxError):
     ``cond``, or a custom derivative rule), or when a patch does not fit the
     node it replaces (which key, expected vs found shape and dtype), or when
     ``grad_of`` does not return a real scalar (`LossNotScalar`).
+
+    Example::
+
+        yax.capture("//while//add", mox, x)  # YaxCaptureError: values inside a while loop cannot come out
+        yax.capture("//while", mox, x)       # match a node outside it
     """
 
 
@@ -79,11 +155,21 @@ class YaxXMLError(YaxError):
 
     yax documents never declare a DTD or entities; such input is refused
     before parsing (billion-laughs and external-entity attacks).
+
+    Example::
+
+        yax.load_xml(42)                     # YaxXMLError: a file object, a path or bytes
+        yax.load_xml(pathlib.Path("model.xml"))
     """
 
 
 class YaxRenderError(YaxError):
-    """Graphviz failed to render a graph or took longer than allowed."""
+    """Graphviz failed to render a graph or took longer than allowed.
+
+    Example::
+
+        yax.to_svg(mox, timeout=0.001)       # YaxRenderError: Graphviz took longer than allowed
+    """
 
 
 class YaxCheckError(YaxError):
@@ -97,6 +183,11 @@ class YaxCheckError(YaxError):
     marked ``>>>``. A MoX from `make_mox` or a yax rewrite always passes, so
     this error from one of them (under ``YAX_ENABLE_CHECKS=1``) is a bug in
     yax; for a tree built or changed by hand, fix the node shown.
+
+    Example::
+
+        import os; os.environ["YAX_ENABLE_CHECKS"] = "1"
+        yax.check_mox(hand_edited_mox)       # YaxCheckError: shows the IR around the faulty node (>>>)
     """
 
     def __init__(self, problem: str, window: str = "", hint: bool = True):
@@ -113,7 +204,19 @@ class YaxCheckError(YaxError):
 
 class YaxDependencyError(YaxError, ImportError):
     """An optional dependency is missing: a package from one of yax's extras,
-    or a program such as Graphviz's ``dot``. The message says how to get it."""
+    or a program such as Graphviz's ``dot``. The message says how to get it.
+
+    Example::
+
+        yax.save_weights(params, "w.safetensors")  # YaxDependencyError without safetensors
+        # pip install safetensors
+    """
+
+
+CATEGORIES = frozenset(c.__name__ for c in (
+    YaxError, YaxTraceError, YaxInputError, YaxEvalError, YaxQueryError, YaxRewriteError, YaxCaptureError,
+    YaxXMLError, YaxRenderError, YaxCheckError, YaxDependencyError))
+"""The category classes: what kind of thing went wrong (no docs pointer in their messages)."""
 
 
 # -- recurring messages: helpers, and error classes that format their own (Flax's style) -------
@@ -134,19 +237,37 @@ def arg_name(keypath: tuple[Any, ...]) -> str:
     return "args" if head == 0 else "kwargs"
 
 
-def where(node: object) -> str:
-    """``the module_call `Dense_0` at `Model/Dense_0```: a node, for messages."""
+def where(node: object, start: bool = False) -> str:
+    """``the module_call `Dense_0` at `Model/Dense_0```: a node, for messages; ``start``: starting a
+    sentence (``The …``: only the first letter upper-cased, never the path, as ``str.capitalize`` would)."""
     kind = getattr(node, "kind", None) or "equation"
-    return f"the {kind} `{getattr(node, 'name', '?')}` at `{getattr(node, 'path', '') or 'the root'}`"
+    return f"{'The' if start else 'the'} {kind} `{getattr(node, 'name', '?')}` at `{getattr(node, 'path', '') or 'the root'}`"
 
 
 class NeedsParams(YaxRewriteError):
-    """A rewrite that must return new variables was given none (``params=``)."""
+    """A rewrite (``tool``: `sub`, `merge_lora`, `mixed_precision`) that must return new
+    variables, or read the old ones, was given none (``params=``).
+
+    Example::
+
+        yax.sub(q, Dense(8), mox)                          # NeedsParams: Dense has variables
+        new, new_params = yax.sub(q, Dense(8), mox, params=variables, key=jax.random.key(0))
+    """
+
+    def __init__(self, message: str, tool: str = "sub"):
+        self.tool = tool
+        super().__init__(message)
 
 
 class NotTraceable(YaxRewriteError):
     """A replacement failed while being traced on the node's input types (``inputs``); ``how``
-    says how it was called."""
+    says how it was called.
+
+    Example::
+
+        yax.sub("//module_call[@name='Dense_0']", lambda x: x.reshape(7), mox)  # NotTraceable
+        yax.sub("//module_call[@name='Dense_0']", lambda x: jnp.tanh(x), mox)
+    """
 
     def __init__(self, what: str, node: object, inputs: str, error: BaseException, how: str):
         self.what, self.node, self.error = what, node, error
@@ -156,7 +277,13 @@ class NotTraceable(YaxRewriteError):
 
 
 class DoesNotFit(YaxRewriteError):
-    """A replacement's output ``i`` has another type than the node's."""
+    """A replacement's output ``i`` has another type than the node's.
+
+    Example::
+
+        yax.sub("//module_call[@name='Dense_0']", nn.Dense(8), mox, params=v, key=k)   # DoesNotFit: 8 vs 16 features
+        yax.sub("//module_call[@name='Dense_0']", nn.Dense(16), mox, params=v, key=k)
+    """
 
     def __init__(self, what: str, node: object, i: int, found: str, expected: str, hint: str = ""):
         self.what, self.node, self.index, self.found, self.expected = what, node, i, found, expected
@@ -167,7 +294,13 @@ class DoesNotFit(YaxRewriteError):
 
 class WrongCount(YaxRewriteError):
     """A replacement takes (``side="inputs"``) or returns (``side="outputs"``) ``n`` arrays
-    where the node has ``m`` (of ``types``)."""
+    where the node has ``m`` (of ``types``).
+
+    Example::
+
+        yax.sub("//add", lambda a: a, mox)            # WrongCount: `add` takes two arrays
+        yax.sub("//add", lambda a, b: a - b, mox)
+    """
 
     def __init__(self, what: str, node: object, side: str, n: int, m: int, types: str):
         self.what, self.node, self.side, self.found, self.expected = what, node, side, n, m
@@ -177,7 +310,14 @@ class WrongCount(YaxRewriteError):
 
 
 class TracedOnOtherInputs(YaxRewriteError):
-    """A MoX or equation replacement was traced on inputs of other shapes or dtypes than the node's."""
+    """A MoX or equation replacement was traced on inputs of other shapes or dtypes than the node's.
+
+    Example::
+
+        block = yax.make_mox(Block().apply)(bv, jnp.ones((5, 4)))
+        yax.sub(target, block, mox)                    # TracedOnOtherInputs: traced on f32[5,4]
+        yax.sub(target, yax.module_of(target), mox)    # or trace it on the node's input shapes
+    """
 
     def __init__(self, what: str, node: object, i: int, found: str, expected: str):
         self.what, self.node, self.index, self.found, self.expected = what, node, i, found, expected
@@ -200,6 +340,11 @@ class NothingMatched(YaxError):
       consequence: what would happen, such as ``"would change nothing"``.
       hint: what to try besides `yax.query`.
       nodes: the nodes the function works on (``"node"``, ``"call or equation"``).
+
+    Example::
+
+        yax.sub("//module_call[@type='Dens']", repl, mox)  # NothingToRewrite (a NothingMatched)
+        yax.query("//module_call/@type", mox)             # see what there is
     """
 
     def __init__(self, pattern: object, explained: str, tool: str, consequence: str, hint: str,
@@ -212,7 +357,13 @@ class NothingMatched(YaxError):
 
 
 class NothingToRewrite(NothingMatched, YaxRewriteError):
-    """`sub`'s pattern matched nothing."""
+    """`sub`'s pattern matched nothing.
+
+    Example::
+
+        yax.sub("//module_call[@features=99]", jax.nn.relu, mox)  # NothingToRewrite, with yax.explain's account
+        yax.sub("//module_call[@features=99]", jax.nn.relu, mox, must_match=False)  # returns mox unchanged
+    """
 
     def __init__(self, pattern: object, explained: str = ""):
         super().__init__(pattern, explained, "sub", "would change nothing",
@@ -221,9 +372,16 @@ class NothingToRewrite(NothingMatched, YaxRewriteError):
 
 class LossNotScalar(YaxCaptureError):
     """``grad_of`` of `capture` or `first_nonfinite` (``tool``) returned something other
-    than a real floating scalar, so there is no single gradient to take."""
+    than a real floating scalar, so there is no single gradient to take.
+
+    Example::
+
+        yax.capture("//tanh", mox, p, x, grad_of=lambda out: out)            # LossNotScalar: f32[4,2]
+        yax.capture("//tanh", mox, p, x, grad_of=lambda out: jnp.mean(out ** 2))
+    """
 
     def __init__(self, tool: str, found: str):
+        self.tool, self.found = tool, found
         super().__init__(
             f"`{tool}` differentiates `grad_of(out)`, which must return a real floating scalar (shape `()`), "
             f"but it returned {found}. Reduce it to one number, e.g. `grad_of=lambda out: jnp.mean(out ** 2)`, "
@@ -232,7 +390,13 @@ class LossNotScalar(YaxCaptureError):
 
 
 class NothingToCapture(NothingMatched, YaxCaptureError):
-    """The pattern of `capture`, `patch` or `first_nonfinite` (``tool``) selected no call or equation."""
+    """The pattern of `capture`, `patch` or `first_nonfinite` (``tool``) selected no call or equation.
+
+    Example::
+
+        yax.capture("//module_call[@type='Dens']", mox, p, x)  # NothingToCapture
+        yax.capture("//module_call[@type='Dense']", mox, p, x)
+    """
 
     def __init__(self, pattern: object, explained: str, tool: str):
         super().__init__(pattern, explained, tool, "would have no values to work on",
@@ -243,7 +407,14 @@ class NothingToCapture(NothingMatched, YaxCaptureError):
 class PartlyMatchedModule(YaxRewriteError):
     """A module that is one value of the model (an nnx object, an Equinox field) is
     called ``calls`` times but the pattern matched ``matched`` of its calls: replacing
-    it changes every call, so all must be matched. ``system`` names the module system."""
+    it changes every call, so all must be matched. ``system`` names the module system.
+
+    Example::
+
+        yax.sub(yax.query("//module_call[@type='Linear']", mox)[:1], nnx.Linear(5, 5, rngs=rngs), mox, params=state)
+        # PartlyMatchedModule: the module is called 3 times; match all its calls
+        yax.sub('//module_call[@path="Model/shared"]', nnx.Linear(5, 5, rngs=rngs), mox, params=state)
+    """
 
     def __init__(self, path: str, calls: int, matched: int, system: str, what: str):
         self.path, self.calls, self.matched = path, calls, matched
@@ -264,7 +435,13 @@ class PartlyMatchedModule(YaxRewriteError):
 
 
 class SharedVariables(YaxRewriteError):
-    """Two calls of one module (sharing its variables) were given replacements with different variables."""
+    """Two calls of one module (sharing its variables) were given replacements with different variables.
+
+    Example::
+
+        yax.sub(q, lambda path, node: nn.Dense(8, name=path), mox, params=v, key=k)  # SharedVariables
+        yax.sub(q, nn.Dense(8), mox, params=v, key=k)  # one replacement for every call of the shared module
+    """
 
     def __init__(self, scope: str):
         self.scope = scope
@@ -275,7 +452,13 @@ class SharedVariables(YaxRewriteError):
 
 class Dangling(YaxRewriteError):
     """A splice left a node reading a value nothing computes; ``window`` is the
-    printed IR around it (`yax._print.window`)."""
+    printed IR around it (`yax._print.window`).
+
+    Example::
+
+        yax.sub('//module_call[@name="embed"][@method="__call__"]', lookup, mox, params=v)  # Dangling: attend reads it
+        yax.sub('//module_call[@name="embed"]', NewEmbed(), mox, params=v, key=k)        # replace every call
+    """
 
     def __init__(self, where_: str, window: str = ""):
         self.where, self.window = where_, window
@@ -301,9 +484,16 @@ class OutOfMemory(YaxEvalError):
     """A program yax compiled to look at every value of a model (`first_nonfinite`'s
     search) did not fit in the device's memory: XLA reported ``RESOURCE_EXHAUSTED``
     (chained as ``__cause__``). Run the model on fewer rows (a smaller batch), or bring
-    out fewer values: `capture` with a query selecting the layers you suspect."""
+    out fewer values: `capture` with a query selecting the layers you suspect.
+
+    Example::
+
+        yax.first_nonfinite(mox, params, big_batch)        # OutOfMemory
+        yax.first_nonfinite(mox, params, big_batch[:1])    # one example
+    """
 
     def __init__(self, tool: str, e: BaseException, backward: bool = False):
+        self.tool, self.backward = tool, backward
         what = "every value of the model and every cotangent of its backward pass" if backward else \
             "every value of the model"
         said = str(e).strip().split("\n")[0][:300].rstrip(".")
@@ -321,7 +511,18 @@ class OutOfMemory(YaxEvalError):
 
 class DeciderMutated(YaxRewriteError):
     """A decider passed to `sub` changed the node it was asked about (put back
-    before this is raised); ``changed`` names what it changed."""
+    before this is raised); ``changed`` names what it changed.
+
+    Example::
+
+        @yax.decider
+        def bad(path, node):
+            node.attrs["x"] = 1          # DeciderMutated: nodes are immutable
+            return node
+        @yax.decider
+        def good(path, node):
+            return dataclasses.replace(node, attrs={**node.attrs, "x": 1})
+    """
 
     def __init__(self, decider: str, node: object, changed: list[str]):
         self.decider, self.node, self.changed = decider, node, changed
@@ -338,7 +539,13 @@ class InsideCustomRule(YaxRewriteError):
     derivative rule (``rule``, a ``custom_jvp_call``/``custom_vjp_call``
     equation) was written for; ``holder`` is the call node holding the rule,
     named when it is an activation or function (for a module it would be
-    much more than the rule)."""
+    much more than the rule).
+
+    Example::
+
+        yax.sub("//max", lambda a, b: jnp.maximum(a, 0.1 * a), mox)    # InsideCustomRule: relu has a custom_jvp
+        yax.sub('//activation[@path="Model/relu"]', lambda h: jnp.maximum(h, 0.1 * h), mox)
+    """
 
     def __init__(self, node: object, rule: object, holder: object = None):
         self.node, self.rule, self.holder = node, rule, holder
@@ -349,7 +556,7 @@ class InsideCustomRule(YaxRewriteError):
             instead += (f" or {where(holder)} that holds it "
                         f"(`//{getattr(holder, 'kind', '*')}[@path=\"{getattr(holder, 'path', '')}\"]`)")
         super().__init__(
-            f"{where(node).capitalize()} is part of the computation of the `{name}` at `{at or 'the root'}`, whose "
+            f"{where(node, start=True)} is part of the computation of the `{name}` at `{at or 'the root'}`, whose "
             "derivative is given by a custom rule written for that whole computation. Replacing only this part "
             "would keep the old rule around the new computation, and `jax.grad` through the result would be "
             f"wrong. Try replacing the whole rule: select {instead}.")
@@ -365,7 +572,14 @@ def _call_of(call: object) -> str:
 
 
 class MoxSideResults(YaxRewriteError):
-    """A call used as a replacement computes values that leave it other than as its results."""
+    """A call used as a replacement computes values that leave it other than as its results.
+
+    Example::
+
+        train = yax.make_mox(lambda v, x: BN().apply(v, x, mutable=["batch_stats"]))(bv, x)
+        yax.sub(target, train, mox, params=v)          # MoxSideResults
+        yax.sub(target, BN(use_running_average=True), mox, params=v)
+    """
 
     def __init__(self, call: object, types: str):
         self.call = call
@@ -377,7 +591,13 @@ class MoxSideResults(YaxRewriteError):
 
 
 class MoxReadsUnnamed(YaxRewriteError):
-    """A call used as a replacement reads values yax cannot name as its module's variables."""
+    """A call used as a replacement reads values yax cannot name as its module's variables.
+
+    Example::
+
+        yax.sub(target, yax.make_mox(Block().bind(bv))(x), mox)   # MoxReadsUnnamed: bound variables are constants
+        yax.sub(target, yax.make_mox(Block().apply)(bv, x), mox, params=v)
+    """
 
     def __init__(self, call: object, types: str, what: str):
         self.call = call
@@ -388,7 +608,14 @@ class MoxReadsUnnamed(YaxRewriteError):
 
 
 class MoxCutFromUnknown(YaxRewriteError):
-    """A call node used as a replacement lives in no MoX yax knows of."""
+    """A call node used as a replacement lives in no MoX yax knows of.
+
+    Example::
+
+        stray = yax.make_mox(Block().apply)(bv, x).calls[0]   # the MoX it came from is gone
+        yax.sub(target, stray, mox)                            # MoxCutFromUnknown
+        block = yax.make_mox(Block().apply)(bv, x); yax.sub(target, block.calls[0], mox)
+    """
 
     def __init__(self, call: object):
         self.call = call
@@ -400,7 +627,13 @@ class MoxCutFromUnknown(YaxRewriteError):
 
 
 class MoxNoValues(YaxRewriteError):
-    """A MoX replacement reads variables the model does not have, and there is nothing to give them values."""
+    """A MoX replacement reads variables the model does not have, and there is nothing to give them values.
+
+    Example::
+
+        yax.sub(pattern, yax.make_mox(Other().apply)(ov, x), mox, params=v)   # MoxNoValues
+        yax.sub(pattern, Other(), mox, params=v, key=jax.random.key(0))       # the module: yax initialises it
+    """
 
     def __init__(self, what: str, node: object, why: str):
         self.what, self.node = what, node
@@ -414,7 +647,13 @@ class MoxNoValues(YaxRewriteError):
 
 class MoxNoPlace(YaxRewriteError):
     """A MoX replacement on a model whose state a MoX cannot extend (nnx) reads a
-    variable the replaced node does not have."""
+    variable the replaced node does not have.
+
+    Example::
+
+        yax.sub(q, yax.make_mox(Wider(nnx.Rngs(1)))(x), mox, params=state)   # MoxNoPlace: `gate` is new
+        yax.sub(q, Wider(nnx.Rngs(1)), mox, params=state)                      # the module itself
+    """
 
     def __init__(self, what: str, node: object, leaf: str, why: str):
         self.what, self.node, self.leaf = what, node, leaf
@@ -426,7 +665,13 @@ class MoxNoPlace(YaxRewriteError):
 
 
 class BroadcastNewVariables(YaxRewriteError):
-    """A replacement adds variables to a module whose variables a scan broadcasts to every step."""
+    """A replacement adds variables to a module whose variables a scan broadcasts to every step.
+
+    Example::
+
+        yax.sub('//module_call[@name="ih"]', yax.LoRA(rank=2), rnn_mox, params=p, key=k)  # BroadcastNewVariables
+        yax.sub('//module_call[@name="RNN"]', MyLoRARNN(), rnn_mox, params=p, key=k)       # replace the scanning module
+    """
 
     def __init__(self, what: str, node: object, new: list[str]):
         self.what, self.node, self.new = what, node, new
@@ -443,7 +688,13 @@ class WeightsDoNotFit(YaxInputError):
     """`load_weights` found that the weights in a file do not fit ``like``: keys of ``like``
     missing from the file (``missing``), keys in the file that ``like`` lacks (``extra``), or
     leaves of another shape or dtype (``mismatched``: ``(key, expected, found)`` types such as
-    ``f32[4,8]``). Every problem is listed at once; nothing is loaded."""
+    ``f32[4,8]``). Every problem is listed at once; nothing is loaded.
+
+    Example::
+
+        yax.load_weights("w.safetensors", like=bf16_params)    # WeightsDoNotFit: f32 in the file
+        yax.load_weights("w.safetensors", like=jax.eval_shape(model.init, key, x))
+    """
 
     def __init__(self, path: str, missing: list[str], extra: list[str], mismatched: list[tuple[str, str, str]]):
         self.path, self.missing, self.extra, self.mismatched = path, missing, extra, mismatched
@@ -468,3 +719,381 @@ class WeightsDoNotFit(YaxInputError):
 def _count(n: int, one: str, many: str = "") -> str:
     """``1 key``, ``2 keys``; ``many`` where the plural is not ``one`` + "s"."""
     return f"{n} {one if n == 1 else many or one + 's'}"
+
+
+# -- families of recurring messages (issue 42): one class each, with the fields tests match on --------
+
+def _found(value: object) -> str:
+    return type(value).__name__
+
+
+class InputsDiffer(YaxInputError):
+    """Arguments given to `eval_mox` (or the function of `to_function`, or `capture`)
+    differ from those the MoX was traced with. ``argument`` names the argument as the
+    user writes it (``args[1]``, ``args[0]['params']``); ``kind`` says how it differs:
+
+    - ``"structure"``: the pytree differs; ``found`` says how (``expected`` is None);
+    - ``"static"``: a static argument (baked in at trace time) has another value;
+    - ``"not an array"``: an array was traced, something else was given (``found``: its type);
+    - ``"type"``: an array of another shape or dtype (``expected``/``found``: ``f32[2,4]``).
+
+    Example::
+
+        mox = yax.make_mox(model.apply)(variables, jnp.ones((2, 4)))
+        yax.eval_mox(mox, variables, jnp.ones((3, 4)))  # InputsDiffer: args[1], f32[2,4] vs f32[3,4]
+        mox = yax.make_mox(model.apply)(variables, jnp.ones((3, 4)))  # trace again for the new shape
+    """
+
+    def __init__(self, argument: str, kind: str, expected: Any, found: Any):
+        self.argument, self.kind, self.expected, self.found = argument, kind, expected, found
+        if kind == "structure":
+            text = (f"The arguments differ in structure from those the MoX was traced with: at `{argument}`, "
+                    f"{found}. Pass the same pytree of arguments (same dict keys, same tuple lengths), or trace "
+                    "again with `yax.make_mox`.")
+        elif kind == "static":
+            text = (f"Argument `{argument}` is static (baked in at trace time) and was {expected!r} when traced, "
+                    f"but is {found!r} now. Trace again with `yax.make_mox` for the new value, or pass an array "
+                    "to make it traced.")
+        elif kind == "not an array":
+            text = (f"Argument `{argument}` was an array of {expected} when traced, but is a `{found}` now. "
+                    "Pass an array of that shape and dtype.")
+        else:
+            text = (f"Argument `{argument}` was traced as {expected} but is {found} now. Trace again with "
+                    "`yax.make_mox` for new shapes or dtypes, or cast the argument.")
+        super().__init__(text)
+
+
+class BatchDoesNotFit(YaxInputError):
+    """A batch given to the explorer (`Explorer.add_batch`, ``batches=``) differs from the
+    example the model was traced with: ``kind`` is ``"structure"`` (``expected``/``found``:
+    the pytree structures), ``"type"`` (an array of another shape or dtype) or ``"static"``
+    (a value the model treats as fixed); ``argument`` names the argument (``args[1]``).
+
+    Example::
+
+        ex = Explorer(model, variables, jnp.ones((2, 8), jnp.int32))
+        ex.add_batch("long", jnp.ones((2, 9), jnp.int32))  # BatchDoesNotFit: i32[2,9] vs i32[2,8]
+        ex.add_batch("other", jnp.zeros((2, 8), jnp.int32))  # same shapes: fine
+    """
+
+    def __init__(self, batch: str, kind: str, expected: Any, found: Any, argument: str = ""):
+        self.batch, self.kind, self.expected, self.found, self.argument = batch, kind, expected, found, argument
+        if kind == "structure":
+            text = (f"The batch `{batch}` is structured as `{found}`, but the model was traced with `{expected}`. "
+                    "Give the same arguments as the example (after the parameters), with arrays of the same shapes.")
+        elif kind == "static":
+            text = (f"The batch `{batch}` gives `{found!r}` for `{argument}`, but the model was traced with "
+                    f"`{expected!r}`, which it treats as fixed. Give the same value, or open another explorer.")
+        else:
+            text = (f"The batch `{batch}` gives {found} for `{argument}`, but the model was traced with {expected}. "
+                    "Give arrays of the traced shapes and dtypes (cast with `.astype`), or open another explorer "
+                    "for other shapes.")
+        super().__init__(text)
+
+
+class NotARootMox(YaxInputError):
+    """A function that works on a whole model (``tool``: `eval_mox`, `capture`, `compare`,
+    `to_function`, `Explorer`) was given something other than the root MoX `make_mox`
+    returns: a node inside it, or another object (``found`` says what).
+
+    Example::
+
+        dense = yax.query("//module_call[@name='Dense_0']", mox)[0]
+        yax.eval_mox(dense, variables, x)  # NotARootMox: a node, not the root
+        yax.eval_mox(mox, variables, x)    # the whole MoX; rewrite nodes with `yax.sub`
+    """
+
+    def __init__(self, tool: str, found: str, hint: str = "", role: str = ""):
+        self.tool, self.found, self.role = tool, found, role
+        as_ = f" as `{role}`" if role else ""
+        super().__init__(f"`{tool}` expected the root MoX returned by `yax.make_mox(fn)(...)`{as_}, but got {found}."
+                         + (f" {hint}" if hint else ""))
+
+
+class WrongType(YaxInputError):
+    """An argument (``argument``, as the function names it) is of a type the function does
+    not take: ``expected`` says what it takes, ``found`` is the type's name given.
+
+    Example::
+
+        explorer.query(3)              # WrongType: `xpath` must be an XPath string, but got a `int`
+        explorer.query("//activation")
+    """
+
+    def __init__(self, argument: str, expected: str, value: object, hint: str = "", show: bool = False):
+        self.argument, self.expected, self.found = argument, expected, _found(value)
+        shown = f"`{str(value)[:40]}` (a `{self.found}`)" if show else f"a `{self.found}`"
+        super().__init__(f"`{argument}` must be {expected}, but got {shown}." + (f" {hint}" if hint else ""))
+
+
+class UnknownName(YaxInputError):
+    """A name (``name``) that names no ``kind`` known here (a batch, a registered
+    replacement, a state of the explorer's history); ``known`` lists the names there are.
+
+    Example::
+
+        explorer.add_batch("clean", x)
+        explorer.use_batch("dirty")    # UnknownName: no batch named 'dirty' (known: 'clean')
+    """
+
+    def __init__(self, kind: str, name: object, known: list[str], hint: str = ""):
+        self.kind, self.name, self.known = kind, name, list(known)
+        listed = ", ".join(map(repr, self.known)) or "none"
+        super().__init__(f"There is no {kind} named {str(name)[:40]!r} (known: {listed})."
+                         + (f" {hint}" if hint else ""))
+
+
+class LossNotAFunction(YaxCaptureError, YaxInputError):
+    """``grad_of`` (of `capture`, `first_nonfinite` or the explorer: ``tool``) is not a function of
+    the model's output; ``found`` is the type given. See `LossNotScalar` for one that returns
+    something other than a scalar.
+
+    Example::
+
+        yax.capture("//activation", mox, variables, x, grad_of=0.5)  # LossNotAFunction
+        yax.capture("//activation", mox, variables, x, grad_of=lambda out: jnp.mean(out ** 2))
+    """
+
+    def __init__(self, tool: str, value: object):
+        self.tool, self.found = tool, _found(value)
+        super().__init__(
+            f"`grad_of` must be a function of the model's output returning a scalar loss, but got a "
+            f"`{self.found}`. Pass e.g. `grad_of=lambda out: jnp.mean(out ** 2)`.")
+
+
+class PatchDoesNotFit(YaxCaptureError):
+    """A value given to `patch` (or a function's result) does not fit the node it replaces:
+    ``kind`` is ``"structure"`` (``expected``/``found``: the trees), ``"type"`` (an array of
+    another shape or dtype, ``index`` the output) or ``"key"`` (``key`` was not matched by
+    the pattern; ``expected`` lists the keys it matched).
+
+    Example::
+
+        patched = yax.patch("//module_call[@name='Block_0']", mox)
+        patched({"Model/Block_0": jnp.zeros((2, 8, 16))}, variables, x)  # PatchDoesNotFit: f32[2,8,32] there
+        patched({"Model/Block_0": jnp.zeros((2, 8, 32))}, variables, x)
+    """
+
+    def __init__(self, key: str, kind: str, expected: Any, found: Any, what: str = "The patch gives",
+                 index: int | None = None, note: str = ""):
+        self.key, self.kind, self.expected, self.found, self.index = key, kind, expected, found, index
+        if kind == "key":
+            text = (f"The patch names `{key}`, which the pattern did not match (it matched {expected}). Use the "
+                    "keys `yax.capture` gives for the same pattern.")
+        elif kind == "structure":
+            text = (f"{what} `{found}` for `{key}`, but the node's output is `{expected}`. Give a value of the "
+                    "same structure, such as the one `yax.capture` returns for this key.")
+        else:
+            part = f" (output {index})" if index is not None else ""
+            text = (f"{what} {found} for `{key}`{part}, but the node's output there is {expected}.{note} Give an "
+                    "array of that shape and dtype (cast with `.astype`), such as the value `yax.capture` returns "
+                    "for this key.")
+        super().__init__(text)
+
+
+class WrongNodeKind(YaxRewriteError):
+    """A rewrite was pointed at a node of a kind it does not replace: ``tool`` (`sub`,
+    `replace_modules`, an nnx or Equinox module replacement, a precision policy) replaces
+    ``accepts``, and the pattern matched ``found`` (``node``, when it is a node).
+
+    Example::
+
+        yax.sub("//activation[@name='relu']", nnx.Linear(4, 4, rngs=rngs), mox)  # WrongNodeKind
+        yax.sub("//activation[@name='relu']", jax.nn.gelu, mox)  # activations take functions
+    """
+
+    def __init__(self, tool: str, accepts: str, found: str, hint: str, node: object = None, pattern: str = ""):
+        self.tool, self.accepts, self.found, self.node = tool, accepts, found, node
+        matched = f"{pattern!r} matched" if pattern else "the pattern matched"
+        super().__init__(f"{tool} {accepts}, but {matched} {found}. {hint}")
+
+
+class ForeignModule(YaxRewriteError):
+    """A replacement module belongs to another module system (``frontend``) than the model's
+    (``system``), so its variables have no place in the model's variables.
+
+    Example::
+
+        yax.sub("//module_call[@name='fc1']", flax.linen.Dense(8), nnx_mox)  # ForeignModule
+        yax.sub("//module_call[@name='fc1']", nnx.Linear(4, 8, rngs=rngs), nnx_mox, params=state)
+    """
+
+    def __init__(self, what: str, node: object, frontend: str, system: str, home: str, hint: str):
+        self.what, self.node, self.frontend, self.system = what, node, frontend, system
+        super().__init__(f"The replacement `{what}` for {where(node)} is a `{frontend}` module; its variables cannot "
+                         f"live in {home}. {hint}")
+
+
+class MixedReplacements(YaxRewriteError):
+    """One `sub` gives a model of a module system whose state yax rebuilds (nnx, Equinox:
+    ``system``) both module replacements and other kinds (functions, MoXes).
+
+    Example::
+
+        yax.sub(q, lambda path, node: nnx.Linear(4, 4, rngs=rngs) if "fc" in path else jax.nn.relu, mox, params=state)
+        # MixedReplacements: do the modules and the functions in two `sub` calls
+        new, state2 = yax.sub(fc, nnx.Linear(4, 4, rngs=rngs), mox, params=state)
+        new = yax.sub("//activation", jax.nn.gelu, new)
+    """
+
+    def __init__(self, system: str, node: object, what: str = ""):
+        self.system, self.node = system, node
+        super().__init__(f"This `sub` mixes {system} module replacements with other kinds ({what}for "
+                         f"{where(node)}); do them in two `sub` calls.")
+
+
+class KeepsNothing(YaxRewriteError):
+    """A module replacement keeps none of the replaced module's variables although some of
+    its own have the same shapes: most likely they were renamed, and trained weights would be
+    lost. ``alike`` lists the replacement's leaves that have an old leaf's shape.
+
+    Example::
+
+        yax.sub(q, LoRADense(8), mox, params=p, key=key)  # KeepsNothing: `base/kernel` fits `kernel`
+        yax.sub(q, LoRADense(8), mox, params=p, key=key, keep={"params/base/kernel": "params/kernel"})
+    """
+
+    def __init__(self, what: str, node: object, alike: list[str], fate: str, hint: str):
+        self.what, self.node, self.alike = what, node, list(alike)
+        shown = f" ({_listed(self.alike)})" if self.alike else ""
+        super().__init__(f"The replacement `{what}` for {where(node)} keeps none of its variables, so its trained "
+                         f"weights would be {fate}, although the replacement has leaves of the same shapes{shown}. "
+                         f"{hint}")
+
+
+class CannotAdapt(YaxRewriteError):
+    """`yax.LoRA` was pointed at a node it has no adapter for: ``knows`` says which layers it
+    adapts, ``found`` what the node has or is.
+
+    Example::
+
+        yax.sub("//module_call[@type='Conv']", yax.LoRA(rank=4), mox, params=p, key=key)  # CannotAdapt
+        yax.sub("//module_call[@type='Conv']", MyConvAdapter(rank=4), mox, params=p, key=key)
+    """
+
+    def __init__(self, node: object, knows: str, found: str, adapter: bool = True):
+        self.node, self.knows, self.found = node, knows, found
+        hint = (" Write an adapter for that layer (a module computing the layer plus a low-rank update) and pass it "
+                "to `yax.sub`.") if adapter else ""
+        super().__init__(f"`yax.LoRA` adapts {knows}, but {where(node)} {found}.{hint}")
+
+
+class UnknownFields(YaxRewriteError):
+    """`module_of(node, **changes)` was asked to change what the node's module class does not
+    have: ``unknown`` lists the names, ``known`` those it has (``noun``: fields, or constructor
+    arguments for nnx).
+
+    Example::
+
+        yax.module_of(dense, width=8)     # UnknownFields: `Dense` has no field `width`
+        yax.module_of(dense, features=8)
+    """
+
+    def __init__(self, type_name: str, path: str, unknown: list[str], known: list[str], noun: str = "field"):
+        self.type, self.path, self.unknown, self.known = type_name, path, list(unknown), list(known)
+        super().__init__(f"`module_of` changes the {noun}s of the `{type_name}` at {path!r}, which has no {noun} "
+                         f"{', '.join(f'`{k}`' for k in self.unknown)}. Its {noun}s: {', '.join(self.known)}.")
+
+
+class CannotRebuild(YaxRewriteError):
+    """`module_of` cannot rebuild the module of a call node: ``why`` says what stops it (a
+    module system that builds no module from a call's fields, attributes that come out
+    different when rebuilt from the constructor).
+
+    Example::
+
+        yax.module_of(node)                    # CannotRebuild: build it yourself instead
+        yax.sub(q, MyBlock(width=8), mox)
+    """
+
+    def __init__(self, type_name: str, path: str, why: str, hint: str):
+        self.type, self.path, self.why = type_name, path, why
+        super().__init__(f"`module_of` cannot rebuild the `{type_name}` at {path!r}: {why}. {hint}")
+
+
+class ParamsDoNotFit(YaxRewriteError):
+    """The ``params`` given to a rewrite are not the variables the MoX was traced with: a
+    leaf of another shape (``leaf``, ``expected``, ``found``), leaves missing, or another
+    kind of object than the module system keeps its variables in.
+
+    Example::
+
+        new, new_params = yax.sub(q, Dense(8), mox, params=other_params)  # ParamsDoNotFit
+        new, new_params = yax.sub(q, Dense(8), mox, params=variables)     # as traced
+    """
+
+    def __init__(self, problem: str, hint: str, leaf: str | None = None, expected: Any = None, found: Any = None):
+        self.problem, self.leaf, self.expected, self.found = problem, leaf, expected, found
+        super().__init__(f"{problem} {hint}")
+
+
+class DeclaresDTD(YaxXMLError):
+    """A document given to `load_xml` declares a DTD or entities (``<!DOCTYPE``, ``<!ENTITY``).
+    yax documents never do; such input is refused before parsing, as entity expansion
+    (billion laughs) and external entities are unsafe.
+
+    Example::
+
+        yax.load_xml(b'<!DOCTYPE x [<!ENTITY a "aaaa">]><x>&a;</x>')  # DeclaresDTD
+        yax.load_xml(yax.to_xml(mox).encode())                         # what dump_xml writes loads
+    """
+
+    def __init__(self) -> None:
+        super().__init__(
+            "The document declares a DTD or entities, which yax documents never contain; it was refused unparsed "
+            "(entity expansion and external entities are unsafe).")
+
+
+class DocumentTooLarge(YaxXMLError):
+    """A document given to `load_xml` is larger than a limit: ``limit_name`` is ``"max_bytes"``
+    (its size, ``size`` when known before reading) or ``"max_memory"`` (what it would take once
+    parsed); ``limit`` is the limit. ``unread`` says whether it was refused before reading.
+
+    Example::
+
+        yax.load_xml(path, max_bytes=1_000)            # DocumentTooLarge for a larger file
+        yax.load_xml(path, max_bytes=50_000_000)       # a larger limit, for a document you trust
+    """
+
+    def __init__(self, limit_name: str, limit: int, size: int | None = None, unread: bool = False):
+        self.limit_name, self.limit, self.size, self.unread = limit_name, limit, size, unread
+        if limit_name == "max_memory":
+            text = (f"The document would take more than `max_memory` = {limit} bytes once parsed (about {size} bytes "
+                    "for what was read so far); reading stopped there. Pass a larger `max_memory` if you trust it.")
+        elif unread:
+            text = (f"The document is {size} bytes, larger than the limit of {limit} bytes; it was refused unread. "
+                    "Pass a larger `max_bytes` (and `max_memory`) if you trust it.")
+        else:
+            text = (f"The document is larger than the limit of {limit} bytes; reading stopped there. Pass a larger "
+                    "`max_bytes` (and `max_memory`) if you trust it.")
+        super().__init__(text)
+
+
+class NotWellFormed(YaxXMLError):
+    """A document given to `load_xml` is not well-formed XML; ``detail`` is the parser's
+    account (message, line and column).
+
+    Example::
+
+        yax.load_xml(b"<mox><unclosed></mox>")   # NotWellFormed: mismatched tag, line 1, column 17
+    """
+
+    def __init__(self, detail: str):
+        self.detail = detail
+        super().__init__(f"The document is not well-formed XML: {detail}.")
+
+
+class BadPolicy(YaxRewriteError):
+    """A mixed-precision policy given to `mixed_precision` is not one yax reads: ``policy`` is
+    what was given, ``part`` the part it could not read (or None when the whole is of the wrong
+    type).
+
+    Example::
+
+        yax.mixed_precision(mox, {"//module_call": "compute=bf17"})      # BadPolicy: part 'compute=bf17'
+        yax.mixed_precision(mox, {"//module_call": "compute=bfloat16"})
+    """
+
+    def __init__(self, policy: object, part: str | None, message: str):
+        self.policy, self.part = policy, part
+        super().__init__(message)

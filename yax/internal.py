@@ -20,6 +20,9 @@ Contents:
   call keys        `call_keys` (compare's boundary names), `keyed` (diff's), `capture_keys`
                    (the keys `capture` gives every call and equation)
   folding          `structure_keys` (equal for calls of the same structure: the tree's ×N rows)
+  cost             `all_flops` (every node's FLOPs of matrix products and convolutions, ``None``
+                   where not known before running: `FLOPS_UNKNOWN` says why), `how` (how a
+                   higher-order equation runs what it holds: `yax._calls.HIGHER_ORDER`)
   sharding         `call_specs` (how the parameters each call reads are laid out: the view's
                    ``@sharding``), `spread` (whether a value is held on several devices)
   values           `ValueStats` (statistics of one array), `capture_programs` (the jitted
@@ -31,6 +34,7 @@ Contents:
   tracing          `trace_target` (a MoX and the arguments it is evaluated with),
                    `variables_argument` (which of them `yax.sub`'s ``params=`` takes)
   frontends        `Frontend`, `register`, `frontends` (all, in order), `frontend_named`,
+                   `Adapters`/`register_adapters`/`ADAPTERS` (a module system's LoRA adapters),
                    `unwrap_target` (a model holding its own variables as a function of them)
   files            `check_target` (a path a file can be written to, else a sentence), `staged`
                    (files written whole beside their paths and renamed at the end, or not at all)
@@ -41,6 +45,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ._calls import how as how
 from ._calls import index as node_index
 from ._calls import param_copies as param_copies
 from ._capture import ValueStats as ValueStats
@@ -65,6 +70,9 @@ from ._ir import FN_KINDS as FN_KINDS
 from ._ir import Kind as Kind
 from ._ir import ModuleInfo as ModuleInfo
 from ._jit import model_jit as model_jit
+from ._lora import ADAPTERS as ADAPTERS
+from ._lora import Adapters as Adapters
+from ._lora import register_adapters as register_adapters
 from ._precision import is_mixed as is_mixed
 from ._precision import precisions as precisions
 from ._print import key_attrs as key_attrs
@@ -81,6 +89,8 @@ from ._sharding import spec_text as spec_text
 from ._sharding import spread as spread
 from ._source import Location as Location
 from ._source import lines_around as lines_around
+from ._summary import FLOPS_UNKNOWN as FLOPS_UNKNOWN
+from ._summary import all_flops as all_flops
 from ._trace import trace_target as trace_target
 from ._view import build_view as build_view
 from ._view import element_ids as element_ids

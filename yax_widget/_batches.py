@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 import yax
-from yax.errors import arg_name
+from yax.errors import BatchDoesNotFit, UnknownName, arg_name
 from yax.internal import type_str
 
 from . import _payloads
@@ -64,9 +64,7 @@ class Batches:
     def get(self, name: Any) -> NamedBatch:
         """The batch named ``name``, refused when there is none."""
         if not isinstance(name, str) or name not in self.named:
-            raise yax.YaxInputError(f"No batch is named {str(name)[:40]!r}; the batches are "
-                                    f"{', '.join(map(repr, self.named)) or 'none'}. Add one with "
-                                    "`explorer.add_batch(name, *inputs)`.")
+            raise UnknownName("batch", name, list(self.named), "Add one with `explorer.add_batch(name, *inputs)`.")
         return self.named[name]
 
     def shown(self, input_names: Sequence[str] | None, has_params: bool) -> dict:
@@ -94,20 +92,10 @@ def check_fits(name: str, example: tuple, new: tuple) -> None:
     want, wt = jax.tree_util.tree_flatten_with_path(example)
     got, gt = jax.tree_util.tree_flatten_with_path(new)
     if wt != gt:
-        raise yax.YaxInputError(
-            f"The batch `{name}` is structured as `{gt}`, but the model was traced with `{wt}`. Give the same "
-            "arguments as the example (after the parameters), with arrays of the same shapes."
-        )
+        raise BatchDoesNotFit(name, "structure", wt, gt)
     for (path, w), (_, g) in zip(want, got):
         ws, gs = hasattr(w, "dtype") and hasattr(w, "shape"), hasattr(g, "dtype") and hasattr(g, "shape")
         if ws and gs and (tuple(w.shape) != tuple(g.shape) or np.dtype(w.dtype) != np.dtype(g.dtype)):
-            raise yax.YaxInputError(
-                f"The batch `{name}` gives {type_str(g)} for `{arg_name(path)}`, but the model was traced with "
-                f"{type_str(w)}. Give arrays of the traced shapes and dtypes (cast with `.astype`), or open "
-                "another explorer for other shapes."
-            )
+            raise BatchDoesNotFit(name, "type", type_str(w), type_str(g), arg_name(path))
         if ws != gs or (not ws and w != g):
-            raise yax.YaxInputError(
-                f"The batch `{name}` gives `{g!r}` for `{arg_name(path)}`, but the model was traced with "
-                f"`{w!r}`, which it treats as fixed. Give the same value, or open another explorer."
-            )
+            raise BatchDoesNotFit(name, "static", w, g, arg_name(path))

@@ -11,6 +11,7 @@ from typing import Any
 
 import yax
 from yax import Equation, Mox
+from yax.errors import WrongType
 from yax.internal import frontends, node_ids
 
 
@@ -105,8 +106,7 @@ def xpath_for(node: Any, mox: Mox) -> str:
       yax.YaxInputError: ``node`` is not a node of ``mox``.
     """
     if not isinstance(node, (Mox, Equation)):
-        raise yax.YaxInputError(f"Expected a node of the current model, an XPath or \"query\", but got a "
-                                f"`{type(node).__name__}`.")
+        raise WrongType("node", "a node of the current model, an XPath or \"query\"", node)
     ids = node_ids(mox)
     if id(node) not in ids:
         kind = node.kind if isinstance(node, Mox) else f"`{node.name}` equation"

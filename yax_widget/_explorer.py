@@ -111,6 +111,7 @@ class Explorer(anywidget.AnyWidget):
     _values = traitlets.Dict().tag(sync=True)   #: the selected row's values on that batch, with binary heatmaps
     _overlay = traitlets.Dict().tag(sync=True)  #: the statistic the tree is painted by, per row id
     _scalars = traitlets.List().tag(sync=True)  #: the scalars of the output a gradient colouring may differentiate
+    _panes = traitlets.List().tag(sync=True)    #: the row data providers' tab titles (`_providers.PROVIDERS`)
 
     def __init__(self, target: Any, *args: Any, key: Any = None, warm: bool | None = None,
                  batches: Any = None, grad_of: Any = None, static_argnums: Any = None,

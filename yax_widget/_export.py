@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 import yax
+from yax.errors import WrongType
 from yax.internal import call_signature, check_target, staged, type_str
 
 if TYPE_CHECKING:
@@ -104,8 +105,8 @@ def export(ex: Session, stem: str | pathlib.Path, overwrite: bool = False) -> di
             "Export writes the model's parameters beside its program, but this explorer was opened with "
             "abstract ones (`jax.ShapeDtypeStruct`); open it with the real weights to export.")
     if not isinstance(stem, (str, os.PathLike)):
-        raise yax.YaxInputError(f"`export` takes the stem of its files' names, but got `{str(stem)[:40]}` of type "
-                                f"`{type(stem).__name__}`. Try `ex.export('my_model')`.")
+        raise WrongType("stem", "the stem of the export's files' names", stem, "Try `ex.export('my_model')`.",
+                        show=True)
     stem = pathlib.Path(stem)
     if not re.fullmatch(r"[\w.\-]+", stem.name):
         raise yax.YaxInputError(f"`export` expected a file name of letters, digits, `_`, `.` and `-` for its "

@@ -17,7 +17,7 @@ import numpy as np
 
 import yax
 from yax import Equation, Mox
-from yax.errors import NothingToRewrite
+from yax.errors import NothingToRewrite, UnknownName, WrongType
 from yax.internal import frontends, is_decider, is_module, misfit
 
 from ._code import replacement_code, xpath_for
@@ -146,9 +146,7 @@ class Palette:
                 f"`{name}` is a mapping, which the palette takes as a mixed-precision policy (queries -> policies, "
                 "like `yax.default_policy`): its keys must be XPath strings, and it takes no `cast`/`keep`.")
         if kind == "function" and not callable(repl):
-            raise yax.YaxInputError(
-                f"`{name}` must be a function, a Flax module, a MoX or an Equation (anything `yax.sub` "
-                f"accepts), but it is a `{type(repl).__name__}`.")
+            raise WrongType(name, "a function, a Flax module, a MoX or an Equation (anything `yax.sub` accepts)", repl)
         text = doc if doc is not None else (getattr(repl, "__doc__", None) or "").strip().split("\n")[0]
         if code is None:
             code = replacement_code(repl)
@@ -183,8 +181,7 @@ class Palette:
         does not fit (`PartialFit` when it fits only some of an XPath's matches)."""
         item = self.items.get(name) if isinstance(name, str) else None
         if item is None:
-            raise yax.YaxInputError(f"No replacement is registered as {name!r}; registered: "
-                                    f"{', '.join(self.items)}. Try `explorer.add_replacement(name, fn)`.")
+            raise UnknownName("replacement", name, list(self.items), "Try `explorer.add_replacement(name, fn)`.")
         if isinstance(target, str):
             pattern = query if target == "query" else target
             if not pattern:

@@ -4,7 +4,9 @@ functions of a MoX (or a comparison, or a summary of values): they read the mode
 and never change the widget.
 
 Every format here is documented in ``docs/widget.md`` ("Protocol between the
-kernel and the front-end"); js/src reads these columns by position.
+kernel and the front-end"). Rows are positional lists (a 70B model's tree has
+thousands), laid out in one place, `CALL_COLUMNS` and `EQUATION_COLUMNS`, whose
+names travel with them (``columns``): js/src/rows.js reads each column by its name.
 """
 
 from __future__ import annotations
@@ -67,9 +69,60 @@ def _fields(attrs: Mapping[str, Any], n: int) -> str:
 
 # -- the module tree ------------------------------------------------------------------
 
+#: The columns of a call row, in their order on the wire: ``(name, what it holds)``. The one place
+#: they are laid out: `call_row` builds its rows from it, the ``_tree`` trait names them
+#: (``columns``), the front-end reads each by its name (js/src/rows.js), and docs/widget.md's table
+#: is written from it (tests/widget/test_payloads.py checks that it is).
+CALL_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("id", "the node's index in the XML view (`yax.query` results and `yax.to_dot` ids `yax-N` use the "
+           "same numbering)"),
+    ("parent", "the id of the nearest enclosing call row, `-1` at the top"),
+    ("kind", "`module_call`, `method_call`, `activation` or `function`"),
+    ("name", "the last path component; a helper `method_call` adds its method (`attn._split_heads`) and shows "
+             "no fields or parameters: they are its module's, on the enclosing call's row"),
+    ("type", "the class or function name"),
+    ("attrs", "the fields that differ from their defaults, a short `k=v k=v` string (what the row shows)"),
+    ("ins", "the input types (`f32[2,8,32]`), separated by spaces"),
+    ("outs", "the output types, the same way"),
+    ("params", "the parameter count (a helper's: 0, its module's row counts them)"),
+    ("neq", "how many equations run directly in the call (listed when the row is expanded)"),
+    ("fields", "every field, `k=v k=v` (the row's tooltip)"),
+    ("copies", "the sets of those parameters a scanned stack holds (`param_copies`; shown `×N`)"),
+    ("policy", "the dtypes of its parameters, computation and outputs (`f32/bf16/f32`, as "
+               "`yax.mixed_precision` sets them); empty when every call of the tree has the same, so a plain "
+               "float32 model shows none"),
+    ("fold", "its structure key (`yax.internal.structure_keys`): an integer equal exactly for calls that "
+             "compute the same thing up to their weights, whatever their names; the tree folds runs of them"),
+    ("sharding", "how the parameters it reads are laid out over a mesh (`kernel=P(None,'model') bias=P()`, "
+                 "the view's `@sharding`); empty unless one of them is split; the tooltip shows it as "
+                 "`sharding: …`"),
+    ("source", "the user's line calling it (`model.py:12`, `node.source`); empty where JAX recorded none; "
+               "the tooltip shows it as `source: model.py:12`"),
+)
+
+#: The columns of an equation row (the ``expand`` and ``equations`` replies), as `CALL_COLUMNS`.
+EQUATION_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("id", "the equation's index in the XML view"),
+    ("primitive", "the primitive's name (`dot_general`), the row's name"),
+    ("ins", "the input types, separated by spaces"),
+    ("outs", "the output types"),
+    ("params", "its parameters, a short `k=v k=v` string (what the row and its tooltip show)"),
+    ("source", "the user's line making it (`model.py:12`); empty where JAX recorded none"),
+)
+
+CALL_NAMES = tuple(name for name, _ in CALL_COLUMNS)
+EQUATION_NAMES = tuple(name for name, _ in EQUATION_COLUMNS)
+
+
+def _laid_out(names: tuple[str, ...], values: dict[str, Any]) -> list:
+    """``values``, one per column, as the positional row ``names`` orders them."""
+    assert len(values) == len(names), sorted(set(values) ^ set(names))  # no column left out, none unknown
+    return [values[n] for n in names]
+
+
 def call_row(node: yax.Mox, ids: Mapping[int, int], parent: int, copies: int = 1, policy: str = "",
              fold: int | None = None, sharding: str = "") -> list:
-    """The tree row of a call node: the one place its columns are laid out.
+    """The tree row of a call node, its columns laid out as `CALL_COLUMNS` says.
 
     A helper method (``method_call``: ``_split_heads`` called inside its module's
     own call) is named by its method, and its module's fields and parameters,
@@ -82,24 +135,24 @@ def call_row(node: yax.Mox, ids: Mapping[int, int], parent: int, copies: int = 1
     ``sharding``: how the parameters it reads are laid out over devices (`yax.internal.call_specs`,
     the view's ``@sharding``: ``kernel=P(None,'model')``), "" unless one of them is split."""
     helper = node.kind == "method_call" and bool(node.method)
-    return [
-        ids[id(node)],                        # 0 id: the node's index in the XML view
-        parent,                               # 1 parent: the nearest enclosing call row's id, -1 at the top
-        node.kind,                            # 2 kind: module_call, method_call, activation, function
-        f"{node.name}.{node.method}" if helper else node.name,  # 3 name: the last path component (.method)
-        node.type,                            # 4 type: the class or function name
-        "" if helper else _fields(key_attrs(node), 100),  # 5 attrs: the fields that differ from their defaults
-        _types(node.inputs),                  # 6 in: the input types, space-separated
-        _types(node.outputs),                 # 7 out: the output types
-        0 if helper else node.num_params,     # 8 params: the parameter count (a helper's are its module's)
-        sum(isinstance(e, yax.Equation) for e in node.children),  # 9 neq: equations run directly in it
-        _fields(shown_attrs(node), 400),      # 10 fields: every field (the row's tooltip)
-        1 if helper else copies,              # 11 copies: sets of those parameters (a scanned stack's layers)
-        policy,                               # 12 policy: params/compute/output dtypes, "" where all calls agree
-        fold,                                 # 13 fold: structure key, equal for calls of the same structure
-        sharding,                             # 14 sharding: its parameters' PartitionSpecs, "" where none is split
-        _where(node),                         # 15 source: the user's line calling it, "model.py:12" ("": none)
-    ]
+    return _laid_out(CALL_NAMES, {
+        "id": ids[id(node)],
+        "parent": parent,
+        "kind": node.kind,
+        "name": f"{node.name}.{node.method}" if helper else node.name,
+        "type": node.type,
+        "attrs": "" if helper else _fields(key_attrs(node), 100),
+        "ins": _types(node.inputs),
+        "outs": _types(node.outputs),
+        "params": 0 if helper else node.num_params,  # a helper's are its module's
+        "neq": sum(isinstance(e, yax.Equation) for e in node.children),
+        "fields": _fields(shown_attrs(node), 400),
+        "copies": 1 if helper else copies,
+        "policy": policy,
+        "fold": fold,
+        "sharding": sharding,
+        "source": _where(node),
+    })
 
 
 def inputs(names: list[str], args: tuple, kwargs: Mapping[str, Any]) -> list[dict]:
@@ -118,7 +171,7 @@ def inputs(names: list[str], args: tuple, kwargs: Mapping[str, Any]) -> list[dic
 
 
 def tree(mox: yax.Mox, version: int) -> dict:
-    """The ``_tree`` trait: the call rows of ``mox`` in document order."""
+    """The ``_tree`` trait: the call rows of ``mox`` in document order, and their ``columns``."""
     ids = node_ids(mox)
     pols = precisions(mox)
     mixed = is_mixed(mox)
@@ -131,19 +184,20 @@ def tree(mox: yax.Mox, version: int) -> dict:
             rows.append(call_row(node, ids, idx.callers[i], param_copies(mox, node),
                                  pols[id(node)].short() if mixed else "", keys[id(node)],
                                  laid_out.get(id(node), "")))
-    return {"version": version, "rows": rows}
+    return {"version": version, "columns": list(CALL_NAMES), "rows": rows}
 
 
 def equation_rows(call: yax.Mox, ids: Mapping[int, int]) -> list[list]:
-    """The equations that run directly in ``call`` (the ``expand`` reply)."""
-    return [[
-        ids[id(e)],                           # 0 id: the equation's index in the XML view
-        e.name,                               # 1 primitive
-        _types(e.inputs),                     # 2 in
-        _types(e.outputs),                    # 3 out
-        short(" ".join(f"{k}={value_str(v)}" for k, v in shown_params(e)), 120),  # 4 params
-        _where(e),                            # 5 source: the user's line making it, "model.py:12" ("": none)
-    ] for e in call.children if isinstance(e, yax.Equation)]
+    """The equations that run directly in ``call`` (the ``expand`` reply), laid out as
+    `EQUATION_COLUMNS` says."""
+    return [_laid_out(EQUATION_NAMES, {
+        "id": ids[id(e)],
+        "primitive": e.name,
+        "ins": _types(e.inputs),
+        "outs": _types(e.outputs),
+        "params": short(" ".join(f"{k}={value_str(v)}" for k, v in shown_params(e)), 120),
+        "source": _where(e),
+    }) for e in call.children if isinstance(e, yax.Equation)]
 
 
 def _where(node: yax.Mox | yax.Equation) -> str:

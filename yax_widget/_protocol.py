@@ -28,7 +28,8 @@ import yax
 from yax.internal import CALL_KINDS, view
 
 from ._palette import PartialFit
-from ._payloads import equation_rows, source
+from ._payloads import EQUATION_NAMES, equation_rows, source
+from ._providers import PROVIDERS
 from ._values import SCALARS, STATS
 
 if TYPE_CHECKING:
@@ -98,7 +99,7 @@ class Expand(Request):
     def run(self, s: Session) -> dict:
         node = s.node(self.id, CALL_KINDS)
         ids = view(s.mox).ids
-        return {"id": ids[id(node)], "rows": equation_rows(node, ids)}
+        return {"id": ids[id(node)], "columns": list(EQUATION_NAMES), "rows": equation_rows(node, ids)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +120,7 @@ class Equations(Request):
         asked = list(dict.fromkeys(self.ids))
         nodes = [s.node(i, CALL_KINDS, "ids") for i in asked]  # every id checked before any row is built
         ids = view(s.mox).ids
-        return {"calls": [[i, equation_rows(n, ids)] for i, n in zip(asked, nodes)]}
+        return {"columns": list(EQUATION_NAMES), "calls": [[i, equation_rows(n, ids)] for i, n in zip(asked, nodes)]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,6 +281,24 @@ class Source(Request):
 
 
 @dataclasses.dataclass(frozen=True)
+class Details(Request):
+    """What the row data provider titled ``provider`` shows for node ``id`` (its tab)."""
+
+    type = "details"
+    provider: Any
+    id: Any
+
+    def check(self) -> None:
+        if not isinstance(self.provider, str) or self.provider not in PROVIDERS:
+            raise RequestError(f"`provider` must be one of {', '.join(map(repr, PROVIDERS))}, "
+                               f"not {str(self.provider)[:40]!r}.")
+
+    def run(self, s: Session) -> dict:
+        details = PROVIDERS[self.provider].details(s.mox, s.node(self.id))
+        return {"id": self.id, "provider": self.provider, **details.payload()}
+
+
+@dataclasses.dataclass(frozen=True)
 class Graph(Request):
     """`yax.to_dot` of a call (``id``; None: the whole model) from ``depth``, repeated layers
     folded (``fold``), and the calls ``open`` (the boxes double-clicked) opened whatever the depth."""
@@ -374,10 +393,10 @@ class NonFinite(Request):
 
 REQUESTS: dict[str, type[Request]] = {r.type: r for r in (
     Query, Expand, Equations, Fits, Substitute, Undo, Redo, Goto, CompareBase, Export, Snapshot, Code, Graph,
-    Values, Overlay, Batch, NonFinite, Source)}
+    Values, Overlay, Batch, NonFinite, Source, Details)}
 
 # What a closed session still answers: reading its history changes nothing.
-_READ_ONLY = {"code", "expand", "equations", "graph", "source"}
+_READ_ONLY = {"code", "expand", "equations", "graph", "source", "details"}
 
 
 def parse(content: Any) -> Request:

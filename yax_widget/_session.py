@@ -30,12 +30,14 @@ import jax
 
 import yax
 from yax import Equation, Mox
+from yax.errors import LossNotAFunction, NotARootMox, UnknownName, WrongType
 from yax.internal import CALL_KINDS, node_ids, node_index, trace_target, variables_argument
 
 from . import _payloads
 from ._batches import EXAMPLE, Batches, NamedBatch, as_args, same_inputs
 from ._export import input_names
 from ._palette import Item, Palette, default_palette
+from ._providers import PROVIDERS
 from ._targets import check_static, hf_call, opening_lines, target_kind
 from ._values import NO_VALUES, Inspector
 from ._worker import CompareWorker
@@ -62,7 +64,7 @@ INITIAL_STATE: dict[str, Any] = {
     "tree": {}, "original_tree": {}, "query": "", "query_error": "", "matches": [], "query_result": {},
     "match_owners": {}, "palette": [], "history": {}, "diff": {}, "comparison": {},
     "status": {"busy": False, "message": ""}, "compare_base": "original", "references": [],
-    "batches": {}, "values": {}, "overlay": {}, "scalars": [],
+    "batches": {}, "values": {}, "overlay": {}, "scalars": [], "panes": [],
 }
 
 
@@ -92,9 +94,7 @@ class Session:
                  grad_of: Any = None, on_change: Callable[[dict[str, Any]], None] | None = None,
                  static_argnums: Any = None, static_argnames: Any = None, **kwargs: Any):
         if grad_of is not None and not callable(grad_of):
-            raise yax.YaxInputError(
-                f"`grad_of` must be a function of what the model returns giving a scalar (a loss), but got a "
-                f"`{type(grad_of).__name__}`. Try `grad_of=lambda out: out.sum()`.")
+            raise LossNotAFunction("Explorer", grad_of)
         self.state: dict[str, Any] = dict(INITIAL_STATE)
         self._version = 0  # how many times `state` changed, the status line aside (`version`)
         #: Held while a request from the front-end runs (`_protocol.answer`): requests reaching the
@@ -105,9 +105,7 @@ class Session:
         given = target
         if isinstance(target, Mox):
             if target.kind != "root":
-                raise yax.YaxInputError(
-                    f"`Explorer` expected a root MoX from `yax.make_mox`, but got a `{target.kind}` node. "
-                    "Try `Explorer(model, variables, batch)`.")
+                raise NotARootMox("Explorer", f"a `{target.kind}` node", "Try `Explorer(model, variables, batch)`.")
             if static_argnums is not None or static_argnames is not None:
                 raise yax.YaxInputError(
                     "`static_argnums`/`static_argnames` say how to trace a model, but `Explorer` was given a "
@@ -150,6 +148,7 @@ class Session:
             self.add_replacement(name, repl, **options)
         self._set(original_tree=_payloads.tree(mox, 0))
         self._refresh()
+        self._set(panes=list(PROVIDERS))  # a tab each (`_providers`), filled by the `details` request
         if warm and (args or kwargs) and not self.abstract:
             self.worker.warm(self.inputs.in_use)  # measured while the user looks at the tree
 
@@ -304,7 +303,7 @@ class Session:
         empty one clears the highlight."""
         self.check_open()
         if not isinstance(xpath, str):
-            raise yax.YaxInputError(f"A query is an XPath string, not a `{type(xpath).__name__}`.")
+            raise WrongType("xpath", "an XPath string", xpath)
         if not xpath.strip():
             self._selection = []
             self._set(query=xpath, query_error="", matches=[], query_result={}, match_owners={})
@@ -376,9 +375,8 @@ class Session:
         Compares again now."""
         self.check_open()
         if base not in ("original", "previous") and base not in self.worker.references:
-            refs = "".join(f", \"{n}\"" for n in self.worker.references)
-            raise yax.YaxInputError(f"`compare_with` takes \"original\", \"previous\"{refs} (a reference added with "
-                                    f"`add_reference`), not {str(base)[:40]!r}.")
+            raise UnknownName("state to compare with", base, ["original", "previous", *self.worker.references],
+                              "A reference is added with `add_reference`.")
         with self.all_or_nothing():
             self._set(compare_base=base)
             self._finish_compare(self._start_compare())
@@ -391,8 +389,8 @@ class Session:
         inputs: compare on the batch of the same inputs. Returns the name."""
         self.check_open()
         if not isinstance(reference, yax.Reference):
-            raise yax.YaxInputError(f"`add_reference` takes a `yax.Reference` (recorded with `Reference.from_torch`, "
-                                    f"or loaded with `Reference.load`), not a `{type(reference).__name__}`.")
+            raise WrongType("reference", "a `yax.Reference` (recorded with `Reference.from_torch`, or loaded with "
+                            "`Reference.load`)", reference)
         name = str(name or reference.source or "reference")
         if name in ("original", "previous"):
             raise yax.YaxInputError(f"A reference cannot be called \"{name}\": that names a state of the history. "
@@ -491,9 +489,7 @@ class Session:
 
     def _init_batches(self, batches: Mapping[str, Any] | None) -> None:
         if batches is not None and not isinstance(batches, Mapping):
-            raise yax.YaxInputError(
-                f"`batches` must map names to inputs, such as `{{'clean': x, 'corrupt': y}}`, but got a "
-                f"`{type(batches).__name__}`.")
+            raise WrongType("batches", "a mapping of names to inputs, such as `{'clean': x, 'corrupt': y}`", batches)
         example = self.args[1:] if self.has_params else self.args
         given = dict(batches or {})
         same = next((k for k, v in given.items() if same_inputs(as_args(v, len(example)), example)), None)

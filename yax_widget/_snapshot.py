@@ -179,8 +179,9 @@ def snapshot_data(s: Session, v: View) -> dict:
     replies += _equations(s, v)
     call = v.selected if v.selected is not None and not isinstance(s.node(v.selected), yax.Equation) else None
     requests: list[dict] = [{"type": "graph", "id": call, "depth": v.depth}, {"type": "code"}]
-    if v.selected is not None:  # the Source tab of the selected row (another row's needs the kernel)
+    if v.selected is not None:  # the Source and providers' tabs of the selected row (another row's needs the kernel)
         requests.append({"type": "source", "id": v.selected})
+        requests += [{"type": "details", "provider": p, "id": v.selected} for p in s.state["panes"]]
     for request in requests:
         replies.append({"request": request, "reply": _reply(s, request)})
     now = datetime.datetime.now(datetime.UTC)

@@ -12,7 +12,7 @@ import re
 import symtable
 from typing import Any
 
-import yax
+from yax.errors import WrongType
 from yax.internal import frontend_named, unwrap_target
 
 
@@ -35,11 +35,11 @@ def check_static(argnums: Any, argnames: Any) -> None:
         return items is not None and all(isinstance(i, kind) and not isinstance(i, bool) for i in items)
 
     if argnums is not None and not each(argnums, int):
-        raise yax.YaxInputError(f"`static_argnums` must be the position of an argument or a tuple of them, such "
-                                f"as `(1,)`, not `{str(argnums)[:40]}` (a `{type(argnums).__name__}`).")
+        raise WrongType("static_argnums", "the position of an argument or a tuple of them, such as `(1,)`", argnums,
+                        show=True)
     if argnames is not None and not each(argnames, str):
-        raise yax.YaxInputError(f"`static_argnames` must be the name of an argument or a tuple of them, such as "
-                                f"`(\"grid\",)`, not `{str(argnames)[:40]}` (a `{type(argnames).__name__}`).")
+        raise WrongType("static_argnames", "the name of an argument or a tuple of them, such as `(\"grid\",)`",
+                        argnames, show=True)
 
 
 def target_kind(target: Any, traced: Any, mox: Any) -> str:

@@ -148,7 +148,7 @@ class Inspector:
         args, kwargs = s.call_args()
         rid = node_ids(mox).get(id(node))
         if rid is None:
-            raise yax.YaxInputError(f"{where(node).capitalize()} is not part of the current model. "
+            raise yax.YaxInputError(f"{where(node, start=True)} is not part of the current model. "
                                     "Query `explorer.mox` for it.")
         cache = self._shown.setdefault(mox, {})
         entry = cache.get((s.batch_key, rid))

@@ -8,6 +8,7 @@ import { renderCompare } from "./panes/compare.js";
 import { renderDiff } from "./panes/diff.js";
 import { createGraphPane } from "./panes/graph.js";
 import { renderHistory } from "./panes/history.js";
+import { createDetailsPane } from "./panes/details.js";
 import { createSourcePane } from "./panes/source.js";
 import { paletteItems } from "./panes/palette.js";
 import { createTabs } from "./panes/tabs.js";
@@ -15,7 +16,6 @@ import { createValues } from "./panes/values.js";
 import { layout, sidePanes, toolbarButtons, treeControls } from "./parts.js";
 import { createQueryBox, partialOffer } from "./querybox.js";
 import { createRequests, DEFAULT_TIMEOUT_MS } from "./requests.js";
-import { treeRows } from "./rows.js";
 import { restoreView, snapshotModel, viewState } from "./snapshot.js";
 import { createStatus } from "./status.js";
 import { buildTree, pathOf } from "./tree.js";
@@ -79,7 +79,7 @@ function connectButtons({ buttons, request, failed, change, tabs, panes, view, c
 
 /** What each trait's change updates: {trait: handler}. */
 function traitHandlers({ model, view, query, status, panes, buttons, palette, root, controls, refreshCode, graph, tabs,
-  values, source, request, failed, change }) {
+  values, rowPanes, request, failed, change }) {
   const matches = () => {
     controls.at.textContent = "";
     return view.showMatches(model.get("_matches") || [], model.get("_match_owners") || {});
@@ -94,19 +94,19 @@ function traitHandlers({ model, view, query, status, panes, buttons, palette, ro
         onBase: (base) => request("compare_base", { base }, change).catch(failed) });
   };
   const diff = () => {
-    const original = buildTree(treeRows(model.get("_original_tree")));
+    const original = buildTree(view.readTree(model.get("_original_tree")));
     renderDiff(panes.Diff, original, view.tree, model.get("_diff") || {});
     view.schedule(); // the rows' marks
     graph.redraw();
   };
   return {
     _tree: () => {
-      view.setRows(treeRows(model.get("_tree")), controls.search.value); // keeps the selection where its row is
+      view.setRows(model.get("_tree"), controls.search.value); // keeps the selection where its row is
       matches();
       diff();
       if (tabs.current() === "Graph") graph.show(selectedCall(view)); // by the new model's ids
-      source.reset(); // ids change with the model: asked again
-      if (tabs.current() === "Source") source.show(view.selected);
+      for (const pane of Object.values(rowPanes)) pane.reset(); // ids change with the model: asked again
+      rowPanes[tabs.current()]?.show(view.selected);
       values.rowsChanged();
     },
     _matches: matches,
@@ -162,7 +162,9 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS, snapshot = n
   };
   const change = { timeoutMs: timeoutMs * CHANGE_TIMEOUT_FACTOR };
 
-  const panes = sidePanes();
+  // the built-in panes, then one a row data provider (Python's `_panes`: yax_widget/_providers.py)
+  const providers = model.get("_panes") || [];
+  const panes = sidePanes(providers);
   const code = { shown: false, version: 0 }; // has the code pane been filled; its latest request
   // the code pane, once shown, follows the history (undo, redo, a new change): never a stale script
   const refreshCode = async () => {
@@ -181,7 +183,7 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS, snapshot = n
       graph.show(selectedCall(view));
     }
     if (title === "Values") values.shown();
-    if (title === "Source") source.show(view.selected);
+    rowPanes[title]?.show(view.selected);
     if (title === "Code" && !code.shown) {
       code.shown = true;
       refreshCode();
@@ -192,7 +194,7 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS, snapshot = n
     onMatchesShown: (ids) => { root.dataset.matchIds = ids.join(","); },
     onSelect: () => {
       if (tabs.current() === "Graph") graph.show(selectedCall(view));
-      if (tabs.current() === "Source") source.show(view.selected);
+      rowPanes[tabs.current()]?.show(view.selected);
       values.select(view.selected);
     } });
   const look = () => {
@@ -202,7 +204,9 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS, snapshot = n
   };
   const graph = createGraphPane({ el: panes.Graph, request, look,
     onPick: (id) => view.reveal(id) });
-  const source = createSourcePane({ el: panes.Source, request });
+  // the panes that show what the kernel says of the selected row, by tab title
+  const rowPanes = { Source: createSourcePane({ el: panes.Source, request }),
+    ...Object.fromEntries(providers.map((provider) => [provider, createDetailsPane({ el: panes[provider], request, provider })])) };
   const query = createQueryBox({ model, request, onFailure: failed, onDrop: (name) => substitute("query", name) });
   const controls = treeControls();
   const buttons = toolbarButtons();
@@ -243,10 +247,10 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS, snapshot = n
   }));
   connectButtons({ buttons, request, failed, change, tabs, panes, view, code, graph, controls });
   const sync = traitHandlers({ model, view, query, status, tabs, panes, buttons, palette, root, controls, refreshCode, graph,
-    values, source, request, failed, change });
+    values, rowPanes, request, failed, change });
   for (const [trait, f] of Object.entries(sync)) on(`change:${trait}`, f);
 
-  view.setRows(treeRows(model.get("_tree")), "");
+  view.setRows(model.get("_tree"), "");
   for (const t of ["_palette", "_history", "_status", "_query", "_query_error", "_comparison", "_diff"]) sync[t]();
   tabs.show("Compare");
   const shown = sync._matches();

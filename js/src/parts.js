@@ -19,8 +19,8 @@ export function toolbarButtons() {
 }
 
 /** The holders of the side panes, by their tab's title (panes/tabs.js). */
-export function sidePanes() {
-  return {
+export function sidePanes(providers = []) {
+  const panes = {
     Compare: h("div", { class: "yax-compare" }),
     Values: h("div", { class: "yax-values" }),
     Diff: h("div", { class: "yax-diff" }),
@@ -29,6 +29,9 @@ export function sidePanes() {
     Code: h("div", { class: "yax-code-pane" }),
     Source: h("div", { class: "yax-source-pane" }),
   };
+  // a row data provider's pane (panes/details.js), after the built-in ones (Python refuses their titles)
+  for (const title of providers) if (!(title in panes)) panes[title] = h("div", { class: "yax-details-pane" });
+  return panes;
 }
 
 /** The bar above the tree: the name/path filter, match navigation, expand/collapse all. */

@@ -15,6 +15,7 @@ const DOES = {
   compare_base: "compare with another state", export: "export the model", snapshot: "save another snapshot",
   equations: "list the equations of these calls", code: "write the code", graph: "draw this graph",
   values: "show the values of this row", source: "show the source lines of this row",
+  details: "compute this tab for another row",
   overlay: "colour the rows by another statistic", batch: "use another batch", nonfinite: "search for NaN and Inf",
 };
 
@@ -70,11 +71,13 @@ export function snapshotModel({ state = {}, replies = [] }) {
   const answers = new Map(replies.map(({ request, reply }) => [requestKey(request), decode(reply)]));
   const listeners = new Map(); // event -> Set of callbacks
   // "expand all" asks for the equations of many calls at once: answered from their recorded `expand`
-  // replies when every one of them was recorded, else refused as a whole (never a call shown without them)
+  // replies when every one of them was recorded, else refused as a whole (never a call shown without them);
+  // the reply names its columns as they did (one kernel wrote them all: the same `columns`)
   const several = (msg) => {
     if (msg.type !== "equations" || !Array.isArray(msg.ids)) return null;
     const each = msg.ids.map((id) => answers.get(requestKey({ type: "expand", id })));
-    return each.every((r) => r && r.type === "ok") ? { type: "ok", calls: msg.ids.map((id, i) => [id, each[i].rows]) }
+    return each.every((r) => r && r.type === "ok")
+      ? { type: "ok", columns: each.length ? each[0].columns : [], calls: msg.ids.map((id, i) => [id, each[i].rows]) }
       : null;
   };
   const emit = (event, ...args) => { for (const fn of [...(listeners.get(event) || [])]) fn(...args); };

@@ -1,14 +1,14 @@
 // The module tree: rows from Python (read by rows.js) -> nodes, and the
 // flat list of visible rows for the virtualised view. No DOM here.
-import { callRecord, equationRecord } from "./rows.js";
+import { equationRecords } from "./rows.js";
 
-/** Build the tree from call rows: `byId` (id -> node), `roots`, each node a row's record
- * (rows.js) with `children`, `depth` and `path` (names from the top, "Model/Block_0/Dense_0"). */
-export function buildTree(rows) {
+/** Build the tree from call records (rows.js, `treeRecords`): `byId` (id -> node), `roots`, each node
+ * a record with `children`, `depth` and `path` (names from the top, "Model/Block_0/Dense_0"). */
+export function buildTree(records) {
   const byId = new Map();
   const roots = [];
-  for (const r of rows) {
-    const node = Object.assign(callRecord(r), { children: [], depth: 0 });
+  for (const r of records) {
+    const node = { ...r, children: [], depth: 0 };
     byId.set(node.id, node);
     const p = byId.get(node.parent);
     if (p) {
@@ -23,9 +23,11 @@ export function buildTree(rows) {
   return { byId, roots };
 }
 
-/** Equation rows `[id, primitive, in, out, params]` as leaf nodes under `parent`. */
-export function equationNodes(parent, eqRows) {
-  return eqRows.map((r) => Object.assign(equationRecord(r, parent.id), { children: [], depth: parent.depth + 1 }));
+/** Equation rows as leaf nodes under `parent`; `source`: the reply carrying them, or its `columns`
+ * (rows.js, `equationRecords`). */
+export function equationNodes(parent, source, eqRows) {
+  return equationRecords(source, eqRows, parent.id)
+    .map((r) => Object.assign(r, { children: [], depth: parent.depth + 1 }));
 }
 
 /** Can the node be expanded (calls with children or equations)? */

@@ -6,6 +6,7 @@
 // (treeoverlays.js).
 import { h } from "./dom.js";
 import { fitsMenu } from "./panes/palette.js";
+import { treeRecords } from "./rows.js";
 import {
   allExpandable, ancestorsOf, bothKept, buildTree, equationNodes, expandable, expandedByPath, filterKeep,
   initialExpanded, layout, matchKeep, nextIndex, ownerOf, pathOf, shownAs,
@@ -32,6 +33,7 @@ export class TreeView {
     this.eqs = new Map();      // call id -> equation nodes
     this.loading = new Map();  // call node -> its `expand` request in flight
     this.keep = null;          // the ids both filters keep, or null
+    this.unreadable = "";      // why the `_tree` rows could not be read (rows.js), or ""
     this.filterText = "";      // the name/path filter
     this.onlyMatches = false;  // keep only the query's matches (and their ancestors)
     this.owners = {};          // `_match_owners`
@@ -98,7 +100,8 @@ export class TreeView {
     }
     this.painted = rows;
     const out = [];
-    if (!visible.length && this.keep) {
+    if (!visible.length && this.unreadable) out.push(h("div", { class: "yax-empty yax-error" }, this.unreadable));
+    else if (!visible.length && this.keep) {
       out.push(h("div", { class: "yax-hint yax-empty" }, this.onlyMatches && !this.matchSet.size
         ? "Nothing to show: the query matches no row (untick “only matches”)."
         : `No row matches the filter “${this.filterText}” (it looks in names, types and paths).`));
@@ -156,16 +159,29 @@ export class TreeView {
 
   // -- state from Python -------------------------------------------------------------------
 
-  /** New rows (`_tree`): what was expanded stays expanded, and the selected row selected, where the
-   * rows still exist (an undo, a redo, a change elsewhere: `sameRow`). */
-  setRows(rows, filterText) {
+  /** The call records of a `_tree`-like trait value (rows.js). One rows.js refuses (no `columns`)
+   * reads as no rows, its sentence shown as a failure and given to `why`. */
+  readTree(trait, why = () => {}) {
+    try {
+      return treeRecords(trait);
+    } catch (err) {
+      this.onFailure(err);
+      why(err.message);
+      return [];
+    }
+  }
+
+  /** New rows (the `_tree` trait's value): what was expanded stays expanded, and the selected row
+   * selected, where the rows still exist (an undo, a redo, a change elsewhere: `sameRow`). */
+  setRows(trait, filterText) {
     const prev = this.tree;
     const prevEqs = this.eqs;
     const was = this.selected;
     // where the selected row is on screen: an undo or a redo keeps it there (its equations come back later)
     const i = was === null ? -1 : this.indexOf(was);
     const at = i >= 0 ? i * ROW_H - this.el.scrollTop : null;
-    this.tree = buildTree(rows);
+    this.unreadable = "";
+    this.tree = buildTree(this.readTree(trait, (why) => { this.unreadable = why; }));
     this.expanded = prev.byId.size ? expandedByPath(prev, this.expanded, this.tree) : initialExpanded(this.tree);
     this.eqs = new Map();
     this.selected = null;
@@ -304,7 +320,7 @@ export class TreeView {
     const done = (async () => {
       try {
         const reply = await this.request("expand", { id: node.id });
-        if (current()) this.eqs.set(node.id, equationNodes(node, reply.rows));
+        if (current()) this.eqs.set(node.id, equationNodes(node, reply, reply.rows));
       } catch (err) {
         if (current()) this.eqs.delete(node.id);
         this.onFailure(err);
@@ -330,7 +346,7 @@ export class TreeView {
         const reply = await this.request("equations", { ids: todo.map((n) => n.id) });
         if (this.tree !== tree) return; // rebuilt meanwhile
         const rows = new Map(reply.calls);
-        for (const n of todo) this.eqs.set(n.id, equationNodes(n, rows.get(n.id) || []));
+        for (const n of todo) this.eqs.set(n.id, equationNodes(n, reply, rows.get(n.id) || []));
       } catch (err) {
         if (this.tree === tree) for (const n of todo) this.eqs.delete(n.id);
         this.onFailure(err);

@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import { diffCaption, heatPart, histCaption } from "../src/format.js";
 import { resultText } from "../src/querybox.js";
-import { callRow } from "../src/rows.js";
+import { callRow, fixtureRecords } from "../src/rows.js";
 import { allExpandable, bothKept, buildTree, filterKeep, matchKeep, nextIndex, visibleRows } from "../src/tree.js";
 
 test("an unchanged output's histogram says so instead of drawing a made-up range", () => {
@@ -50,7 +50,7 @@ const ROWS = [
 ];
 
 test("the filter finds rows by path as well as by name or type", () => {
-  const tree = buildTree(ROWS);
+  const tree = buildTree(fixtureRecords(ROWS));
   assert.equal(tree.byId.get(4).path, "Model/layer/3/attention");
   assert.deepEqual([...filterKeep(tree, "layer/3/attention")].sort(), [1, 2, 3, 4]);
   assert.deepEqual([...filterKeep(tree, "LAYER/4")].sort(), [1, 2, 5, 6]);
@@ -58,7 +58,7 @@ test("the filter finds rows by path as well as by name or type", () => {
 });
 
 test("only matches keeps the matched calls (an equation's call) and their ancestors; with the filter, both", () => {
-  const tree = buildTree(ROWS);
+  const tree = buildTree(fixtureRecords(ROWS));
   const keep = matchKeep(tree, [6, 900], { 900: 4 });
   assert.deepEqual([...keep].sort(), [1, 2, 3, 4, 5, 6]);
   assert.deepEqual([...matchKeep(tree, [6], {})].sort(), [1, 2, 5, 6]);
@@ -67,7 +67,7 @@ test("only matches keeps the matched calls (an equation's call) and their ancest
 });
 
 test("expand all opens every call; next/previous match wrap around", () => {
-  const tree = buildTree(ROWS);
+  const tree = buildTree(fixtureRecords(ROWS));
   const all = allExpandable(tree);
   assert.deepEqual([...all].sort(), [1, 2, 3, 4, 5, 6]);
   const visible = visibleRows(tree, all);

@@ -5,7 +5,9 @@ import assert from "node:assert/strict";
 import { existsSync } from "node:fs";
 import { afterEach, beforeEach, describe, test } from "node:test";
 import { JSDOM, VirtualConsole } from "jsdom";
-import { callRecord, callRow, equationRow } from "../src/rows.js";
+import {
+  FIXTURE_CALL_COLUMNS, FIXTURE_EQUATION_COLUMNS, callRow, equationRow, fixtureRecords, treeRecords, treeTrait,
+} from "../src/rows.js";
 
 // -- a DOM --------------------------------------------------------------------------------
 const jsdomErrors = [];
@@ -57,7 +59,7 @@ const floats32 = (n, f) => new DataView(Float32Array.from({ length: n }, (_, i) 
 function initialState(layers = 2) {
   const rows = transformerRows(layers);
   return {
-    _tree: { version: 0, rows }, _original_tree: { version: 0, rows }, _query: "", _query_error: "",
+    _tree: treeTrait(rows), _original_tree: treeTrait(rows), _query: "", _query_error: "",
     _matches: [], _match_owners: {},
     _palette: [{ name: "identity", kind: "function", doc: "x -> x" }, { name: "relu", kind: "function", doc: "" },
       { name: "LoRA r=4", kind: "module", doc: "" }],
@@ -78,7 +80,7 @@ const PYTHON = {
     if (msg.xpath.includes("[")) { // refused: no trait changes, the reply says why
       return { type: "error", message: "Invalid XPath: unbalanced `[`." };
     }
-    const calls = model.get("_tree").rows.map(callRecord);
+    const calls = treeRecords(model.get("_tree"));
     const ids = msg.xpath ? calls.filter((c) => c.type === "Dense").map((c) => c.id) : [];
     model.set("_query", msg.xpath); // as the session does: the query that ran
     model.set("_query_error", "");
@@ -87,8 +89,9 @@ const PYTHON = {
     model.set("_query_result", msg.xpath.trim() ? { kind: "nodes", count: ids.length } : {});
     return { type: "ok", count: ids.length };
   },
-  expand: (msg) => ({ type: "ok", rows: equationsOf(msg.id) }),
-  equations: (msg) => ({ type: "ok", calls: msg.ids.map((id) => [id, equationsOf(id)]) }),
+  expand: (msg) => ({ type: "ok", id: msg.id, columns: [...FIXTURE_EQUATION_COLUMNS], rows: equationsOf(msg.id) }),
+  equations: (msg) => ({ type: "ok", columns: [...FIXTURE_EQUATION_COLUMNS],
+    calls: msg.ids.map((id) => [id, equationsOf(id)]) }),
   fits: () => ({ type: "ok", fits: ["identity", "relu"], refused: { "LoRA r=4": "`LoRA` replaces a Dense layer." } }),
   code: () => ({ type: "ok", code: "mox = yax.sub('//gelu', jax.nn.relu, mox)" }),
   graph: () => ({ type: "ok", dot: 'digraph { rankdir=LR; n1 [id="yax-3", label="Dense"]; x -> n1 -> y }' }),
@@ -266,6 +269,35 @@ scenario("matched equations: their call's equations are loaded and the rows high
   assert.ok(row(20003)); // the call's other equation
 });
 
+scenario("rows read by the names their `columns` give; rows without `columns` are refused in words", async (mount) => {
+  // the same rows with the columns in another order: the same tree
+  const { model, $, names, row, status } = await mount({ handlers: {
+    expand: (msg) => ({ type: "ok", id: msg.id, rows: equationsOf(msg.id) }), // no `columns`
+  } });
+  const before = names();
+  const columns = [...FIXTURE_CALL_COLUMNS].reverse();
+  const rows = model.get("_tree").rows.map((r) => columns.map((c) => r[FIXTURE_CALL_COLUMNS.indexOf(c)]));
+  model.set("_tree", { version: 1, columns, rows });
+  await frame();
+  assert.deepEqual(names(), before);
+  assert.equal(row(3).querySelector(".yax-attrs").textContent, "features=64");
+  // an `expand` reply without them: the failure is shown, no equation is made up
+  click(row(3).querySelector(".yax-toggle"));
+  await until(() => status().classList.contains("yax-failed"), "the failure");
+  assert.match(status().textContent, /The equations' rows came without `columns`/);
+  assert.equal(row(10003), null);
+  // a `_tree` without them: no rows, and the tree says why
+  model.set("_tree", { version: 2, rows });
+  await frame();
+  assert.deepEqual(names(), []);
+  assert.match($(".yax-empty.yax-error").textContent, /The tree's rows came without `columns`.*restart the kernel/);
+  assert.match(status().textContent, /The tree's rows came without `columns`/);
+  model.set("_tree", treeTrait(transformerRows(2), 3)); // rows that can be read again: the tree, no sentence
+  await frame();
+  assert.deepEqual(names(), before);
+  assert.equal($(".yax-empty"), null);
+});
+
 scenario("a request with no reply is rejected after the timeout: the status says so", async (mount) => {
   const { model, $, status } = await mount({ timeoutMs: 40, state: { _status: { busy: false, message: "ready" } },
     handlers: { code: () => undefined, undo: () => ({ type: "ok" }) } });
@@ -391,9 +423,9 @@ scenario("the top row shows the inputs as passed, and sharded inputs and paramet
   assert.equal(row(0).querySelector(".yax-sharding").textContent, "in P('data')");
   assert.equal(row(3).querySelector(".yax-shapes").textContent, "f32[2,16,64] → f32[2,16,64]"); // not the top row
   assert.equal(row(3).querySelector(".yax-sharding"), null);
-  const rows = model.get("_tree").rows.map((r) => r.slice());
-  rows[3][14] = "kernel=P(None,'model') bias=P('model')"; // CALL.sharding
-  model.set("_tree", { version: 1, rows });
+  const rows = fixtureRecords(model.get("_tree").rows).map(callRow);
+  rows[3] = callRow({ ...fixtureRecords([rows[3]])[0], sharding: "kernel=P(None,'model') bias=P('model')" });
+  model.set("_tree", treeTrait(rows, 1));
   await frame();
   assert.equal(row(3).querySelector(".yax-sharding").textContent, "P(None,'model') P('model')");
 });
@@ -454,7 +486,7 @@ scenario("a new `_tree` keeps what was open by path; the filter keeps matches an
   const { model, $, names, row } = await mount();
   click(row(6).querySelector(".yax-toggle")); // collapse Block_1
   await frame();
-  model.set("_tree", { version: 1, rows: transformerRows(2, 100) }); // every id changes
+  model.set("_tree", treeTrait(transformerRows(2, 100), 1)); // every id changes
   await frame();
   assert.deepEqual(names(), ["Transformer", "Block_0", "attn", "Dense_0", "gelu", "Dense_1", "Block_1"]);
   assert.ok(row(103));
@@ -473,7 +505,7 @@ scenario("undo and redo keep the selected row where it still exists, and its pan
   click($('.yax-tab[data-tab="Values"]'));
   await until(() => $(".yax-values-head code")?.textContent === "row 8", "the row's values");
   // undo: every id changes (a change elsewhere renumbers the rows); the same call is still there
-  model.set("_tree", { version: 0, rows: transformerRows(2, 100) });
+  model.set("_tree", treeTrait(transformerRows(2, 100), 0));
   await frame();
   assert.equal($(".yax-row.yax-selected").dataset.id, "108");
   assert.ok(row(108).querySelector(".yax-replace"));
@@ -481,11 +513,11 @@ scenario("undo and redo keep the selected row where it still exists, and its pan
   assert.deepEqual(model.requests("values").map((r) => r.id), [8, 108]);
   // the Graph tab draws it too
   click($('.yax-tab[data-tab="Graph"]'));
-  model.set("_tree", { version: 1, rows: transformerRows(2, 200) });
+  model.set("_tree", treeTrait(transformerRows(2, 200), 1));
   await until(() => model.requests("graph").length === 2, "the graph of the kept row");
   assert.deepEqual(model.requests("graph").map((r) => r.id), [108, 208]);
   // a model without that call: nothing is selected, and the Values tab says so
-  model.set("_tree", { version: 2, rows: transformerRows(1, 300) });
+  model.set("_tree", treeTrait(transformerRows(1, 300), 2));
   await frame();
   assert.equal($(".yax-row.yax-selected"), null);
   click($('.yax-tab[data-tab="Values"]'));
@@ -503,8 +535,8 @@ scenario("an undo or a redo keeps the selected row where it was on screen", asyn
   const onScreen = () => parseInt($(".yax-row.yax-selected").style.top, 10) - tree.scrollTop;
   const before = onScreen();
   // the new model: every id changes, and two rows above the selection are gone (Block_0's MLP replaced)
-  const rows = transformerRows(48, 1000).filter((r) => ![1004, 1005].includes(r[0]));
-  model.set("_tree", { version: 1, rows });
+  const rows = transformerRows(48, 1000).filter((r) => ![1004, 1005].includes(r[FIXTURE_CALL_COLUMNS.indexOf("id")]));
+  model.set("_tree", treeTrait(rows, 1));
   await frame();
   assert.equal($(".yax-row.yax-selected").dataset.id, "1153");
   assert.equal(onScreen(), before);
@@ -515,7 +547,7 @@ scenario("a selected equation stays selected: its open call's equations load aga
   click(row(3).querySelector(".yax-toggle")); // Block_0/Dense_0's equations
   await until(() => row(20003), "the equations");
   click(row(20003).querySelector(".yax-name")); // its `add`
-  model.set("_tree", { version: 1, rows: transformerRows(2, 100) });
+  model.set("_tree", treeTrait(transformerRows(2, 100), 1));
   await until(() => row(20103)?.classList.contains("yax-selected"), "the equation selected again");
   assert.deepEqual(model.requests("expand"), [{ type: "expand", id: 3 }, { type: "expand", id: 103 }]);
   assert.equal($$sel($), 1);
@@ -781,7 +813,7 @@ scenario("next/previous match, only matches, expand and collapse all, filter by 
 });
 
 // -- folding: 5 blocks alike (ids 1, 6, 11, 16, 21; in each: attn +1, Dense_0 +2, gelu +3, Dense_1 +4) ---------
-const FOLDED = { layers: 5, state: { _tree: { version: 0, rows: transformerRows(5, 0, true) } } };
+const FOLDED = { layers: 5, state: { _tree: treeTrait(transformerRows(5, 0, true)) } };
 
 scenario("blocks alike fold into one ×N row; it and its inside show the marks of all of them", async (mount) => {
   const { model, root, $, names, row } = await mount(FOLDED);
@@ -898,8 +930,8 @@ scenario("expand all with blocks folded: every call's equations in one request, 
 
 scenario("a sharded call's row says how its parameters are laid out in its tooltip", async (mount) => {
   const rows = transformerRows(1);
-  rows[3] = callRow({ ...callRecord(rows[3]), sharding: "kernel=P(None,'model') bias=P()" });
-  const { row } = await mount({ layers: 1, state: { _tree: { version: 0, rows }, _original_tree: { version: 0, rows } } });
+  rows[3] = callRow({ ...fixtureRecords([rows[3]])[0], sharding: "kernel=P(None,'model') bias=P()" });
+  const { row } = await mount({ layers: 1, state: { _tree: treeTrait(rows), _original_tree: treeTrait(rows) } });
   assert.equal(row(3).title, "Dense(features=64 use_bias=True)\nsharding: kernel=P(None,'model') bias=P()");
   assert.equal(row(5).title, "Dense(features=64 use_bias=True)"); // nothing split: nothing said
 });

@@ -9,7 +9,8 @@ const data = {
   state: { _history: { items: ["replaced"], index: 1 },
     _comparison: { outputs: [{ heat: { diff: { $bytes: Buffer.from(Float32Array.of(1.5, -2).buffer).toString("base64") } } }] } },
   replies: [
-    { request: { type: "expand", id: 7 }, reply: { type: "ok", id: 7, rows: [[8, "add", "", "", ""]] } },
+    { request: { type: "expand", id: 7 },
+      reply: { type: "ok", id: 7, columns: ["id", "primitive", "ins", "outs", "params"], rows: [[8, "add", "", "", ""]] } },
     { request: { depth: 1, id: null, type: "graph" }, reply: { type: "ok", id: null, dot: "digraph {}" } },
     { request: { type: "values", id: 3 }, reply: { type: "error", message: "Values need concrete parameters." } },
   ],
@@ -36,7 +37,9 @@ test("the stand-in serves traits, answers recorded requests and refuses the rest
   assert.deepEqual((await request("expand", { id: 7 })).rows, [[8, "add", "", "", ""]]);
   assert.equal((await request("graph", { id: null, depth: 1 })).dot, "digraph {}");
   // several calls at once ("expand all"): from their recorded `expand` replies, or refused as a whole
-  assert.deepEqual((await request("equations", { ids: [7] })).calls, [[7, [[8, "add", "", "", ""]]]]);
+  const several = await request("equations", { ids: [7] });
+  assert.deepEqual(several.calls, [[7, [[8, "add", "", "", ""]]]]);
+  assert.deepEqual(several.columns, ["id", "primitive", "ins", "outs", "params"]); // as the `expand` replies name them
   await assert.rejects(request("equations", { ids: [7, 9] }), { message: kernelOnly("list the equations of these calls") });
   // the kernel's own refusal, as it gave it
   await assert.rejects(request("values", { id: 3 }), { message: "Values need concrete parameters." });

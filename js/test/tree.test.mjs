@@ -4,7 +4,12 @@ import {
   allExpandable, ancestorsOf, buildTree, equationNodes, expandable, expandedByPath, filterKeep, foldName, foldRuns,
   foldsAround, initialExpanded, layout, matchKeep, ownerOf, pathOf, shownAs, visibleRows,
 } from "../src/tree.js";
-import { callRecord, callRow, equationRow } from "../src/rows.js";
+import { FIXTURE_EQUATION_COLUMNS, callRow, equationRow, fixtureRecords } from "../src/rows.js";
+
+/** The tree of fixture rows (`callRow`'s), as the view builds it from a `_tree` trait. */
+const build = (rows) => buildTree(fixtureRecords(rows));
+/** The equation nodes of fixture rows (`equationRow`'s) under `parent`. */
+const eqNodes = (parent, rows) => equationNodes(parent, FIXTURE_EQUATION_COLUMNS, rows);
 
 const call = (id, parent, kind, name, type, attrs = "", params = 0, neq = 0, fields = "") =>
   callRow({ id, parent, kind, name, type, attrs, ins: "f32[2]", outs: "f32[2]", params, neq, fields });
@@ -18,7 +23,7 @@ const ROWS = [
 ];
 
 test("buildTree links children in document order with depths", () => {
-  const t = buildTree(ROWS);
+  const t = build(ROWS);
   assert.deepEqual(t.roots.map((n) => n.id), [1]);
   assert.deepEqual(t.byId.get(2).children.map((n) => n.id), [3, 6]);
   assert.deepEqual([...t.byId.values()].map((n) => n.depth), [0, 1, 2, 2, 1, 2]);
@@ -28,14 +33,14 @@ test("buildTree links children in document order with depths", () => {
 });
 
 test("visibleRows follows the expanded set; equations in program order among the calls", () => {
-  const t = buildTree(ROWS);
+  const t = build(ROWS);
   assert.deepEqual(visibleRows(t, new Set()).map((n) => n.id), [1]);
   assert.deepEqual(visibleRows(t, new Set([1])).map((n) => n.id), [1, 2, 7]);
-  const eqs = new Map([[1, equationNodes(t.byId.get(1), [equationRow({ id: 100, primitive: "add" })])]]);
+  const eqs = new Map([[1, eqNodes(t.byId.get(1), [equationRow({ id: 100, primitive: "add" })])]]);
   assert.deepEqual(visibleRows(t, new Set([1, 2]), eqs).map((n) => n.id), [1, 2, 3, 6, 7, 100]);
   // ids are document order: an equation run between two calls is listed between them (GPT-2's
   // gelu equations sit between c_fc and c_proj, not after c_proj)
-  const mid = new Map([[2, equationNodes(t.byId.get(2), [equationRow({ id: 5, primitive: "mul" }),
+  const mid = new Map([[2, eqNodes(t.byId.get(2), [equationRow({ id: 5, primitive: "mul" }),
     equationRow({ id: 6.5, primitive: "add" })])]]);
   assert.deepEqual(visibleRows(t, new Set([1, 2]), mid).map((n) => n.id), [1, 2, 3, 5, 6, 6.5, 7]);
   const eq = eqs.get(1)[0];
@@ -46,20 +51,20 @@ test("visibleRows follows the expanded set; equations in program order among the
 });
 
 test("initialExpanded opens the top levels only", () => {
-  const t = buildTree(ROWS);
+  const t = build(ROWS);
   assert.deepEqual([...initialExpanded(t, 2)].sort(), [1, 2, 7]);
   assert.deepEqual([...initialExpanded(t, 1)], [1]);
 });
 
 test("ancestorsOf collects every ancestor once, not the ids", () => {
-  const t = buildTree(ROWS);
+  const t = build(ROWS);
   const up = ancestorsOf([3, 8, 6], (i) => t.byId.get(i)?.parent);
   assert.deepEqual([...up].sort(), [1, 2, 7]);
   assert.deepEqual([...ancestorsOf([1], (i) => t.byId.get(i)?.parent)], []);
 });
 
 test("filterKeep keeps matches and their ancestors; visibleRows shows them expanded", () => {
-  const t = buildTree(ROWS);
+  const t = build(ROWS);
   assert.equal(filterKeep(t, "  "), null);
   const keep = filterKeep(t, "GELU");
   assert.deepEqual([...keep].sort(), [1, 2, 6]);
@@ -76,7 +81,7 @@ test("a fully expanded 48-layer tree (~1000 rows) is built and flattened quickly
     for (let k = 0; k < 20; k++) rows.push(callRow({ id: id++, parent: b, name: `Dense_${k}`, type: "Dense", neq: 2 }));
   }
   const t0 = performance.now();
-  const tree = buildTree(rows);
+  const tree = build(rows);
   const all = new Set(tree.byId.keys());
   const visible = visibleRows(tree, all);
   const ms = performance.now() - t0;
@@ -90,17 +95,17 @@ test("a fully expanded 48-layer tree (~1000 rows) is built and flattened quickly
 });
 
 test("ownerOf: a call is its own owner, an equation's comes from `_match_owners`", () => {
-  const t = buildTree(ROWS);
+  const t = build(ROWS);
   assert.equal(ownerOf(3, t, {}), 3);
   assert.equal(ownerOf(100, t, { 100: 3 }), 3);
   assert.equal(ownerOf(101, t, {}), undefined);
 });
 
 test("expandedByPath keeps rows open across a rewrite that renumbers them", () => {
-  const before = buildTree(ROWS);
+  const before = build(ROWS);
   assert.equal(pathOf(before, 8), "Model/Block_1/Dense_0");
   // a rewrite that inserts a row before Block_1: its ids move by one
-  const after = buildTree([...ROWS.slice(0, 4), call(7, 2, "activation", "relu", "relu"),
+  const after = build([...ROWS.slice(0, 4), call(7, 2, "activation", "relu", "relu"),
     call(8, 1, "module_call", "Block_1", "Block"), call(9, 8, "module_call", "Dense_0", "Dense")]);
   assert.deepEqual([...expandedByPath(before, new Set([1, 7]), after)].sort(), [1, 8]);
   assert.deepEqual([...expandedByPath(before, new Set([1000]), after)].sort(), [1, 2, 8]); // none left: the default
@@ -129,7 +134,7 @@ function stack(layers, { head = true } = {}) {
 }
 
 test("foldRuns: 3 or more consecutive calls alike fold; 2 do not; a foreign key or an equation between cuts", () => {
-  const t = buildTree(stack(5));
+  const t = build(stack(5));
   const [run] = foldRuns(t.byId.get(0));
   assert.deepEqual(run.members.map((m) => m.name), ["0", "1", "2", "3", "4"]);
   assert.deepEqual(run.offsets, [0, 14, 28, 42, 56]);
@@ -139,27 +144,28 @@ test("foldRuns: 3 or more consecutive calls alike fold; 2 do not; a foreign key 
   assert.equal(foldRuns(t.byId.get(0)), foldRuns(t.byId.get(0))); // cached
   // p0, p1, p2 alike fold inside every attn; two layers do not
   assert.deepEqual(foldRuns(t.byId.get(2)).map((r) => r.row.name), ["p0 … p2"]);
-  assert.deepEqual(foldRuns(buildTree(stack(2)).byId.get(0)), []);
+  assert.deepEqual(foldRuns(build(stack(2)).byId.get(0)), []);
   // an equation of the parent run between members 2 and 3 cuts the run: [0 1 2] and [3 4]
-  const eqs = new Map([[0, equationNodes(t.byId.get(0), [equationRow({ id: 42.5, primitive: "add" })])]]);
+  const eqs = new Map([[0, eqNodes(t.byId.get(0), [equationRow({ id: 42.5, primitive: "add" })])]]);
   assert.deepEqual(foldRuns(t.byId.get(0), eqs).map((r) => r.members.length), [3]);
   assert.equal(foldName([{ name: "x" }, { name: "x" }, { name: "x" }]), "x");
   // alike, but named as three roles (q, k, v): not repeats of one layer, three rows
-  const roles = buildTree(stack(2).map((r) => callRow({ ...callRecord(r),
-    name: { p0: "q", p1: "k", p2: "v" }[r[3]] ?? r[3] })));
+  const roles = buildTree(fixtureRecords(stack(2))
+    .map((r) => ({ ...r, name: { p0: "q", p1: "k", p2: "v" }[r.name] ?? r.name })));
   assert.deepEqual(foldRuns(roles.byId.get(2)), []);
 });
 
 test("foldRuns: members whose subtrees do not line up are not folded", () => {
   const rows = stack(3, { head: false });
-  rows.splice(rows.findIndex((r) => r[3] === "mlp" && r[1] === 15), 1); // layer 1 loses its mlp (ids unchanged)
-  assert.deepEqual(foldRuns(buildTree(rows).byId.get(0)), []);
-  const keyless = stack(4).map((r) => callRow({ ...callRecord(r), fold: null }));
+  // layer 1 loses its mlp (ids unchanged)
+  rows.splice(fixtureRecords(rows).findIndex((r) => r.name === "mlp" && r.parent === 15), 1);
+  assert.deepEqual(foldRuns(build(rows).byId.get(0)), []);
+  const keyless = fixtureRecords(stack(4)).map((r) => ({ ...r, fold: null }));
   assert.deepEqual(foldRuns(buildTree(keyless).byId.get(0)), []); // no keys (an older kernel): nothing folds
 });
 
 test("layout: a folded row stands for its members; opening it shows the first's inside, standing for all", () => {
-  const t = buildTree(stack(4));
+  const t = build(stack(4));
   const folds = { open: new Set() };
   let { rows, stands } = layout(t, new Set([0]), new Map(), null, folds);
   assert.deepEqual(rows.map((n) => n.name), ["Model", "0 … 3", "head"]);
@@ -180,7 +186,7 @@ test("layout: a folded row stands for its members; opening it shows the first's 
 });
 
 test("layout with a filter: a run folds when the filter keeps all of its members or tells none apart", () => {
-  const t = buildTree(stack(4));
+  const t = build(stack(4));
   const folds = { open: new Set() };
   const names = (keep) => layout(t, new Set(), new Map(), keep, folds).rows.map((n) => n.name);
   assert.deepEqual(names(filterKeep(t, "mlp")), ["Model", "0 … 3", "mlp"]); // every layer's mlp: still folded
@@ -190,7 +196,7 @@ test("layout with a filter: a run folds when the filter keeps all of its members
 });
 
 test("shownAs and foldsAround: where a call inside a folded run is shown, and which runs hide it", () => {
-  const t = buildTree(stack(4));
+  const t = build(stack(4));
   const folds = { open: new Set() };
   // layer 2's p1 (layer 2 starts at 29: attn 30, p0 32, p1 35): shown as layer 0's p0 (id 4), whose row stands for it
   assert.equal(pathOf(t, 35), "Model/2/attn/p1");
@@ -224,9 +230,9 @@ test("layout of Llama-70B's tree: 80 layers, 11,000 rows with equations, in a fe
       for (let j = 0; j < 4; j++) add(c, `proj_${j}`, 5 + j, 3);
     }
   }
-  const tree = buildTree(rows);
+  const tree = build(rows);
   for (const n of tree.byId.values()) {
-    if (n.neq) eqs.set(n.id, equationNodes(n, Array.from({ length: n.neq }, (_, j) => equationRow({ id: n.id + 1 + j,
+    if (n.neq) eqs.set(n.id, eqNodes(n, Array.from({ length: n.neq }, (_, j) => equationRow({ id: n.id + 1 + j,
       primitive: "add" }))));
   }
   const all = allExpandable(tree);

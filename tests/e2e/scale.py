@@ -32,12 +32,12 @@ print("OPEN", time.perf_counter() - t0)
 ex"""
 
 # what the page must show: the rows (calls) and the equations they run, the decoder layers' ids
-COUNTS = """rows = ex._tree["rows"]
-layers = [r for r in rows if r[4] == "FlaxLlamaDecoderLayer"]
+COUNTS = """rows = [dict(zip(ex._tree["columns"], r)) for r in ex._tree["rows"]]
+layers = [r for r in rows if r["type"] == "FlaxLlamaDecoderLayer"]
 nodes = yax.internal.view(ex.mox).nodes
-print("COUNTS=" + json.dumps({"calls": len(rows), "equations": sum(r[9] for r in rows),
-                              "layers": [r[0] for r in layers], "paths": [nodes[r[0]].path for r in layers],
-                              "keys": sorted({r[13] for r in layers})}))"""
+print("COUNTS=" + json.dumps({"calls": len(rows), "equations": sum(r["neq"] for r in rows),
+                              "layers": [r["id"] for r in layers], "paths": [nodes[r["id"]].path for r in layers],
+                              "keys": sorted({r["fold"] for r in layers})}))"""
 
 EXPAND_ALL = """async ([expected, h]) => {
   const root = [...document.querySelectorAll('.yax-explorer')].at(-1);  // the newest view

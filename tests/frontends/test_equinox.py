@@ -168,6 +168,58 @@ def test_scanned_layers_take_the_path_of_their_stack():
         h = layer(h)
 
 
+class Shapes(eqx.Module):
+    """Layers whose shapes cannot tell where a module made inside the trace
+    came from: ``first`` runs under `jax.checkpoint` (rebuilt inside it, of
+    the shape of one layer of either stack), ``a`` and ``b`` are two stacks of
+    such layers, each scanned."""
+
+    first: eqx.nn.Linear
+    a: eqx.nn.Linear
+    b: eqx.nn.Linear
+
+    def __init__(self, dim: int = 3, key=KEY):
+        k0, k1, k2 = jax.random.split(key, 3)
+        self.first = eqx.nn.Linear(dim, dim, use_bias=False, key=k0)
+        stack = eqx.filter_vmap(lambda k: eqx.nn.Linear(dim, dim, use_bias=False, key=k))
+        self.a, self.b = stack(jax.random.split(k1, 2)), stack(jax.random.split(k2, 2))
+
+    def __call__(self, x):
+        x = jax.checkpoint(lambda layer, h: layer(h))(self.first, x)
+        for stack in (self.a, self.b):
+            params, static = eqx.partition(stack, eqx.is_array)
+            x, _ = jax.lax.scan(lambda h, p: (eqx.combine(p, static)(h), None), x, params)
+        return x
+
+
+@pytest.mark.parametrize("jitted", [False, True], ids=["model", "jitted-function"])
+def test_a_module_rebuilt_inside_the_trace_is_named_by_the_arrays_it_reads(jitted):
+    model, x = Shapes(), jnp.linspace(-1.0, 1.0, 3)
+    if jitted:  # the model an argument of a jitted function: its arrays reach the calls through `jit`
+        mox = yax.make_mox(jax.jit(lambda m, h: m(h)))(model, x)
+        assert mox.frontend == "jax"
+    else:
+        mox = yax.make_mox(model)(x)
+    assert [(n.path, n.info.scope) for n in mox.modules()] == [
+        ("Shapes", ()), ("Shapes/first", ("first",)), ("Shapes/a", ("a",)), ("Shapes/b", ("b",))]
+    # each call's values are its own layer's, written by hand
+    _, values = yax.capture('//module_call[@type="Linear"]', mox, model, x)
+    h = model.first.weight @ x
+    np.testing.assert_allclose(values["Shapes/first"], h, rtol=1e-6)
+    for name in ("a", "b"):
+        w = getattr(model, name).weight
+        steps = []
+        for i in range(2):
+            h = w[i] @ h
+            steps.append(h)
+        np.testing.assert_allclose(values[f"Shapes/{name}"], np.stack(steps), rtol=1e-6)
+    if jitted:
+        return  # a function taking the model holds no variables to rewrite (`ParamsDoNotFit`)
+    # a rewrite of one of them changes that one's arrays in the model it returns
+    _, adapted = yax.sub('//module_call[@path="Shapes/first"]', yax.LoRA(rank=1), mox, params=model)
+    assert type(adapted.first).__name__ == "LoRALinear" and type(adapted.a) is eqx.nn.Linear
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_sub_with_a_function(name):
     model, x = MODELS[name]()

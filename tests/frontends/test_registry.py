@@ -12,7 +12,20 @@ import pytest
 
 import yax
 import yax.frontends as frontends
-from yax.internal import CallInfo, Frontend, Kind, ModuleInfo, marked_call, recorder, register
+from yax.errors import CannotAdapt
+from yax.frontends import Variables
+from yax.internal import (
+    ADAPTERS,
+    Adapters,
+    CallInfo,
+    Frontend,
+    Kind,
+    ModuleInfo,
+    marked_call,
+    recorder,
+    register,
+    register_adapters,
+)
 
 pytestmark = pytest.mark.core
 
@@ -79,6 +92,29 @@ class ToyFrontend(Frontend):
     def hooks(self, rec):
         return self._patched(rec)
 
+    def owns(self, x):  # its modules can replace others (a LoRA adapter, below): their weights are constants
+        return isinstance(x, (Layer, Chain))
+
+    def trace_replacement(self, module, avals, call, mapped=None):
+        def called(*xs):
+            a, k = call(xs)
+            return module(*a, **k)
+
+        return yax.make_mox(called)(*avals), (), 0
+
+    def variables(self, mox, params):
+        return _Constants() if mox.frontend == self.name else None
+
+
+class _Constants(Variables):
+    """The toy system's variables: none (its weights are constants of the traced program)."""
+
+    def place(self, sites, key, keep=None):
+        return {id(s.node): {} for s in sites}
+
+    def finish(self, new, sites):
+        return new
+
 
 @pytest.fixture
 def toy():
@@ -123,3 +159,28 @@ def test_without_the_frontend_the_same_model_is_a_plain_function():
     mox = yax.make_mox(model)(x)
     assert mox.frontend == "jax" and list(mox.modules()) == []
     np.testing.assert_allclose(yax.eval_mox(mox, x), model(x), rtol=1e-6)
+
+
+def test_a_module_system_adds_lora_by_registering_its_adapters(toy):
+    """LoRA is a table a module system registers into (`yax.internal.register_adapters`), in its
+    own code: no member of `Frontend` and no shared code changes."""
+    model, x = _model(), jnp.ones((3, 4))
+    mox = yax.make_mox(model)(x)
+    with pytest.raises(CannotAdapt) as e:  # before: the toy system adapts no layer, and says so
+        yax.sub('//module_call[@name="l1"]', yax.LoRA(rank=2), mox)
+    assert "`toy`" in str(e.value)
+    b = jnp.full((2, 8), 0.5)
+
+    def make(node, spec):  # an adapter with a nonzero B, so that the test sees it is used
+        w = next(layer.w for layer in model.layers if layer.name == node.name)
+        a = jnp.ones((w.shape[0], spec.rank)) * 0.1
+        return Layer(node.name, w + a @ b[:spec.rank, :w.shape[1]] * spec.alpha / spec.rank)
+
+    register_adapters("toy", Adapters(kinds=("Layer",), make=make, merge=lambda mox, params: None))
+    try:
+        new = yax.sub('//module_call[@name="l1"]', yax.LoRA(rank=2, alpha=4.0), mox)
+    finally:
+        del ADAPTERS["toy"]
+    w1 = model.layers[0].w
+    want = model.layers[1](jnp.tanh(x @ (w1 + jnp.ones((4, 2)) * 0.1 @ b[:2] * 2.0)))
+    np.testing.assert_allclose(yax.eval_mox(new, x), want, rtol=1e-6)

@@ -232,7 +232,7 @@ def test_dropping_variables_a_shared_call_still_reads_is_refused():
     before = _snapshot(mox, params)
     # `embed` is called twice: __call__ (lookup) and attend (tied output). Replacing only the lookup by a
     # function drops `embedding`, which attend still reads.
-    with pytest.raises(yax.YaxRewriteError, match="read a value that no longer exists") as e:
+    with pytest.raises(yax.errors.Dangling) as e:
         yax.sub('//module_call[@name="embed"][@method="__call__"]', lambda i: jnp.zeros((2, 8, 32)), mox,
                 params=params)
     assert before[:2] == _snapshot(mox, params)[:2]
@@ -240,7 +240,7 @@ def test_dropping_variables_a_shared_call_still_reads_is_refused():
     marked = [line for line in str(e.value).splitlines() if line.startswith(">>> ")]
     assert len(marked) == 1 and "transpose" in marked[0]  # attend transposes the dropped embedding
     assert "the equation `transpose` at `Transformer/embed`" in str(e.value)
-    assert str(e.value).endswith("Nothing was changed.")
+    assert yax.errors.message(e.value).endswith("Nothing was changed.")
 
 
 @pytest.mark.slow

@@ -124,8 +124,9 @@ def test_a_node_of_another_model_is_refused_by_name(model):
     stale = yax.query("//module_call[@type='Dropout']", ex.original)[0]  # replaced: not in the current model
     with pytest.raises(yax.YaxInputError, match="Dropout_0` is not a node of the explorer's current model"):
         ex.substitute(stale, "ReLU")
-    with pytest.raises(yax.YaxInputError, match="got a `int`"):
+    with pytest.raises(yax.errors.WrongType) as e:
         ex.substitute(3, "ReLU")
+    assert e.value.found == "int"
 
 
 def _workers() -> set[threading.Thread]:
@@ -260,7 +261,7 @@ def test_a_failed_explorer_leaves_no_widget_behind(monkeypatch):
     gc.collect()
     before = set(registry._instances)
     for _ in range(5):
-        with pytest.raises(yax.YaxInputError, match="grad_of"):
+        with pytest.raises(yax.errors.LossNotAFunction):
             Explorer(lambda x: x, jnp.ones(2), grad_of=3)
     gc.collect()
     assert set(registry._instances) - before == set()
@@ -384,7 +385,7 @@ def test_the_nan_search_running_out_of_memory_says_what_to_try(monkeypatch):
     s = _small()
     args, kwargs = s.call_args()
     for grad_of in (None, lambda out: out.sum()):
-        with pytest.raises(yax.YaxError, match="ran out of device memory") as e:
+        with pytest.raises(yax.errors.OutOfMemory) as e:
             yax.first_nonfinite(s.mox, *args, grad_of=grad_of, **kwargs)
         assert "fewer rows" in str(e.value) and "yax.capture" in str(e.value) and "4.00GiB" in str(e.value)
         assert isinstance(e.value.__cause__, jax.errors.JaxRuntimeError)

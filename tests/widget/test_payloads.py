@@ -4,40 +4,99 @@ heatmap buffers, diff marks."""
 from __future__ import annotations
 
 import functools
+import pathlib
+import re
 
 import numpy as np
 from ipywidgets.widgets.widget import _remove_buffers
 
 import yax
 from yax.internal import structure_keys, value_str, view
-from yax_widget._payloads import tree
+from yax_widget._payloads import CALL_COLUMNS, CALL_NAMES, EQUATION_COLUMNS, EQUATION_NAMES, tree
 
 from .helpers import IDS, ask, explorer
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def named(sent: dict) -> list[dict]:
+    """The rows of a trait or reply, each as ``{column: value}`` by the names its ``columns`` give
+    (as js/src/rows.js reads them)."""
+    return [dict(zip(sent["columns"], r, strict=True)) for r in sent["rows"]]
 
 
 def test_tree_rows_are_the_call_nodes_with_their_parents(model):
     ex = explorer(model)
     nodes = view(ex.mox).nodes
-    rows = ex._tree["rows"]
-    assert [nodes[r[0]].path for r in rows] == [n.path for n in ex.mox.modules()]
-    by_id = {r[0]: r for r in rows}
+    assert ex._tree["columns"] == list(CALL_NAMES) and ex._original_tree["columns"] == list(CALL_NAMES)
+    rows = named(ex._tree)
+    assert [nodes[r["id"]].path for r in rows] == [n.path for n in ex.mox.modules()]
+    by_id = {r["id"]: r for r in rows}
     for r in rows:
-        node = nodes[r[0]]
+        node = nodes[r["id"]]
         if node.kind == "method_call":  # a helper method: named by its method, its module's params not again
-            assert (r[3], r[5], r[8]) == (f"{node.name}.{node.method}", "", 0) and by_id[r[1]][8] == node.num_params
+            assert (r["name"], r["attrs"], r["params"]) == (f"{node.name}.{node.method}", "", 0)
+            assert by_id[r["parent"]]["params"] == node.num_params
         else:
-            assert (r[3], r[8]) == (node.name, node.num_params)
-        assert (r[2], r[4]) == (node.kind, node.type)
-        if r[1] >= 0:  # the parent row is the nearest enclosing call
-            parent = nodes[r[1]]
-            assert node.path.startswith(parent.path) and r[1] in by_id
+            assert (r["name"], r["params"]) == (node.name, node.num_params)
+        assert (r["kind"], r["type"]) == (node.kind, node.type)
+        if r["parent"] >= 0:  # the parent row is the nearest enclosing call
+            parent = nodes[r["parent"]]
+            assert node.path.startswith(parent.path) and r["parent"] in by_id
         else:
             assert node.path == "Transformer"
-    assert any(r[2] == "method_call" for r in rows)  # the model has helper methods: the case above ran
-    dense = next(r for r in rows if r[4] == "Dense")
-    assert "features=" in dense[5] and dense[6].startswith("f32[") and dense[9] > 0
+    assert any(r["kind"] == "method_call" for r in rows)  # the model has helper methods: the case above ran
+    dense = next(r for r in rows if r["type"] == "Dense")
+    assert "features=" in dense["attrs"] and dense["ins"].startswith("f32[") and dense["neq"] > 0
     # the row shows what differs from the defaults; the tooltip text has every field
-    assert "use_bias" not in dense[5] and "use_bias=True" in dense[10] and "features=" in dense[10]
+    assert "use_bias" not in dense["attrs"] and "use_bias=True" in dense["fields"] and "features=" in dense["fields"]
+
+
+def test_rows_are_laid_out_once_and_their_columns_travel_with_them(model):
+    """`CALL_COLUMNS` / `EQUATION_COLUMNS` are the one layout: every row has one value per column,
+    the `_tree` trait and the `expand` and `equations` replies name them in that order."""
+    ex = explorer(model)
+    assert CALL_NAMES == tuple(n for n, _ in CALL_COLUMNS) and len(set(CALL_NAMES)) == len(CALL_NAMES)
+    assert EQUATION_NAMES == tuple(n for n, _ in EQUATION_COLUMNS) and len(set(EQUATION_NAMES)) == len(EQUATION_NAMES)
+    assert ex._tree["columns"] == list(CALL_NAMES) and all(len(r) == len(CALL_NAMES) for r in ex._tree["rows"])
+    dense = next(r for r in named(ex._tree) if r["type"] == "Dense")
+    expand = ask(ex, rid=1, type="expand", id=dense["id"])
+    assert expand["columns"] == list(EQUATION_NAMES) and expand["rows"]
+    assert all(len(r) == len(EQUATION_NAMES) for r in expand["rows"])
+    several = ask(ex, rid=2, type="equations", ids=[dense["id"]])
+    assert several["columns"] == list(EQUATION_NAMES) and several["calls"] == [[dense["id"], expand["rows"]]]
+
+
+def _columns_table(columns: tuple[tuple[str, str], ...]) -> str:
+    """The markdown table docs/widget.md shows of ``columns``: position, name, what it holds."""
+    return "\n".join(["| # | column | what it holds |", "|---|---|---|",
+                      *(f"| {i} | `{name}` | {what.replace('|', chr(92) + '|')} |"
+                        for i, (name, what) in enumerate(columns))])
+
+
+def test_the_docs_list_exactly_the_columns_python_lays_out():
+    """docs/widget.md's tables of a row's columns are `CALL_COLUMNS` and `EQUATION_COLUMNS`, in their
+    order, saying what they say: the docs cannot drift from the rows. (A failure prints the table to paste.)"""
+    doc = (ROOT / "docs" / "widget.md").read_text()
+    for marker, columns in (("CALL_COLUMNS", CALL_COLUMNS), ("EQUATION_COLUMNS", EQUATION_COLUMNS)):
+        found = re.search(rf"<!-- {marker} -->\n((?:\|.*\n)+)", doc)
+        assert found, f"docs/widget.md has no table after `<!-- {marker} -->`"
+        want = _columns_table(columns)
+        assert found.group(1).rstrip("\n") == want, f"docs/widget.md's table of {marker} should read:\n{want}"
+
+
+def test_the_front_end_reads_exactly_the_columns_python_names():
+    """js/src/rows.js reads columns by name: the names it reads are those Python sends (no column
+    it would miss, none Python sends that it drops unknowingly)."""
+    js = (ROOT / "js" / "src" / "rows.js").read_text()
+
+    def names(const: str) -> list[str]:
+        found = re.search(rf"const {const} = \[([^\]]*)\]", js)
+        assert found, const
+        return re.findall(r'"(\w+)"', found.group(1))
+
+    assert names("CALL_NEEDED") + names("CALL_OPTIONAL") == list(CALL_NAMES)
+    assert names("EQUATION_NEEDED") + names("EQUATION_OPTIONAL") == list(EQUATION_NAMES)
 
 
 def test_substitute_by_row_compares_and_keeps_the_original(model):
@@ -66,7 +125,7 @@ def test_substitute_by_row_compares_and_keeps_the_original(model):
     _, _, buffers = _remove_buffers(ex.get_state())
     assert len(buffers) == 3 and sum(len(b) for b in buffers) == 3 * 8 * 64 * 4
     # the divergence is coloured per row of the current tree
-    rows = {r[0]: r for r in ex._tree["rows"]}
+    rows = {r["id"]: r for r in named(ex._tree)}
     assert set(map(int, state["boundaries"])) <= set(rows)
     assert ex._diff["current"] and ex._diff["original"]
     assert ex._history == {"items": [reply["description"]], "index": 1}
@@ -74,12 +133,12 @@ def test_substitute_by_row_compares_and_keeps_the_original(model):
 
 def test_rows_show_each_calls_dtypes_once_the_model_mixes_them(model):
     ex = explorer(model)
-    assert {r[12] for r in ex._tree["rows"]} == {""}  # one dtype throughout: nothing to show
+    assert {r["policy"] for r in named(ex._tree)} == {""}  # one dtype throughout: nothing to show
     m, v = model
     half = yax.mixed_precision(ex.mox)
     mixed = explorer((half, v))
     nodes = view(mixed.mox).nodes
-    shown = {nodes[r[0]].path: r[12] for r in mixed._tree["rows"]}
+    shown = {nodes[r["id"]].path: r["policy"] for r in named(mixed._tree)}
     dense = [p for p, n in ((n.path, n) for n in half.modules()) if n.type == "Dense"]
     assert dense and all(shown[p] == "f32/bf16/f32" for p in dense)
     norms = [n.path for n in half.modules() if n.type == "LayerNorm"]
@@ -90,15 +149,15 @@ def test_the_fold_column_is_the_structure_key_equal_for_calls_alike(model):
     ex = explorer(model)
     nodes = view(ex.mox).nodes
     keys = structure_keys(ex.mox)
-    assert all(r[13] == keys[id(nodes[r[0]])] for r in ex._tree["rows"])
-    fold = {nodes[r[0]].path: r[13] for r in ex._tree["rows"]}
+    assert all(r["fold"] == keys[id(nodes[r["id"]])] for r in named(ex._tree))
+    fold = {nodes[r["id"]].path: r["fold"] for r in named(ex._tree)}
     # the two blocks compute the same thing up to their weights: one key, whatever their names
     assert fold["Transformer/Block_0"] == fold["Transformer/Block_1"]
     assert fold["Transformer/Block_0/LayerNorm_0"] == fold["Transformer/Block_1/LayerNorm_1"]
     assert fold["Transformer/Block_0/Dense_0"] != fold["Transformer/Block_0/Dense_1"]  # other shapes
     ex.substitute('//module_call[@path="Transformer/Block_1/Dense_0"]', "LoRA r=4")
     nodes = view(ex.mox).nodes
-    fold = {nodes[r[0]].path: r[13] for r in ex._tree["rows"]}
+    fold = {nodes[r["id"]].path: r["fold"] for r in named(ex._tree)}
     assert fold["Transformer/Block_0"] != fold["Transformer/Block_1"]  # a LoRA in one: no longer alike
     assert fold["Transformer/Block_0/LayerNorm_0"] == fold["Transformer/Block_1/LayerNorm_0"]
 
@@ -137,8 +196,8 @@ def test_a_lora_row_shows_the_layer_it_adapts_not_its_internals():
     v = m.init(jax.random.key(0), x)
     mox, _ = yax.sub('//module_call[@type="Dense"]', yax.LoRA(rank=2), yax.make_mox(m.apply)(v, x), params=v,
                      key=jax.random.key(1))
-    rows = [r for r in tree(mox, 1)["rows"] if r[4] == "LoRA"]
-    assert [(r[5], r[10]) for r in rows] == [  # attrs (the row), fields (its tooltip)
+    rows = [r for r in named(tree(mox, 1)) if r["type"] == "LoRA"]
+    assert [(r["attrs"], r["fields"]) for r in rows] == [  # attrs (the row), fields (its tooltip)
         ("rank=2 base=Dense(features=64)", "rank=2 alpha=4.0 base=Dense(features=64)"),
         ("rank=2 base=Dense(features=3)", "rank=2 alpha=4.0 base=Dense(features=3)")]
 
@@ -152,29 +211,28 @@ def test_a_lora_row_shows_the_layer_it_adapts_not_its_internals():
     net = Net(nnx.Rngs(0))
     mox = yax.make_mox(net)(jnp.ones((1, 8, 8, 3)))
     mox, _ = yax.sub("//module_call[@type='Conv']", yax.LoRA(rank=2), mox, params=nnx.state(net))
-    (row,) = [r for r in tree(mox, 1)["rows"] if r[4] == "LoRA"]
-    assert row[5] == "alpha=4.0 base=Conv(in_features=3, out_features=8, kernel_size=(3, 3)) rank=2"  # no in_axes
-    assert "partial" not in row[10] and "0x" not in row[10]
+    (row,) = [r for r in named(tree(mox, 1)) if r["type"] == "LoRA"]
+    assert row["attrs"] == "alpha=4.0 base=Conv(in_features=3, out_features=8, kernel_size=(3, 3)) rank=2"  # no in_axes
+    assert "partial" not in row["fields"] and "0x" not in row["fields"]
 
 
 def test_rows_carry_the_users_line_and_the_source_request_reads_it(model):
-    """Column 15 of a call row (5 of an equation row) is where the user's code made it, the
+    """The `source` column of a call row (and of an equation row) is where the user's code made it, the
     `source` reply the lines around it as the file reads (the Source tab)."""
     import os
-    import re
 
     ex = explorer(model)
     nodes = view(ex.mox).nodes
-    rows = ex._tree["rows"]
+    rows = named(ex._tree)
     for r in rows:
-        loc = nodes[r[0]].source
-        assert r[15] == ("" if loc is None else str(loc))
-    dense = next(r for r in rows if r[4] == "Dense")
-    assert re.fullmatch(r"models\.py:\d+", dense[15])
-    eqs = ask(ex, rid=1, type="expand", id=dense[0])["rows"]
-    assert eqs and all(e[5] == str(nodes[e[0]].source) for e in eqs)
-    reply = ask(ex, rid=2, type="source", id=dense[0])
-    loc = nodes[dense[0]].source
+        loc = nodes[r["id"]].source
+        assert r["source"] == ("" if loc is None else str(loc))
+    dense = next(r for r in rows if r["type"] == "Dense")
+    assert re.fullmatch(r"models\.py:\d+", dense["source"])
+    eqs = named(ask(ex, rid=1, type="expand", id=dense["id"]))
+    assert eqs and all(e["source"] == str(nodes[e["id"]].source) for e in eqs)
+    reply = ask(ex, rid=2, type="source", id=dense["id"])
+    loc = nodes[dense["id"]].source
     assert reply["type"] == "ok" and (reply["file"], reply["path"], reply["line"]) == ("models.py", loc.path, loc.line)
     assert os.path.basename(loc.path) == "models.py" and reply["note"] == ""
     with open(loc.path) as f:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import yax
 from yax.internal import view
+from yax_widget._payloads import EQUATION_NAMES
 
 from .helpers import ask, explorer, snapshot
 
@@ -98,7 +99,7 @@ def test_compare_with_the_previous_step_shows_what_the_last_change_did(model):
     assert ask(ex, rid=2, type="compare_base", base="original")["type"] == "ok"
     assert ex._comparison["base"] == "original" and ex.comparison.first_divergence == vs_original.first_divergence
     reply = ask(ex, rid=3, type="compare_base", base="last")
-    assert reply["type"] == "error" and "`compare_with` takes \"original\", \"previous\"" in reply["message"]
+    assert reply["type"] == "error" and "no state to compare with named 'last' (known: 'original', 'previous')" in reply["message"]
 
 
 def test_graph_and_expand(model):
@@ -114,13 +115,16 @@ def test_graph_and_expand(model):
     opened = ask(ex, rid=9, type="graph", id=None, depth=1, open=[i])["dot"]
     assert opened == yax.to_dot(ex.mox, depth=1, fold=True, expand=[block])
     ln = yax.query('//module_call[@name="LayerNorm_0"]', ex.mox)[0]
-    rows = ask(ex, rid=3, type="expand", id=view(ex.mox).ids[id(ln)])["rows"]
-    assert [r[1] for r in rows] == [e.name for e in ln.equations]
-    assert all(view(ex.mox).nodes[r[0]] is e for r, e in zip(rows, ln.equations))
+    expand = ask(ex, rid=3, type="expand", id=view(ex.mox).ids[id(ln)])
+    assert expand["columns"] == list(EQUATION_NAMES)  # the positions of the rows' columns, by name
+    rows = [dict(zip(expand["columns"], r, strict=True)) for r in expand["rows"]]
+    assert [r["primitive"] for r in rows] == [e.name for e in ln.equations]
+    assert all(view(ex.mox).nodes[r["id"]] is e for r, e in zip(rows, ln.equations))
     # "expand all": every call's equations in one reply, each as `expand` gives them
     calls = [view(ex.mox).ids[id(c)] for c in ex.mox.modules() if c.equations][:5]
-    reply = ask(ex, rid=4, type="equations", ids=calls)["calls"]
-    assert reply == [[i, ask(ex, rid=5, type="expand", id=i)["rows"]] for i in calls]
+    several = ask(ex, rid=4, type="equations", ids=calls)
+    assert several["columns"] == list(EQUATION_NAMES)
+    assert several["calls"] == [[i, ask(ex, rid=5, type="expand", id=i)["rows"]] for i in calls]
     assert ask(ex, rid=6, type="equations", ids=[])["calls"] == []
 
 

@@ -94,7 +94,7 @@ def test_a_closed_session_refuses_every_command_and_starts_no_thread():
         "export": ask(s, type="export"), "snapshot": ask(s, type="snapshot"), "values": ask(s, type="values", id=1),
         "overlay": ask(s, type="overlay", stat="norm"), "batch": ask(s, type="batch", name="example"),
         "nonfinite": ask(s, type="nonfinite")}
-    assert set(replies) | {"code", "expand", "equations", "graph", "source"} == set(REQUESTS)
+    assert set(replies) | {"code", "expand", "equations", "graph", "source", "details"} == set(REQUESTS)
     for kind, reply in replies.items():
         assert reply["type"] == "error" and "closed" in reply["message"], (kind, reply)
     # reading what was done still answers
@@ -102,6 +102,7 @@ def test_a_closed_session_refuses_every_command_and_starts_no_thread():
     assert ask(s, type="graph", depth=1)["type"] == "ok"
     assert ask(s, type="equations", ids=[1])["type"] == "ok"
     assert ask(s, type="source", id=1)["type"] == "ok"
+    assert ask(s, type="details", provider="Cost", id=1)["type"] == "ok"
     for call in (lambda: s.undo(), lambda: s.query("//*"), lambda: s.substitute("//activation", "GELU (tanh)"),
                  lambda: s.use_batch("example"), lambda: s.values("//activation"), lambda: s.export("x"),
                  lambda: s.add_replacement("x", jax.nn.relu), lambda: s.compare_with("previous")):
@@ -194,7 +195,8 @@ def test_a_drop_on_the_query_box_fitting_some_matches_offers_to_replace_just_tho
     assert e.value.fitting == [dense] and str(e.value) == reply["message"]
     # an offer naming a match that does not fit is checked again and refused with the menu's reason
     forged = ask(s, type="substitute", target="query", name="LoRA r=4", xpath=q, ids=[ids[id(conv)]])
-    assert forged["type"] == "error" and forged["message"] == misfit(yax.LoRA(rank=4), conv, s.mox, params=s.params)
+    assert forged["type"] == "error" and forged["message"] == (  # the menu's reason, with its docs entry
+        misfit(yax.LoRA(rank=4), conv, s.mox, params=s.params) + " (docs/errors.md#cannotadapt)")
     assert frozen(s)[1:] == before[1:]
     # the offer taken: one change, exactly `yax.sub` of the nodes that fit
     ok = ask(s, type="substitute", target="query", name="LoRA r=4", xpath=q, ids=reply["fits"])

@@ -44,7 +44,7 @@ from .. import _calls, errors
 from .._eval import Hooks, bind, run
 from .._ir import Equation, Literal, Mox
 from .._jit import model_jit
-from ..errors import YaxCaptureError
+from ..errors import LossNotAFunction, YaxCaptureError
 from .stats import NonFinite, ValueStats
 
 
@@ -482,10 +482,7 @@ def first_backward(mox: Mox, flat: list[Any], args: tuple[Any, ...], kwargs: dic
     from .nonfinite import _innermost_call
 
     if not callable(grad_of):
-        raise YaxCaptureError(
-            f"`grad_of` must be a function of the model's output returning a scalar loss, but got a "
-            f"`{type(grad_of).__name__}`. Pass e.g. `grad_of=lambda out: jnp.mean(out ** 2)`."
-        )
+        raise LossNotAFunction("first_nonfinite", grad_of)
     diff = _differentiated(mox, args, kwargs, argnums)
     cache = _searches.setdefault(mox, {})
     search = cache.get((grad_of, diff))

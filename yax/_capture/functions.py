@@ -7,7 +7,7 @@ from typing import Any
 
 from .._eval import flatten_inputs, unflatten_outputs
 from .._ir import Mox
-from ..errors import YaxCaptureError
+from ..errors import LossNotAFunction, PatchDoesNotFit, YaxCaptureError
 from .hooks import fitted
 from .programs import cached_plan, check_root, grads_of, program_for, values_of
 
@@ -78,10 +78,7 @@ def capture(pattern: Any, mox: Mox, *args: Any, with_inputs: bool = False, grad_
     """
     check_root(mox, "capture")
     if grad_of is not None and not callable(grad_of):
-        raise YaxCaptureError(
-            f"`grad_of` must be a function of the model's output returning a scalar loss, but got a "
-            f"`{type(grad_of).__name__}`. Pass e.g. `grad_of=lambda out: jnp.mean(out ** 2)`."
-        )
+        raise LossNotAFunction("capture", grad_of)
     plan = cached_plan(pattern, mox, "capture")
     mode = "capture" if grad_of is None else "grad"
     prog = program_for(mox, pattern, plan, mode, bool(with_inputs), repl=grad_of)
@@ -162,10 +159,7 @@ def patch(pattern: Any, mox: Mox, repl: Callable[..., Any] | None = None) -> Cal
         unknown = [k for k in values if k not in by_key]
         if unknown:
             known = ", ".join(f"`{k}`" for k in list(by_key)[:8]) + (" …" if len(by_key) > 8 else "")
-            raise YaxCaptureError(
-                f"The patch names `{unknown[0]}`, which the pattern did not match (it matched {known}). Use the "
-                "keys `yax.capture` gives for the same pattern."
-            )
+            raise PatchDoesNotFit(unknown[0], "key", known, unknown[0])
         patches = {k: fitted(by_key[k], v, "The patch gives", stacked=True) for k, v in values.items()}
         outs, _ = prog(flat, patches, None)
         return unflatten_outputs(mox, outs)

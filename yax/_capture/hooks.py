@@ -14,7 +14,7 @@ import numpy as np
 from .._eval import Hooks, bind, run
 from .._ir import Equation, Mox
 from .._vocab import type_str
-from ..errors import YaxCaptureError
+from ..errors import PatchDoesNotFit
 from .plan import Plan, Target
 
 
@@ -154,10 +154,7 @@ def fitted(t: Target, value: Any, what: str, stacked: bool) -> list[Any]:
         pass  # one array for a node with one traced output (`(x, None)` given as `x`)
     elif len(leaves) != len(want) or (sig is not None and sig.tree is not None):
         shown = t.results([_Shown(w) for w in want])
-        raise YaxCaptureError(
-            f"{what} `{_tree_str(value)}` for `{t.key}`, but the node's output is `{_tree_str(shown)}`. "
-            "Give a value of the same structure, such as the one `yax.capture` returns for this key."
-        )
+        raise PatchDoesNotFit(t.key, "structure", _tree_str(shown), _tree_str(value), what)
     for i, (x, w) in enumerate(zip(leaves, want)):
         shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
         if shape is None or dtype is None or tuple(shape) != tuple(w.shape) or np.dtype(dtype) != np.dtype(w.dtype):
@@ -166,11 +163,7 @@ def fitted(t: Target, value: Any, what: str, stacked: bool) -> list[Any]:
             scan = (f" It runs inside a scan, so its values are stacked along {len(t.stack)} leading "
                     f"ax{'e' if len(t.stack) == 1 else 'i'}s of the scan length{'s' * (len(t.stack) > 1)}."
                     if stacked and t.stack else "")
-            raise YaxCaptureError(
-                f"{what} {found} for `{t.key}`{part}, but the node's output there is {type_str(w)}.{scan} "
-                "Give an array of that shape and dtype (cast with `.astype`), such as the value `yax.capture` "
-                "returns for this key."
-            )
+            raise PatchDoesNotFit(t.key, "type", type_str(w), found, what, i if part else None, scan)
     return list(leaves)
 
 

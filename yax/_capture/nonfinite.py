@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import errors
-from .._calls import index
+from .._calls import formals, how, index
 from .._eval import Hooks, bind, flatten_inputs, run
 from .._ir import Equation, Mox
 from .._jit import model_jit
@@ -157,16 +157,12 @@ def _first_reader(mox: Mox, var: Any) -> tuple[Equation | None, Equation | None]
         read = [(j, a) for j, a in enumerate(n.inputs) if a in alias]
         if not read:
             continue
-        subs = n.subs
-        if not subs or n.name == "while":
+        if not n.subs or how(n) == "while":
             return n, next((alias[a] for _, a in read if alias[a] is not None), None)
-        offset = 1 if n.name == "cond" else 0  # a cond's first input picks the branch
-        for _, sub in subs:
-            for j, a in read:
-                k = j - offset
-                if 0 <= k < len(sub.invars):
-                    sliced = n if n.name == "scan" and k >= n.params["num_consts"] + n.params["num_carry"] else None
-                    alias[sub.invars[k]] = alias[a] or sliced
+        for _, _, pairs in formals(n):
+            for formal, actual, kind in pairs:
+                if actual in alias:
+                    alias[formal] = alias[actual] or (n if kind == "step" else None)
     return None, None
 
 

@@ -97,7 +97,7 @@ def plan_of(nodes: Sequence[Node], mox: Mox, what: str, pattern: Any = None,
     missing = [n for n in nodes if id(n) not in targets]
     if missing:
         raise YaxCaptureError(
-            f"{errors.where(missing[0]).capitalize()} is not part of this MoX, so `{what}` cannot find its values. "
+            f"{errors.where(missing[0], start=True)} is not part of this MoX, so `{what}` cannot find its values. "
             "Query the MoX you evaluate."
         )
     return Plan(targets, descend)

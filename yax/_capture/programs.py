@@ -15,7 +15,7 @@ from .._eval import run
 from .._ir import Kind, Mox
 from .._jit import model_jit
 from .._vocab import type_str
-from ..errors import YaxInputError
+from ..errors import NotARootMox
 from .hooks import Watch
 from .plan import Plan, make_plan
 
@@ -118,10 +118,7 @@ def capture_programs(mox: Mox) -> dict[str, Any]:
 def check_root(mox: Any, what: str) -> None:
     if not isinstance(mox, Mox) or mox.kind != Kind.ROOT:
         got = f"a `{mox.kind}` node" if isinstance(mox, Mox) else f"a `{type(mox).__name__}`"
-        raise YaxInputError(
-            f"`{what}` expected the root MoX returned by `yax.make_mox(fn)(...)`, but got {got}. "
-            "Pass the whole MoX and select nodes with the pattern."
-        )
+        raise NotARootMox(what, got, "Pass the whole MoX and select nodes with the pattern.")
 
 
 def grads_of(plan: Plan, cts: dict[str, list[Any]]) -> dict[str, Any]:

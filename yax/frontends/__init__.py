@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .._ir import Mox
+from .._source import add_libraries
 from ._protocol import Frontend as Frontend
 from ._protocol import MappedCall as MappedCall
 from ._protocol import Template as Template
@@ -44,6 +45,7 @@ def register(frontend: Frontend) -> None:
     """Add a frontend: those in this folder are added by `._builtin` when yax is imported; a
     third-party module system calls this itself."""
     if frontend not in _registry:
+        add_libraries(frontend.libraries)
         _registry.append(frontend)
         _registry.sort(key=lambda f: (f.order, f.name))
 
@@ -112,6 +114,11 @@ def call_signature(target: Any) -> tuple[Callable[..., Any], int] | None:
         if found is not None:
             return found
     return None
+
+
+def settle(mox: Any, rec: Any) -> bool:
+    """Every frontend's `Frontend.settle` of a trace just built: whether any changed a call."""
+    return any([f.settle(mox, rec) for f in registry()])
 
 
 def hooks() -> list[Callable[..., Any]]:

@@ -62,7 +62,7 @@ def inserted(small: tuple[int, ...], big: tuple[int, ...]) -> list[int]:
 
 def _unmappable(node: Any, why: str, transform: str) -> YaxRewriteError:
     return YaxRewriteError(
-        f"{where(node).capitalize()} runs inside `{transform}`, {why}. yax maps a replacement module like "
+        f"{where(node, start=True)} runs inside `{transform}`, {why}. yax maps a replacement module like "
         "the original over one axis, with variables stacked along axis 0 or broadcast (one set for every "
         f"instance). Replace the module that calls the `{transform}`, or use a function of the node's inputs."
     )

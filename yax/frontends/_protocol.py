@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from .._ir import Mox, Var
-    from ..rewrite.lora import LoRA
 
 
 class Engine:
@@ -115,11 +114,19 @@ class Frontend:
     name = ""
     #: lower comes first when the registry asks who accepts an object
     order = 50
+    #: the packages of this module system, whose frames are never the user's code (`yax._source`)
+    libraries: tuple[str, ...] = ()
 
     # -- tracing -------------------------------------------------------------
     def hooks(self, rec: Any) -> contextlib.AbstractContextManager[Any]:
         """Installed for every trace: mark this system's calls (restored on exit)."""
         return contextlib.nullcontext()
+
+    def settle(self, mox: Mox, rec: Any) -> bool:
+        """After a trace is built: correct what the trace could only guess
+        (paths of calls) from the built MoX, changing ``rec``'s calls; whether
+        anything changed (the MoX is then built again)."""
+        return False
 
     def accepts(self, fn: Any) -> bool:
         """Whether `make_mox(fn)` traces ``fn`` through this frontend."""
@@ -216,20 +223,6 @@ class Frontend:
     #: rather than by position, leaving out those only one has (a state whose variables differ).
     pair_by_name = False
 
-    # -- adapters ----------------------------------------------------------------
-    #: The layer kinds `lora` adapts, as messages name them (``"Dense"``).
-    lora_kinds: tuple[str, ...] = ()
-
-    def lora(self, node: Mox, spec: LoRA) -> Any:
-        """The module that adapts this system's layer ``node`` as ``spec``
-        (`yax.LoRA`: rank, alpha) says, starting exactly equal to it, or
-        ``None`` for a layer kind this system has no adapter for."""
-        return None
-
-    def merge_lora(self, mox: Mox, params: Any) -> tuple[Mox, Any] | None:
-        """``(mox, params)`` with every adapter `lora` made folded back into the
-        layer it adapts, or ``None`` when ``mox`` holds none of this system's."""
-        return None
 
     # -- the explorer ----------------------------------------------------------------
     def unwrap(self, target: Any, args: tuple[Any, ...]) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:

@@ -39,9 +39,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _activations, errors
+from .. import _activations, _calls, errors
 from .._ir import Kind, ModuleInfo, Mox, Packing, Var
-from .._lora import first_a
+from .._lora import Adapters, first_a, register_adapters
 from .._patching import Patches
 from .._record import CallInfo, Recorder, marked_call, recorder
 from ..errors import YaxRewriteError, where
@@ -105,21 +105,30 @@ class _Trace:
     """What the Equinox frontend keeps for one trace (in ``Recorder.scratch``)."""
 
     paths: dict[int, tuple[Any, str, tuple[str, ...] | None]] = dataclasses.field(default_factory=dict)
+    #: each known module's key path below the model, as `jax.tree_util.keystr` writes it (``.layers[1]``), by path
+    keys: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: the modules made inside the trace, by id: the known modules (object, path, scope) each could have come from
+    options: dict[int, list[tuple[Any, str, tuple[str, ...] | None]]] = dataclasses.field(default_factory=dict)
+    #: the calls of those modules, with the modules they could have come from (`settle` picks one)
+    guessed: list[tuple[CallInfo, list[tuple[Any, str, tuple[str, ...] | None]]]] = dataclasses.field(
+        default_factory=list)
 
     def index(self, root: Any, path: str, scope: tuple[str, ...] | None) -> None:
         """Give every module below ``root`` not yet known its path and scope (its keys below the model)."""
-        todo = [(root, path, scope)]
+        todo = [(root, path, scope, self.keys.get(path, ""))]
         while todo:
-            x, p, s = todo.pop()
+            x, p, s, ks = todo.pop()
             if isinstance(x, _eqx().Module):
                 if id(x) in self.paths:
                     continue
                 self.paths[id(x)] = (x, p, s)  # the object itself keeps its id unique while the trace runs
+            if s is not None:
+                self.keys.setdefault(p, ks)
             for k, v in _children(x):
                 if isinstance(v, (_eqx().Module, list, tuple, dict)):
                     text, key = _key(k)
                     assert s is not None, "a module made inside a call has no scope to give its submodules"
-                    todo.append((v, p + text, (*s, key)))
+                    todo.append((v, p + text, (*s, key), ks + jax.tree_util.keystr((k,))))
 
     def of(self, module: Any, rec: Recorder) -> tuple[str, tuple[str, ...] | None]:
         hit = self.paths.get(id(module))
@@ -127,7 +136,9 @@ class _Trace:
             return hit[1], hit[2]
         name = type(module).__name__
         parent = rec.stack[-1][1] if rec.stack else None
-        found = self._stack_of(module, parent)
+        found, options = self._stack_of(module, parent)
+        if options:
+            self.options[id(module)] = options
         if found is not None:
             self.index(module, *found)
             return found
@@ -141,27 +152,89 @@ class _Trace:
         self.paths[id(module)] = (module, path, None)  # made inside the call: no place in the model
         return path, None
 
-    def _stack_of(self, module: Any, parent: Any) -> tuple[str, tuple[str, ...] | None] | None:
+    def _stack_of(self, module: Any, parent: Any) -> tuple[tuple[str, tuple[str, ...] | None] | None,
+                                                          list[tuple[Any, str, tuple[str, ...] | None]]]:
         """The known module below ``parent`` that ``module`` was sliced from:
         of its type and structure, with every leaf one leading axis longer
-        (or, failing that, the one module of its type and structure)."""
+        (or, failing that, the one module of its type and structure); and every
+        module it could have come from. Shapes alone can mislead (a layer
+        under ``jax.checkpoint`` beside a stack of such layers): `settle`
+        checks the guess against what the call reads."""
         if parent is None or id(parent) not in self.paths:
-            return None
+            return None, []
         t, tree = type(module), jax.tree_util.tree_structure(module)
         shapes = [np.shape(x) for x in jax.tree_util.tree_leaves(module) if _is_array(x)]
-        same, stacked = [], []
+        same, stacked, options = [], [], []
         for x, p, s in self.paths.values():
             if type(x) is not t or x is module or not p.startswith(self.paths[id(parent)][1]):
                 continue
             if jax.tree_util.tree_structure(x) != tree:  # type: ignore[operator]  # no PyTreeDef stubs
                 continue
             same.append((p, s))
+            options.append((x, p, s))
             theirs = [np.shape(y) for y in jax.tree_util.tree_leaves(x) if _is_array(y)]
             if len(theirs) == len(shapes) and all(len(a) == len(b) + 1 and a[1:] == b
                                                   for a, b in zip(theirs, shapes)):
                 stacked.append((p, s))
         pick = stacked if stacked else same
-        return pick[0] if len(pick) == 1 else None
+        return (pick[0] if len(pick) == 1 else None), options
+
+    def _arrays(self, module: Any, path: str) -> tuple[str, ...]:
+        """The key paths of the arrays of the known ``module`` at ``path``, below the model."""
+        return tuple(self.keys[path] + jax.tree_util.keystr(kp)
+                     for kp, x in jax.tree_util.tree_flatten_with_path(module)[0] if _is_array(x))
+
+    def settle(self, mox: Mox, rec: Recorder) -> bool:
+        """Correct the guessed path of each call of a module made inside the
+        trace from the data flow: the one known module it could have come from
+        whose arrays the call reads (the root's inputs it reads through calls,
+        ``jit``, ``jax.checkpoint`` and scans slicing a stack, named by their
+        key paths), renaming the calls below it alike."""
+        names = mox.sig.ins.paths  # each input of the root's key path, as `keystr` writes it
+        if not self.guessed or not names:
+            return False
+        bound = _calls.bound(mox)
+        nodes = {id(n.info): n for n in mox.walk() if isinstance(n, Mox) and n.kind == Kind.MODULE_CALL}
+        calls = {id(c.info): c for c in rec.calls.values()}
+        changed = False
+        for call, options in self.guessed:
+            node = nodes.get(id(call.info))
+            if node is None:
+                continue
+            read = {names[bound[v][0]] for v in _free(node) if v in bound}
+            fits = [(p, s) for x, p, s in options if s is not None and read and p in self.keys
+                    and all(r.endswith(self._arrays(x, p)) for r in read)]
+            if len(fits) != 1 or (fits[0][0], fits[0][1]) == (call.path, call.info.scope):
+                continue
+            (path, scope), old, old_scope = fits[0], call.path, call.info.scope or ()
+            for n in [node, *node.walk()]:
+                c = calls.get(id(n.info)) if isinstance(n, Mox) else None
+                if c is None or not (c.path == old or c.path.startswith(old + "/")):
+                    continue
+                c.path = path + c.path[len(old):]
+                s = c.info.scope
+                if c is call or s is None:
+                    s = scope if c is call else s
+                elif s[:len(old_scope)] == old_scope:
+                    s = scope + s[len(old_scope):]
+                c.info = dataclasses.replace(c.info, scope=s)
+            call.name = path.rsplit("/", 1)[-1]
+            changed = True
+        return changed
+
+
+def _free(node: Mox) -> set[Any]:
+    """The variables the calls and equations below ``node`` read but none of
+    them binds, nor ``node`` takes as an input: what its code closes over."""
+    read: set[Any] = set()
+    bound: set[Any] = set(node.invars)
+    for n in node.walk():
+        read.update(n.inputs)
+        if isinstance(n, Mox):
+            bound.update(n.invars)
+            bound.update(n.constvars)
+        bound.update(n.outputs)
+    return read - bound
 
 
 # -- what a call node records -----------------------------------------------------------
@@ -229,6 +302,8 @@ def _wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         path, scope = tr.of(self, rec)
         call = CallInfo(kind=Kind.MODULE_CALL, path=path, name=path.rsplit("/", 1)[-1], module=self,
                         info=ModuleInfo(type=type(self), method="__call__"))
+        if id(self) in tr.options:
+            tr.guessed.append((call, tr.options[id(self)]))
         names = [f.name for f in dataclasses.fields(self)]
         undo = _activations.swapped([(self, k) for k in names], getattr, object.__setattr__)
         try:
@@ -344,8 +419,8 @@ def _merge(mox: Mox, model: Any) -> tuple[Mox, Any] | None:
     if not nodes:
         return None
     if model is None:
-        raise YaxRewriteError("`merge_lora` folds the adapters' trained values into the layers: pass the "
-                              "model (`yax.merge_lora(mox, model)`).")
+        raise errors.NeedsParams("`merge_lora` folds the adapters' trained values into the layers: pass the "
+                                 "model (`yax.merge_lora(mox, model)`).", "merge_lora")
     eqx = _eqx()
     merged = model
     for n in {n.scope: n for n in nodes}.values():
@@ -366,6 +441,10 @@ def _merge(mox: Mox, model: Any) -> tuple[Mox, Any] | None:
     out: tuple[Mox, Any] = sub(nodes, linear_of, mox, params=merged,
                                keep={"weight": "base/weight", "bias": "base/bias"})
     return out
+
+
+register_adapters(NAME, Adapters(kinds=("eqx.nn.Linear",), make=lambda node, spec: _lora(node, spec.rank, spec.alpha),
+                        merge=lambda mox, model: _merge(mox, model) if mox.frontend == NAME else None))
 
 
 def _cast(module: Any, dtype: Any) -> Any:
@@ -424,10 +503,9 @@ class ModelVariables(Variables):
         ours = [s for s in sites if s.traced.module is not None]
         for s in ours:
             if s.traced.frontend != NAME:
-                raise YaxRewriteError(
-                    f"The replacement `{type(s.traced.module).__name__}` for {where(s.node)} is a "
-                    f"`{s.traced.frontend}` module; its variables cannot live in an Equinox model. Replace with an "
-                    "Equinox module or a function.")
+                raise errors.ForeignModule(
+                    type(s.traced.module).__name__, s.node, s.traced.frontend, "equinox", "an Equinox model",
+                    "Replace with an Equinox module or a function.")
         if not ours:
             return {id(s.node): {} for s in sites}
         self._check(sites)
@@ -435,19 +513,17 @@ class ModelVariables(Variables):
 
     def _check(self, sites: list[Any]) -> None:
         if self.model is None:
-            raise YaxRewriteError(
+            raise errors.NeedsParams(
                 "The replacement has variables; pass `params=model` (the Equinox model the MoX was traced with) "
-                "so yax can return the new model.")
+                "so yax can return the new model.", "sub")
         for s in sites:
             if s.traced.module is None:
-                raise YaxRewriteError(
-                    f"This `sub` mixes Equinox module replacements with other kinds (for {where(s.node)}); do them "
-                    "in two `sub` calls.")
+                raise errors.MixedReplacements("Equinox", s.node)
             if not isinstance(s.node, Mox) or s.node.kind != Kind.MODULE_CALL or s.node.scope is None:
-                raise YaxRewriteError(
-                    f"An Equinox module can replace module calls of the model's own modules, but the pattern "
-                    f"matched {where(s.node)}. Replace activations, equations and modules made inside the "
-                    "model's call with functions.")
+                raise errors.WrongNodeKind(
+                    "An Equinox module", "can replace module calls of the model's own modules", where(s.node),
+                    "Replace activations, equations and modules made inside the model's call with functions.",
+                    s.node)
         errors.PartlyMatchedModule.check(self.root, sites, "Equinox", "one value of the model")
 
     def _sources(self, sc: _Scope, keep: dict[str, str] | None) -> dict[str, str]:
@@ -496,11 +572,10 @@ class ModelVariables(Variables):
             if not any(v in old.values() for v in sc.canon.values()) and keep is None and old and any(
                     (tuple(a.shape), a.dtype) in {(tuple(v.shape[len(lead):]), v.dtype) for v in old.values()}
                     for _, a in flat):
-                raise YaxRewriteError(
-                    f"The replacement `{type(t.module).__name__}` for {where(s.node)} keeps none of its variables, "
-                    "so its trained weights would be replaced by the replacement's own, although it has leaves of "
-                    "the same shapes. Give them the old field names, or say which old leaf each takes with "
-                    "`keep={\"new/path\": \"old/path\"}` (`keep={}` to take the replacement's own values).")
+                raise errors.KeepsNothing(
+                    type(t.module).__name__, s.node, [], "replaced by the replacement's own", "Give them the old "
+                    "field names, or say which old leaf each takes with `keep={\"new/path\": \"old/path\"}` "
+                    "(`keep={}` to take the replacement's own values).")
         elif sc.paths != [p for p, _ in flat]:
             raise errors.SharedVariables(s.node.path)
         return {tv: sc.canon[rel] for (rel, _), tv in zip(flat, t.root.invars) if sc.canon[rel] is not tv}
@@ -551,7 +626,7 @@ def _put(tree: Any, scope: tuple[str, ...], value: Any) -> Any:
 class EquinoxFrontend(Frontend):
     name = NAME
     order = 30
-    lora_kinds = ("eqx.nn.Linear",)
+    libraries = ("equinox",)
     code_homes = (("equinox", "eqx"), ("equinox.nn", "eqx.nn"))
 
     def call_signature(self, target: Any) -> tuple[Callable[..., Any], int] | None:
@@ -559,6 +634,10 @@ class EquinoxFrontend(Frontend):
 
     def hooks(self, rec: Any) -> Any:
         return _patched(rec)
+
+    def settle(self, mox: Mox, rec: Any) -> bool:
+        tr = rec.scratch.get(NAME)
+        return tr is not None and tr.settle(mox, rec)
 
     def accepts(self, fn: Any) -> bool:
         return is_module(fn)
@@ -615,12 +694,6 @@ class EquinoxFrontend(Frontend):
 
     def variables_argument(self, mox: Mox, args: tuple[Any, ...]) -> Any:
         return args[0] if mox.frontend == NAME and args else None
-
-    def lora(self, node: Mox, spec: Any) -> Any:
-        return _lora(node, spec.rank, spec.alpha)
-
-    def merge_lora(self, mox: Mox, params: Any) -> tuple[Mox, Any] | None:
-        return _merge(mox, params) if mox.frontend == NAME else None
 
     def script_names(self, n_inputs: int, has_params: bool) -> list[str]:
         return ["model", "x", *(f"input{i}" for i in range(2, n_inputs + 1))][: n_inputs + 1]

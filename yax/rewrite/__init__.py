@@ -178,7 +178,7 @@ def misfit(repl: Any, node: Any, mox: Mox, *, cast: bool = False, cache: dict[An
         # functions were put in refuses nnx modules only then): a copy of them would drift
         _sub([node], repl, mox, abstract, None, cast, True, None, cache)
     except YaxError as e:
-        return str(e)
+        return errors.message(e)  # a reason, without the docs pointer
     except Exception as e:  # as `sub` reports it
         return str(errors.unexpected("`yax.sub`", e, YaxRewriteError))
     return None
@@ -266,9 +266,9 @@ def _sub(pattern: Any, repl: Any, mox: Mox, params: Any, key: Any, cast: bool, m
     # Trace and check every replacement before building anything.
     layout = frontends.variables(mox, params)
     if layout is None:
-        raise YaxRewriteError(
+        raise errors.ParamsDoNotFit(
             f"`params` is a `{type(params).__name__}`, which no module system of this MoX holds its variables "
-            "in. Pass the variables the MoX was traced with (the first argument of `model.apply`, or an nnx state). "
+            "in.", "Pass the variables the MoX was traced with (the first argument of `model.apply`, or an nnx state). "
             "A MoX of a function that takes the model as an argument (a jitted `forward(model, cache, tokens)`) "
             "holds no variables of its own to rewrite: trace the model itself (`yax.make_mox(model)(tokens, cache)`) "
             "for rewrites that add or change variables; rewrites without new variables (an activation swap) work on "

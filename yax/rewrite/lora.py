@@ -1,9 +1,9 @@
 """LoRA for `sub`, and merging it back: a description here, the adapters in the frontends.
 
 `LoRA` says what to do (rank, alpha) and knows no module system: for each layer it replaces, the
-layer's frontend builds the adapter for that kind of layer (`Frontend.lora`), and `merge_lora` asks
-the frontends to fold their adapters back (`Frontend.merge_lora`). What the adapters share lives in
-`yax._lora`.
+adapters the layer's module system registered (`yax._lora.ADAPTERS`) build the adapter for that
+kind of layer, and `merge_lora` asks the registered systems to fold theirs back. What the adapters
+share lives in `yax._lora`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import jax
 from .. import frontends
 from .._check import check_if_enabled
 from .._ir import Mox
-from ..errors import YaxRewriteError, where
+from .._lora import ADAPTERS
+from ..errors import CannotAdapt, YaxRewriteError
 from .shard import kept_layout
 
 
@@ -57,18 +58,16 @@ class LoRA:
     def __yax_fill__(self, node: Any) -> Any:
         """The adapter for the layer ``node`` called (see `yax.sub`)."""
         if not isinstance(node, Mox) or node.module_type is None:
-            raise YaxRewriteError(f"`yax.LoRA` adapts layers, but {where(node)} is "
-                                  f"{'an equation' if not isinstance(node, Mox) else f'a `{node.kind}`'}.")
+            raise CannotAdapt(node, "layers", f"is {'an equation' if not isinstance(node, Mox) else f'a `{node.kind}`'}",
+                              adapter=False)
         fe = frontends.of_node(node)
-        adapter = fe.lora(node, self)
+        adapters = ADAPTERS.get(fe.name)
+        adapter = adapters.make(node, self) if adapters is not None else None
         if adapter is None:
-            kinds = ", ".join(f"`{k}`" for k in fe.lora_kinds)
+            kinds = ", ".join(f"`{k}`" for k in (adapters.kinds if adapters is not None else ()))
             knows = f"{fe.name}'s {kinds} layers, whose math it knows" if kinds else "no layers of " + (
                 f"`{fe.name}`" if fe.name else "this module system")
-            raise YaxRewriteError(
-                f"`yax.LoRA` adapts {knows}, but {where(node)} is a `{node.type}`. Write an adapter for that "
-                "layer (a module computing the layer plus a low-rank update) and pass it to `yax.sub`."
-            )
+            raise CannotAdapt(node, knows, f"is a `{node.type}`")
         return adapter
 
 
@@ -85,7 +84,7 @@ def merge_lora(mox: Mox, params: Any) -> tuple[Mox, Any]:
     """Fold every adapter `yax.LoRA` put in ``mox`` back into the layer it
     adapts (``kernel + lora_a @ lora_b * alpha / rank``); returns the new MoX
     and parameters (in the layout given), which compute the same function."""
-    found = frontends.first_answer(mox, lambda f: f.merge_lora(mox, params))
+    found = frontends.first_answer(mox, lambda f: ADAPTERS[f.name].merge(mox, params) if f.name in ADAPTERS else None)
     if found is None:
         raise YaxRewriteError("`merge_lora` found no LoRA adapters in this MoX; nothing to merge.")
     return check_if_enabled(kept_layout(mox, found[0], params, found[1]))  # a merged kernel keeps the kernel's sharding

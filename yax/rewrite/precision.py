@@ -24,7 +24,7 @@ from .._ir import Kind, Mox
 from .._precision import Policy, precisions
 from .._vocab import key_name
 from .._xpath import query
-from ..errors import NeedsParams, YaxRewriteError
+from ..errors import BadPolicy, NeedsParams, WrongNodeKind, YaxRewriteError, said
 from . import module_of, sub
 
 #: The layers whose math is matrix products or convolutions, by type, in linen, nnx and Hugging Face's GPT-2.
@@ -71,7 +71,7 @@ def mixed_precision(mox: Mox, policy: Mapping[str, Any] | None = None, params: A
     if policy is None:
         policy = default_policy
     if not isinstance(policy, Mapping):
-        raise YaxRewriteError(
+        raise BadPolicy(policy, None,
             f"`mixed_precision` takes a mapping from queries to policies, but got a `{type(policy).__name__}`. "
             f"For every layer: {{\"//module_call\": {str(policy)!r}}}; PAX's default is `yax.default_policy`.")
     chosen: dict[str, tuple[Mox, Policy]] = {}
@@ -79,10 +79,10 @@ def mixed_precision(mox: Mox, policy: Mapping[str, Any] | None = None, params: A
         pol = Policy.parse(p) if p is not None else None
         for n in query(q, mox):
             if not isinstance(n, Mox) or n.kind != Kind.MODULE_CALL:
-                raise YaxRewriteError(
-                    f"A mixed-precision policy applies to module calls, but {q!r} matched "
-                    f"{getattr(n, 'path', None) or n!r}, a {getattr(n, 'kind', type(n).__name__)}. "
-                    "Add `module_call` to the query: `//module_call[...]`.")
+                raise WrongNodeKind(
+                    "A mixed-precision policy", "applies to module calls",
+                    f"{getattr(n, 'path', None) or n!r}, a {getattr(n, 'kind', type(n).__name__)}",
+                    "Add `module_call` to the query: `//module_call[...]`.", n, pattern=q)
             if pol is None:
                 chosen.pop(n.path, None)
             else:
@@ -105,9 +105,8 @@ def mixed_precision(mox: Mox, policy: Mapping[str, Any] | None = None, params: A
         if changes:
             todo[path] = changes
     if any("param_dtype" in c for c in todo.values()) and params is None:
-        raise YaxRewriteError(
-            "The policy changes the dtype of parameters, which are cast to it: pass them "
-            "(`yax.mixed_precision(mox, policy, params=params)`).")
+        raise NeedsParams("The policy changes the dtype of parameters, which are cast to it: pass them "
+                          "(`yax.mixed_precision(mox, policy, params=params)`).", "mixed_precision")
     new, new_params = mox, params
     # outermost first: a call rebuilt with a dtype re-traces what is inside it, which later levels then set
     for depth in sorted({p.count("/") for p in todo}):
@@ -137,7 +136,8 @@ def mixed_precision(mox: Mox, policy: Mapping[str, Any] | None = None, params: A
                     new, made = sub(targets, rebuilt, new, params=cast, cast=True, key=jax.random.key(0), keep={})
                     new_params = _cast_params(targets, level, made, like=cast)
         except NeedsParams as e:
-            raise NeedsParams(f"`mixed_precision` rebuilds the layers its policy matches. {_said(e)}") from None
+            raise NeedsParams(f"`mixed_precision` rebuilds the layers its policy matches. {_said(e)}",
+                              "mixed_precision") from None
         except YaxRewriteError as e:
             raise YaxRewriteError(f"{_said(e)} To leave a layer out of the policy, map a query for it to None: "
                           "`{**policy, '//module_call[@path=\"...\"]': None}`.") from None
@@ -145,7 +145,7 @@ def mixed_precision(mox: Mox, policy: Mapping[str, Any] | None = None, params: A
 
 
 def _said(e: BaseException) -> str:
-    return str(e).removesuffix(" Nothing was changed.")
+    return said(e)
 
 
 def _cast_params(targets: list[Mox], level: dict[str, dict[str, Any]], params: Any, like: Any = None) -> Any:

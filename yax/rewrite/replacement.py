@@ -24,7 +24,7 @@ import jax
 from .. import errors, frontends
 from .._ir import Equation, Kind, Mox, Packing, Var
 from .._vocab import type_str
-from ..errors import YaxRewriteError
+from ..errors import CannotRebuild, YaxRewriteError
 from ..frontends import MappedCall, Template
 from . import own, thread
 from .splice import repath, subst
@@ -171,10 +171,9 @@ def module_of(node: Mox, **changes: Any) -> Any:
         raise YaxRewriteError(f"`module_of` needs a module call node, but got {node!r}.")
     module = frontends.of_node(node).rebuild(node, changes)
     if module is None:
-        raise YaxRewriteError(
-            f"`module_of` cannot rebuild the `{node.type}` at {node.path!r}: its module system "
-            f"({node.info.frontend or 'plain JAX'}) builds no module from a call's fields. Pass the "
-            "replacement module or function itself to `yax.sub`.")
+        raise CannotRebuild(
+            str(node.type), node.path, f"its module system ({node.info.frontend or 'plain JAX'}) builds no module "
+            "from a call's fields", "Pass the replacement module or function itself to `yax.sub`.")
     return module
 
 

@@ -23,10 +23,8 @@ def matches(pattern: Any, mox: Mox) -> list[Node]:
     for n in found:
         if not isinstance(n, (Mox, Equation)) or (isinstance(n, Mox) and n.kind not in CALL_KINDS):
             what = f"a `{n.kind}` node" if isinstance(n, Mox) else f"`{n!r}`"
-            raise YaxRewriteError(
-                f"`sub` replaces module calls, activations and equations, but the pattern matched {what}. "
-                "Narrow the pattern, e.g. `//module_call[...]`."
-            )
+            raise errors.WrongNodeKind("`sub`", "replaces module calls, activations and equations", what,
+                                       "Narrow the pattern, e.g. `//module_call[...]`.", n)
     return found
 
 
@@ -59,7 +57,7 @@ def locate(mox: Mox, targets: list[Node]) -> tuple[list[Node], dict[int, tuple[A
         inner = ids - {id(t) for t in order}
         outside = [t for t in targets if id(t) in inner and not any(t is n for n in mox.walk())]
         if outside:
-            raise YaxRewriteError(f"{where(outside[0]).capitalize()} is not part of this MoX. Query the MoX you rewrite.")
+            raise YaxRewriteError(f"{where(outside[0], start=True)} is not part of this MoX. Query the MoX you rewrite.")
     return order, nested
 
 

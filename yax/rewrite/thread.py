@@ -80,7 +80,7 @@ def stack(chain: Chain, node: Any) -> tuple[int, ...]:
         rule = RULES.get(eqn.name)
         if rule is None:
             raise YaxRewriteError(
-                f"{where(node).capitalize()} is inside a `{eqn.name}` computation, where yax cannot pass new "
+                f"{where(node, start=True)} is inside a `{eqn.name}` computation, where yax cannot pass new "
                 f"variables yet (it can through {', '.join(sorted(RULES))}). Replace it with a function or a "
                 "module without variables."
             )

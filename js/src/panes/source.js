@@ -3,6 +3,7 @@
 // them (the `source` request, yax_widget/_payloads.py `source`); where it has none, its sentence
 // saying why is shown instead, never lines made up here.
 import { h } from "../dom.js";
+import { createRowPane } from "./details.js";
 
 /** The pane's content for a `source` reply: a heading `file:line` (the whole path as its tooltip)
  * and the numbered lines, the node's own marked; or the reply's note. Pure: returns elements. */
@@ -18,28 +19,8 @@ export function sourceView(reply) {
 }
 
 /** The pane `el`: `show(id)` asks for the lines of row `id` (null: none selected) and shows them,
- * unless another row was asked for meanwhile. */
+ * unless another row was asked for meanwhile (`createRowPane`). */
 export function createSourcePane({ el, request }) {
-  let asked = 0;
-  let shown;
-  async function show(id) {
-    if (id === shown) return;
-    shown = id;
-    const n = ++asked;
-    if (id === null || id === undefined) {
-      el.replaceChildren(h("div", { class: "yax-hint" }, "Select a row to see the lines of code that made it."));
-      return;
-    }
-    el.replaceChildren(h("div", { class: "yax-hint" }, "reading…"));
-    try {
-      const reply = await request("source", { id });
-      if (n === asked) el.replaceChildren(...sourceView(reply));
-    } catch (err) {
-      if (n === asked) {
-        shown = undefined; // asked again next time
-        el.replaceChildren(h("div", { class: "yax-error" }, err.message));
-      }
-    }
-  }
-  return { show, reset: () => { shown = undefined; } };
+  return createRowPane({ el, ask: (id) => request("source", { id }), view: sourceView,
+    hint: "Select a row to see the lines of code that made it.", waiting: "reading…" });
 }

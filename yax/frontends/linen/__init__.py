@@ -34,7 +34,6 @@ from ..._record import CallInfo, Recorder, marked_call, recorder
 from ...errors import YaxRewriteError, where
 from .. import _mapped as _vmap
 from .._protocol import Frontend, MappedCall, Variables, engine
-from . import _lora
 from ._lora import LoRA as LoRA
 
 _SKIP_FIELDS = ("parent", "name")
@@ -211,28 +210,27 @@ def _find(args: Any, values: Any) -> tuple[tuple[Any, ...], Any]:
     prefix = next((h[: len(h) - len(first)] for h in by_path if h.endswith(first)
                    and all(h[: len(h) - len(first)] + _keystr(kp) in by_path for kp, _ in flat)), None)
     if prefix is None:
-        raise YaxRewriteError(
+        raise errors.ParamsDoNotFit(
             "`params` is not among the arguments the MoX was traced with: no argument holds its "
-            f"leaf `{first}` together with all its other leaves. Pass the variables as the MoX takes "
+            f"leaf `{first}` together with all its other leaves.", "Pass the variables as the MoX takes "
             "them: the dict given to `model.apply` (`{'params': ...}`), or the bare `params` collection "
-            "where the traced function takes that (`model(ids, params=params)`)."
-        )
+            "where the traced function takes that (`model(ids, params=params)`).", leaf=first)
     for kp, x in flat:
         v = by_path[prefix + _keystr(kp)][1]
         if not isinstance(v, Var) or tuple(np.shape(x)) != v.shape:
-            raise YaxRewriteError(
-                f"`params` leaf `{_keystr(kp)}` has shape {tuple(np.shape(x))}, but the MoX was traced "
-                f"with {getattr(v, 'shape', 'a static value')}. Pass the parameters it was traced with."
-            )
+            expected, found = getattr(v, "shape", "a static value"), tuple(np.shape(x))
+            raise errors.ParamsDoNotFit(
+                f"`params` leaf `{_keystr(kp)}` has shape {found}, but the MoX was traced with {expected}.",
+                "Pass the parameters it was traced with.", _keystr(kp), expected, found)
     where = by_path[prefix + first][0][: -len(flat[0][0])]
     given = {prefix + _keystr(kp) for kp, _ in flat}
     missing = [h[len(prefix):] for h, (kp, leaf) in by_path.items()
                if kp[: len(where)] == where and isinstance(leaf, Var) and h not in given]
     if missing:
-        raise YaxRewriteError(
-            f"`params` lacks {len(missing)} of the variables the MoX was traced with (first `{missing[0]}`). "
-            "Pass all the variables it was traced with; `sub` returns them with the replaced modules' changed."
-        )
+        raise errors.ParamsDoNotFit(
+            f"`params` lacks {len(missing)} of the variables the MoX was traced with (first `{missing[0]}`).",
+            "Pass all the variables it was traced with; `sub` returns them with the replaced modules' changed.",
+            missing[0])
     return where, jax.tree_util.tree_map_with_path(lambda kp, _: by_path[prefix + _keystr(kp)][1], values)
 
 
@@ -259,10 +257,9 @@ def _empty_dict(args: Any) -> tuple[tuple[Any, ...], Any]:
     for path, d in _dicts(args):
         if not d and len(path) > 1:
             return path, {}
-    raise YaxRewriteError(
-        "`params` is empty and the MoX takes no empty variables dict to put new variables in. Pass the "
-        "variables the model was traced with, or trace a function that takes them (`model.apply({}, x)`)."
-    )
+    raise errors.ParamsDoNotFit(
+        "`params` is empty and the MoX takes no empty variables dict to put new variables in.", "Pass the "
+        "variables the model was traced with, or trace a function that takes them (`model.apply({}, x)`).")
 
 
 def _holds_leaf(v: Any, shape: tuple[int, ...]) -> bool:
@@ -451,11 +448,10 @@ class DictVariables(Variables):
                 self.scopes.setdefault(node.scope, _Scope(node))  # its variables are dropped
             return {}
         if t.frontend != frontend.name:
-            raise YaxRewriteError(
-                f"The replacement `{type(t.module).__name__}` for {where(node)} is a `{t.frontend}` module, "
-                "whose variables cannot live in a linen variables dict. Trace the model with its own module "
-                "system (`yax.make_mox(model)`), or replace it with a linen module or a function."
-            )
+            raise errors.ForeignModule(
+                type(t.module).__name__, node, t.frontend, frontend.name, "a linen variables dict", "Trace the "
+                "model with its own module system (`yax.make_mox(model)`), or replace it with a linen module or a "
+                "function.")
         if is_module and node.scope is None:
             raise YaxRewriteError(f"Cannot tell where the variables of {where(node)} live: it has no scope.")
         self._search()
@@ -552,24 +548,20 @@ class DictVariables(Variables):
                 "them. Replace it with a function of its inputs, or adapt the module that owns the weights."
             )
         if alike:
-            raise YaxRewriteError(
-                f"The replacement `{type(sc.traced.module).__name__}` for {where(sc.node)} keeps none of its "
-                f"variables, so its trained weights would be initialised afresh, although the replacement has "
-                f"leaves of the same shapes ({', '.join(f'`{p}`' for p in alike[:4])}). Give them the old "
-                "names, or say which old leaf each takes with `keep={\"params/new/kernel\": \"params/kernel\"}` "
-                "(`keep={}` to initialise all afresh)."
-            )
+            raise errors.KeepsNothing(
+                type(sc.traced.module).__name__, sc.node, alike, "initialised afresh", "Give them the old names, "
+                "or say which old leaf each takes with `keep={\"params/new/kernel\": \"params/kernel\"}` "
+                "(`keep={}` to initialise all afresh).")
 
     def _check_placeable(self, sc: _Scope, flat: list[Any]) -> None:
         """Without ``params`` only kept variables are possible; in a bare
         ``params`` collection only ``params`` can go."""
         t, node = sc.traced, sc.node
         if not self.given and len(sc.kept) < len(flat):
-            raise YaxRewriteError(
+            raise errors.NeedsParams(
                 f"The replacement `{type(t.module).__name__}` for {where(node)} has variables the model does "
                 "not have; pass `params=` (the variables the MoX was traced with) and `key=` so yax can "
-                "place and initialise them."
-            )
+                "place and initialise them.", "sub")
         other = sorted(c for c in (t.var_avals or {}) if self._keys(c, ()) is None)
         if other:
             raise YaxRewriteError(
@@ -639,6 +631,8 @@ class DictVariables(Variables):
 class LinenFrontend(Frontend):
     name = "linen"
     order = 20
+    #: kauldron wraps Flax's `Module.apply`/`init` process-wide once imported (gemma does)
+    libraries = ("flax", "kauldron")
 
     def hooks(self, rec: Any) -> Any:
         return nn.intercept_methods(_interceptor)
@@ -666,9 +660,7 @@ class LinenFrontend(Frontend):
         fields = {f.name for f in dataclasses.fields(t) if f.init and f.name not in _SKIP_FIELDS}
         unknown = sorted(set(changes or {}) - fields)
         if unknown:
-            raise YaxRewriteError(
-                f"`module_of` changes fields of the `{t.__name__}` at {node.path!r}, which has no field "
-                f"{', '.join(f'`{k}`' for k in unknown)}. Its fields: {', '.join(sorted(fields))}.")
+            raise errors.UnknownFields(t.__name__, node.path, unknown, sorted(fields))
         # parent=None: a template, never adopted by a module whose method happens to be running
         return t(**{"parent": None, **{k: v for k, v in node.attrs.items() if k in fields}, **(changes or {})})
 
@@ -728,13 +720,6 @@ class LinenFrontend(Frontend):
         if inspect.ismethod(target) and isinstance(target.__self__, nn.Module) and target.__name__ == "apply":
             return target.__self__.__call__, 0  # `model.apply(variables, *inputs)`: the inputs of `__call__`
         return (target.__call__, 0) if isinstance(target, nn.Module) else None
-    lora_kinds = ("Dense", "DenseGeneral", "Einsum", "Conv")  # and any other layer linear in one weight
-
-    def lora(self, node: Mox, spec: Any) -> Any:
-        return _lora.adapter(node, spec.rank, spec.alpha)
-
-    def merge_lora(self, mox: Mox, params: Any) -> tuple[Mox, Any] | None:
-        return _lora.merge(mox, params)
 
 
 _defaults_cache: dict[type, dict[str, Any]] = {}

@@ -1,4 +1,4 @@
-"""LoRA for linen layers (`LinenFrontend.lora`, `LinenFrontend.merge_lora`).
+"""LoRA for linen layers (registered in `yax._lora.ADAPTERS` at the end).
 
 `LoRA` adapts any layer that is linear in one weight (its ``kernel``, or its
 only parameter of two or more axes) without knowing its math: it runs the
@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..._ir import Mox
-from ..._lora import abstract_inputs, contraction, delta, no_weight, weight_name
-from ...errors import YaxRewriteError, where
+from ..._lora import Adapters, abstract_inputs, contraction, delta, no_weight, register_adapters, weight_name
+from ...errors import CannotAdapt, NeedsParams, YaxRewriteError
 from .._protocol import engine
 
 
@@ -102,9 +102,7 @@ def adapter(node: Mox, rank: int, alpha: float) -> LoRA | None:
         axes = (f"its variables in a scope it shares with other variables ({', '.join(sorted(set(params) - set(own)))}; "
                 "`nn.share_scope`), where an adapter's `lora_a`/`lora_b` would meet the other layer's")
     if isinstance(axes, str):
-        raise YaxRewriteError(
-            f"`yax.LoRA` adapts a layer linear in one weight, but {where(node)} has {axes}. Write an adapter for "
-            "that layer (a module computing the layer plus a low-rank update) and pass it to `yax.sub`.")
+        raise CannotAdapt(node, "a layer linear in one weight", f"has {axes}")
     assert name is not None
     return LoRA(rank=rank, alpha=alpha, base=functools.partial(type(base), **fields), weight=name, in_axes=axes,
                 held_dtype=held_dtype, parent=None)
@@ -142,8 +140,8 @@ def merge(mox: Mox, params: Any) -> tuple[Mox, Any] | None:
     if not nodes:
         return None
     if params is None:
-        raise YaxRewriteError("`merge_lora` folds the adapters' trained values into the layers: pass the "
-                              "parameters (`yax.merge_lora(mox, params)`).")
+        raise NeedsParams("`merge_lora` folds the adapters' trained values into the layers: pass the "
+                          "parameters (`yax.merge_lora(mox, params)`).", "merge_lora")
     odd = next((n for n in nodes if n.attrs["held_dtype"] is not None), None)
     if odd is not None:
         layer = odd.attrs["base"].func
@@ -173,3 +171,7 @@ def merge(mox: Mox, params: Any) -> tuple[Mox, Any] | None:
 
     out: tuple[Mox, Any] = sub(nodes, layer_of, mox, params=merged)
     return out
+
+
+register_adapters("linen", Adapters(kinds=("Dense", "DenseGeneral", "Einsum", "Conv"),  # and any other layer linear in one weight
+                           make=lambda node, spec: adapter(node, spec.rank, spec.alpha), merge=merge))

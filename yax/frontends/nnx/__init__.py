@@ -20,7 +20,7 @@ import numpy as np
 from ..._ir import Mox
 from ..._sharding import spec_of
 from .._protocol import Frontend, MappedCall, Variables, engine
-from . import _lora, _rebuild
+from . import _lora, _rebuild  # noqa: F401  # _lora registers nnx's LoRA adapters (yax._lora.ADAPTERS)
 from ._base import NAME, flax_nnx, is_module
 from ._state import StateVariables, replace_modules
 from ._trace import init_defaults, module_target, patched_methods
@@ -43,6 +43,7 @@ def _module_and_method(fn: Any) -> tuple[Any, str]:
 class NnxFrontend(Frontend):
     name = NAME
     order = 10
+    libraries = ("flax",)
 
     def hooks(self, rec: Any) -> Any:
         return patched_methods(rec)
@@ -67,7 +68,6 @@ class NnxFrontend(Frontend):
         return _rebuild.rebuild(node, changes)
 
     activation_homes = ("flax.nnx",)
-    lora_kinds = _lora.KINDS
     code_homes = (("flax.nnx", "nnx"),)
 
     def call_signature(self, target: Any) -> tuple[Callable[..., Any], int] | None:
@@ -107,12 +107,6 @@ class NnxFrontend(Frontend):
         passed = set(mox.invars)
         return [j for j, i in enumerate(outs.dyn) if i in mine or mox.outvars[j] not in passed]
 
-
-    def lora(self, node: Mox, spec: Any) -> Any:
-        return _lora.adapter(node, spec.rank, spec.alpha)
-
-    def merge_lora(self, mox: Mox, params: Any) -> tuple[Mox, Any] | None:
-        return _lora.merge(mox, params) if mox.frontend == self.name else None
 
     def script_names(self, n_inputs: int, has_params: bool) -> list[str]:
         return ["net", "batch", *(f"input{i}" for i in range(2, n_inputs + 1))][: n_inputs + 1]

@@ -1,4 +1,4 @@
-"""LoRA for nnx layers (`NnxFrontend.lora`, `NnxFrontend.merge_lora`).
+"""LoRA for nnx layers (registered in `yax._lora.ADAPTERS` at the end).
 
 ``nnx.Linear`` becomes `LoRALinear`: nnx's own ``nnx.LoRALinear`` (its state
 laid out the same) with LoRA's scale, ``(x @ lora_a @ lora_b) * alpha / rank``,
@@ -42,10 +42,19 @@ import jax
 import jax.numpy as jnp
 
 from ..._ir import Mox
-from ..._lora import abstract_inputs, contraction, delta, first_a, no_weight, weight_name
-from ...errors import YaxRewriteError, where
+from ..._lora import (
+    Adapters,
+    abstract_inputs,
+    contraction,
+    delta,
+    first_a,
+    no_weight,
+    register_adapters,
+    weight_name,
+)
+from ...errors import CannotAdapt
 from .._protocol import engine
-from ._base import flax_nnx
+from ._base import NAME, flax_nnx
 from ._rebuild import builder
 
 
@@ -152,10 +161,7 @@ def _generic(node: Mox, rank: int, alpha: float) -> Any:
     built = _base(node) if not isinstance(axes, str) else axes
     if isinstance(built, str) or isinstance(axes, str):
         why = built if isinstance(built, str) else axes
-        raise YaxRewriteError(
-            f"`yax.LoRA` adapts nnx's `{node.type}` layers whose math it knows, but {where(node)} has {why}. "
-            "Write an adapter for that layer (a module computing the layer plus a low-rank update) and pass it "
-            "to `yax.sub`.")
+        raise CannotAdapt(node, f"nnx's `{node.type}` layers whose math it knows", f"has {why}")
     return lora_type()(built[0], axes, rank, alpha, rngs=flax_nnx().Rngs(0))
 
 
@@ -186,9 +192,7 @@ def _any(node: Mox, rank: int, alpha: float) -> Any:
         axes = contraction(apply, jax.ShapeDtypeStruct(w.shape, w.dtype), abstract_inputs(node))
         why = axes if isinstance(axes, str) else None
     if why is not None:
-        raise YaxRewriteError(
-            f"`yax.LoRA` adapts an nnx layer linear in one weight, but {where(node)} has {why}. Write an adapter "
-            "for that layer (a module computing the layer plus a low-rank update) and pass it to `yax.sub`.")
+        raise CannotAdapt(node, "an nnx layer linear in one weight", f"has {why}")
     return lora_type()(built[0], axes, rank, alpha, rngs=nnx.Rngs(0), weight=name)
 
 
@@ -328,3 +332,7 @@ def merge(mox: Mox, state: Any) -> tuple[Mox, Any] | None:
 
     out: tuple[Mox, Any] = sub(nodes, layer_of, mox, params=new_state)
     return out
+
+
+register_adapters(NAME, Adapters(kinds=KINDS, make=lambda node, spec: adapter(node, spec.rank, spec.alpha),
+                        merge=lambda mox, state: merge(mox, state) if mox.frontend == NAME else None))

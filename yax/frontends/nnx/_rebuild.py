@@ -22,7 +22,7 @@ from typing import Any
 import jax
 
 from ..._ir import Mox
-from ...errors import YaxRewriteError
+from ...errors import CannotRebuild, UnknownFields
 from ._base import flax_nnx, is_module_type
 from ._trace import module_attrs
 
@@ -92,14 +92,11 @@ def rebuild(node: Mox, changes: Mapping[str, Any] | None = None) -> Any:
         takes = []
     unknown = sorted(set(changes) - set(takes))
     if unknown:
-        raise YaxRewriteError(
-            f"`module_of` passes changes to the constructor of the `{t.__name__}` at {node.path!r}, which takes "
-            f"no {', '.join(f'`{k}`' for k in unknown)}. It takes: {', '.join(takes)}.")
+        raise UnknownFields(t.__name__, node.path, unknown, takes, "constructor argument")
     build = builder(node)
     if isinstance(build, str):
-        raise YaxRewriteError(
-            f"`module_of` rebuilds the `{t.__name__}` at {node.path!r} from its constructor, but it has {build}. "
-            f"Build the replacement yourself: `{t.__name__}(...)`.")
+        raise CannotRebuild(t.__name__, node.path, f"it has {build}",
+                            f"Build the replacement yourself: `{t.__name__}(...)`.")
     return build(rngs=flax_nnx().Rngs(0), **changes)
 
 

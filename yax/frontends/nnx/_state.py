@@ -104,24 +104,16 @@ def _check_fits(new: Any, node: Mox) -> None:
     try:
         out = nnx.eval_shape(call, nnx.clone(new), *avals)
     except Exception as e:
-        raise YaxRewriteError(
-            f"The replacement `{_what(new)}` for {where(node)} could not be called the way the model calls "
-            f"it (inputs {' '.join(map(type_str, node.inputs))}): {type(e).__name__}: {e}"
-        ) from None
+        raise errors.NotTraceable(_what(new), node, " ".join(map(type_str, node.inputs)), e,
+                                  "Try a module whose method takes the inputs the model gives it.") from None
     got = [x for x in jax.tree_util.tree_leaves(out, is_leaf=lambda x: isinstance(x, nnx.Pytree))
            if isinstance(x, jax.ShapeDtypeStruct)]
     want = node.outputs
     if len(got) != len(want):
-        raise YaxRewriteError(
-            f"The replacement `{_what(new)}` for {where(node)} returns {len(got)} arrays, but the node returns "
-            f"{len(want)} ({' '.join(map(type_str, want))})."
-        )
+        raise errors.WrongCount(_what(new), node, "outputs", len(got), len(want), " ".join(map(type_str, want)))
     for i, (a, b) in enumerate(zip(got, want)):
         if tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
-            raise YaxRewriteError(
-                f"The replacement `{_what(new)}` for {where(node)} does not fit: its output {i} is "
-                f"{type_str(a)} but the node's is {type_str(b)}."
-            )
+            raise errors.DoesNotFit(_what(new), node, i, type_str(a), type_str(b))
 
 
 def _stacked(node: Mox, module: Any) -> bool:
@@ -137,10 +129,9 @@ def _module_calls(targets: list[Any]) -> list[Mox]:
     calls = []
     for n in targets:
         if not isinstance(n, Mox) or n.kind != Kind.MODULE_CALL or not is_module_type(n.module_type):
-            raise YaxRewriteError(
-                f"`replace_modules` replaces nnx modules, but the pattern matched {where(n)}. Narrow the "
-                "pattern to `//module_call[...]`, or rewrite activations and equations of the MoX with `yax.sub`."
-            )
+            raise errors.WrongNodeKind(
+                "`replace_modules`", "replaces nnx modules", where(n), "Narrow the pattern to `//module_call[...]`, "
+                "or rewrite activations and equations of the MoX with `yax.sub`.", n)
         calls.append(n)
     return calls
 
@@ -219,7 +210,7 @@ def _surgery_plan(mox: Mox, targets: list[Mox], copy: Any, repl: Any) -> list[tu
         old = _get(copy, n.scope)
         if _stacked(n, old):
             raise YaxRewriteError(
-                f"{where(n).capitalize()} runs inside a transform over stacked layers (`nnx.scan` or "
+                f"{where(n, start=True)} runs inside a transform over stacked layers (`nnx.scan` or "
                 "`nnx.vmap`): the module there holds every layer's variables at once. Replace it by "
                 "rebuilding the stack (e.g. with `nnx.vmap` of a factory), not per layer."
             )
@@ -266,10 +257,8 @@ class StateVariables(Variables):
         ours = [s for s in sites if s.traced.frontend == NAME]
         for s in sites:
             if s.traced.module is not None and s.traced.frontend != NAME:
-                raise YaxRewriteError(
-                    f"The replacement `{_what(s.traced.module)}` for {where(s.node)} is a `{s.traced.frontend}` "
-                    "module; its variables cannot live in an nnx state. Replace with an nnx module or a function."
-                )
+                raise errors.ForeignModule(_what(s.traced.module), s.node, s.traced.frontend, NAME, "an nnx state",
+                                           "Replace with an nnx module or a function.")
         if not ours:
             return {id(s.node): {} for s in sites}
         self._check(sites)
@@ -277,10 +266,9 @@ class StateVariables(Variables):
         old_in = {p: (t, v) for p, t, v in flat_state(state_vars)}
         values = {p: x for p, _, x in flat_state(self.params)}
         if set(values) != set(old_in):
-            raise YaxRewriteError(
-                "`params` is not the state the MoX was traced with: its variables are at other paths. "
-                "Pass `state` from `graphdef, state = nnx.split(model)`."
-            )
+            raise errors.ParamsDoNotFit(
+                "`params` is not the state the MoX was traced with: its variables are at other paths.",
+                "Pass `state` from `graphdef, state = nnx.split(model)`.")
         self._old_in = old_in
         return {id(s.node): self._assign(s, old_in, values, key) for s in sites}
 
@@ -294,19 +282,13 @@ class StateVariables(Variables):
         if self.params is None:
             raise errors.NeedsParams(
                 "The replacement has variables; pass `params=state` (with `graphdef, state = nnx.split(model)`) "
-                "so yax can return the new state."
-            )
+                "so yax can return the new state.", "sub")
         for s in sites:
             if s.traced.module is None:
-                raise YaxRewriteError(
-                    f"This `sub` mixes nnx module replacements with other kinds (a `{_what(s.repl)}` for "
-                    f"{where(s.node)}); do them in two `sub` calls."
-                )
+                raise errors.MixedReplacements("nnx", s.node, f"a `{_what(s.repl)}` ")
             if not isinstance(s.node, Mox) or s.node.kind != Kind.MODULE_CALL or s.node.scope is None:
-                raise YaxRewriteError(
-                    f"An nnx module can replace module calls, but the pattern matched {where(s.node)}. "
-                    "Replace activations and equations with functions."
-                )
+                raise errors.WrongNodeKind("An nnx module", "can replace module calls", where(s.node),
+                                           "Replace activations and equations with functions.", s.node)
         # A module is one object: all its calls change together, so all must be matched.
         errors.PartlyMatchedModule.check(self.root, sites, "nnx", "one object")
         if self.root.graphdef is not None:
