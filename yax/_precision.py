@@ -137,3 +137,15 @@ def is_mixed(mox: Mox) -> bool:
     """Whether the calls of ``mox`` use more than one floating dtype (tables then show each call's)."""
     return len({d for p in precisions(mox).values() for v in (p.params, p.compute, p.output) if v
                 for d in v.split("+")}) > 1
+
+
+#: Which variables of a module system's layout hold parameters (`yax.mixed_precision`'s
+#: ``param_dtype`` casts them), by frontend name: a system whose variables are objects
+#: (nnx's ``Variable``) registers a test of one (`register_param_rule`); plain arrays are
+#: parameters where the layout puts them (a linen dict's ``params`` collection).
+PARAM_RULES: dict[str, Any] = {}
+
+
+def register_param_rule(system: str, is_param: Any) -> None:
+    """``is_param(variable)``: whether a variable object of ``system`` holds a parameter."""
+    PARAM_RULES[system] = is_param

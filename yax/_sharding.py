@@ -34,8 +34,8 @@ import jax.numpy as jnp
 import ml_dtypes
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ._calls import formals
-from ._ir import CALL_KINDS, Equation, Mox, Var
+from ._calls import formals, index
+from ._ir import Equation, Mox, Var
 
 
 def _sharding(x: Any) -> Any:
@@ -161,7 +161,8 @@ def call_specs(root: Mox) -> dict[int, str]:
 
 def _reads(root: Mox, wanted: dict[Var, Any]) -> dict[Mox, list[Var]]:
     """Call node -> the ``wanted`` root vars its equations read, in the order first
-    read; followed through call inputs and into nested computations (without recursion)."""
+    read; followed through call inputs and into nested computations (in the node
+    index's order: `yax._calls.index`)."""
     alias: dict[Var, Var] = {v: v for v in wanted}
     reads: dict[Mox, dict[Var, None]] = {}
 
@@ -170,31 +171,21 @@ def _reads(root: Mox, wanted: dict[Var, Any]) -> dict[Mox, list[Var]]:
             if isinstance(a, Var) and a in alias:
                 alias[f] = alias[a]
 
-    stack: list[tuple[Any, Mox | None]] = [(iter(root.children), None)]
-    while stack:
-        it, owner = stack[-1]
-        c = next(it, None)
-        if c is None:
-            stack.pop()
-            continue
-        if isinstance(c, Mox):
+    idx = index(root)
+    for i, c in enumerate(idx.nodes):
+        if isinstance(c, Mox):  # a call (or a nested computation, whose inputs are its own)
             bind(c.invars, c.inputs)
-            stack.append((iter(c.children), c if c.kind in CALL_KINDS else owner))
-            continue
-        subs = c.subs
-        if not subs:
-            if owner is not None:
-                for a in c.inputs:
-                    if isinstance(a, Var) and a in alias:
-                        reads.setdefault(owner, {})[alias[a]] = None
-            continue
-        _into(c, subs, bind)
-        for _, body in reversed(subs):
-            stack.append((iter(body.children), owner))
+        elif c.subs:
+            _into(c, bind)
+        elif idx.callers[i] >= 0:
+            owner = idx.nodes[idx.callers[i]]
+            for a in c.inputs:
+                if isinstance(a, Var) and a in alias:
+                    reads.setdefault(owner, {})[alias[a]] = None  # type: ignore[arg-type]  # a caller is a call
     return {call: list(vs) for call, vs in reads.items()}
 
 
-def _into(eqn: Equation, subs: list[tuple[str, Mox]], bind: Any) -> None:
+def _into(eqn: Equation, bind: Any) -> None:
     """Alias the parameters of the computations ``eqn`` holds to its inputs."""
     for _, _, pairs in formals(eqn):
         bind([f for f, _, _ in pairs], [a for _, a, _ in pairs])

@@ -7,7 +7,6 @@ import math
 
 from . import _calls
 from ._ir import CALL_KINDS, Equation, Kind, Mox, delegate
-from ._map import Node
 from ._precision import is_mixed, precisions
 from ._vocab import type_str
 
@@ -33,18 +32,9 @@ def all_flops(mox: Mox) -> dict[int, int | None]:
     length of a scan. ``None`` where the count is not known before the
     program runs (`FLOPS_UNKNOWN`): a ``while`` loop's body runs a number of times
     known only then, and one branch of a ``cond`` runs, chosen then (unless
-    its branches cost the same). One pass, no recursion."""
-    order: list[Node] = []
-    stack: list[Node] = [mox]
-    while stack:
-        n = stack.pop()
-        order.append(n)
-        if isinstance(n, Mox):
-            stack.extend(n.children)
-        elif _own_flops(n) is None:
-            stack.extend(s for _, s in n.subs)
+    its branches cost the same). One pass over the node index (`_calls.index`)."""
     out: dict[int, int | None] = {}
-    for n in reversed(order):  # children before parents
+    for n in reversed(_calls.index(mox).nodes):  # pre-order reversed: children before parents
         if isinstance(n, Mox):
             counts = [out[id(c)] for c in n.children]
             out[id(n)] = None if None in counts else sum(counts)  # type: ignore[arg-type]
@@ -55,8 +45,8 @@ def all_flops(mox: Mox) -> dict[int, int | None]:
 
 
 #: Why a FLOP count is not known (`all_flops` gives ``None``).
-FLOPS_UNKNOWN = ("not known before it runs: it holds a `while` loop, whose body runs a number of times known only "
-           "then, or a `cond` whose branches differ in cost, one of which runs")
+FLOPS_UNKNOWN = ("not known before it runs: it holds a `while` loop, whose body runs a number of times known "
+                 "only then, or a `cond` whose branches differ in cost, one of which runs")
 
 
 def _held(eqn: Equation, subs: list[int | None]) -> int | None:

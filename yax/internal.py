@@ -35,6 +35,7 @@ Contents:
                    `variables_argument` (which of them `yax.sub`'s ``params=`` takes)
   frontends        `Frontend`, `register`, `frontends` (all, in order), `frontend_named`,
                    `Adapters`/`register_adapters`/`ADAPTERS` (a module system's LoRA adapters),
+                   `Script`/`register_script`/`script_of` (what copy-as-code writes for its models),
                    `unwrap_target` (a model holding its own variables as a function of them)
   files            `check_target` (a path a file can be written to, else a sentence), `staged`
                    (files written whole beside their paths and renamed at the end, or not at all)
@@ -81,6 +82,9 @@ from ._print import shown_params as shown_params
 from ._record import CallInfo as CallInfo
 from ._record import marked_call as marked_call
 from ._record import recorder as recorder
+from ._scripts import Script as Script
+from ._scripts import register_script as register_script
+from ._scripts import script_of as script_of
 from ._sharding import call_specs as call_specs
 from ._sharding import is_sharded as is_sharded
 from ._sharding import reduced_stats as reduced_stats

@@ -12,14 +12,14 @@ from typing import Any
 import yax
 from yax import Equation, Mox
 from yax.errors import WrongType
-from yax.internal import frontends, node_ids
+from yax.internal import frontends, node_ids, script_of
 
 
 def _homes() -> list[tuple[str, str]]:
     """Where users import things from, as ``(module, alias)``, most familiar
     first: yax and JAX, then each frontend's modules (``flax.linen`` as ``nn``)."""
     first = [("yax", "yax"), ("jax.nn", "jax.nn"), ("jax.numpy", "jnp")]
-    return [*first, *(h for f in frontends() for h in f.code_homes), ("yax_widget", "yax_widget")]
+    return [*first, *(h for f in frontends() for h in script_of(f.name).homes), ("yax_widget", "yax_widget")]
 
 
 def _dotted(name: Any) -> bool:

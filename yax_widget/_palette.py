@@ -17,8 +17,8 @@ import numpy as np
 
 import yax
 from yax import Equation, Mox
-from yax.errors import NothingToRewrite, UnknownName, WrongType
-from yax.internal import frontends, is_decider, is_module, misfit
+from yax.errors import UnknownName, WrongType
+from yax.internal import frontends, is_decider, is_module, misfit, script_of
 
 from ._code import replacement_code, xpath_for
 
@@ -56,7 +56,7 @@ class PartialFit(yax.YaxRewriteError):
 def _script_names() -> frozenset[str]:
     """Names the script "copy as code" writes uses itself: its own, and the aliases of the frontends' modules."""
     return frozenset({"jax", "yax", "mox", "params", "KEY", "jnp", "np",
-                      *(alias.split(".")[0] for f in frontends() for _, alias in f.code_homes)})
+                      *(alias.split(".")[0] for f in frontends() for _, alias in script_of(f.name).homes)})
 
 
 def _identifier(name: str, taken: set[str]) -> str:
@@ -246,7 +246,7 @@ class Palette:
             raise yax.YaxRewriteError(f"The policy {item.name!r} could not be applied: {e}") from None
         new, new_params = done if params is not None else (done, None)
         if new is mox:
-            raise NothingToRewrite(
+            raise yax.YaxRewriteError(  # its own sentence (as `NothingToRewrite` it read "The pattern `…` matched no node")
                 f"{item.name} changes nothing there: no call inside it computes in another dtype than the policy "
                 "asks (dense-like and convolution layers, norms, for `yax.default_policy`). Drop it on a row "
                 "holding such layers, or on the whole model.")
@@ -262,7 +262,7 @@ class Palette:
         try:
             self._policy(xpath_for(node, mox), item, mox, abstract)
         except yax.YaxError as e:
-            return str(e)
+            return yax.errors.message(e)  # a reason, without the docs pointer, as `misfit` gives it
         return None
 
     def _partial_fit(self, item: Item, found: list[Any], pattern: str, mox: Mox, params: Any, key: Any,

@@ -13,7 +13,7 @@ import symtable
 from typing import Any
 
 from yax.errors import WrongType
-from yax.internal import frontend_named, unwrap_target
+from yax.internal import frontend_named, script_of, unwrap_target
 
 
 def hf_call(target: Any, args: tuple) -> tuple[Any, tuple]:
@@ -180,7 +180,7 @@ def opening_lines(kind: str, names: list[str] | None, n_args: int, kwargs: dict,
         if fe is None:  # a MoX: only its parameters are needed to make `mox` and `params`
             model, inputs = "mox0", ["variables"] if has_params and n_args else []
         else:  # arguments the frontend put first (an nnx state, a wrapper's parameters) are not named
-            model, *inputs = fe.script_names(n_args - fe.prepended, has_params)
+            model, *inputs = script_of(fe.name).names(n_args - fe.prepended, has_params)
         kw, named = _guessed_keywords({} if fe is None else kwargs, {model, *inputs, *_SCRIPT_NAMES})
         listed = [model, *inputs, *named]
         comment = f"# {', '.join(f'`{n}`' for n in listed)}: what was given to Explorer(...); use your names"
@@ -188,7 +188,7 @@ def opening_lines(kind: str, names: list[str] | None, n_args: int, kwargs: dict,
         lines = [f"mox = {model}"] + ([f"params = {inputs[0]}"] if has_params and inputs else [])
     else:
         lines = [line.replace(f"yax.make_mox({model})", f"yax.make_mox({model}{static})")
-                 for line in fe.script(model, inputs, kw, has_params)]
+                 for line in script_of(fe.name).lines(model, inputs, kw, has_params)]
     return ([comment] if comment else []) + lines
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -241,25 +241,8 @@ class Frontend:
         its variables first). The explorer's export names the inputs so."""
         return None
 
-    #: ``(module, alias)``: where users import this system's modules from
-    #: (``("flax.linen", "nn")``), for the expressions copy-as-code writes.
-    code_homes: tuple[tuple[str, str], ...] = ()
-
-    def script_names(self, n_inputs: int, has_params: bool) -> list[str]:
-        """The usual names of a model of this system and its ``n_inputs``
-        inputs, for a script written without the user's own names."""
-        first = ["variables"] if has_params else []
-        rest = ["x" if not has_params else "batch"] + [f"input{i}" for i in range(2, n_inputs + 1)]
-        return ["fn" if not has_params else "model", *(first + rest)[:n_inputs]]
-
-    def script(self, model: str, inputs: Sequence[str], kwargs: str, has_params: bool) -> list[str]:
-        """Lines of Python making ``mox`` (and ``params``, with ``has_params``)
-        from the model given as ``model`` and its inputs given as ``inputs``
-        (their expressions; ``kwargs``: ``", k=v"`` text), as this frontend
-        traced them. By default ``mox = yax.make_mox(model)(*inputs)``, the
-        parameters being the first input."""
-        lines = [f"mox = yax.make_mox({model})({', '.join(inputs)}{kwargs})"]
-        return lines + ([f"params = {inputs[0]}"] if has_params and inputs else [])
+    # What copy-as-code writes to trace this system's model again is a table the system registers
+    # into (`yax._scripts.register_script`), not a member here.
 
     #: How many arguments `arguments` (or `unwrap`) puts before those the model
     #: is called with (an nnx state, a wrapper's parameters).

@@ -44,6 +44,7 @@ from .._ir import Kind, ModuleInfo, Mox, Packing, Var
 from .._lora import Adapters, first_a, register_adapters
 from .._patching import Patches
 from .._record import CallInfo, Recorder, marked_call, recorder
+from .._scripts import Script, register_script
 from ..errors import YaxRewriteError, where
 from . import _mapped
 from ._protocol import Frontend, MappedCall, Variables, engine
@@ -627,7 +628,6 @@ class EquinoxFrontend(Frontend):
     name = NAME
     order = 30
     libraries = ("equinox",)
-    code_homes = (("equinox", "eqx"), ("equinox.nn", "eqx.nn"))
 
     def call_signature(self, target: Any) -> tuple[Callable[..., Any], int] | None:
         return (target.__call__, 0) if is_module(target) else None  # the model itself is no parameter of it
@@ -695,14 +695,16 @@ class EquinoxFrontend(Frontend):
     def variables_argument(self, mox: Mox, args: tuple[Any, ...]) -> Any:
         return args[0] if mox.frontend == NAME and args else None
 
-    def script_names(self, n_inputs: int, has_params: bool) -> list[str]:
-        return ["model", "x", *(f"input{i}" for i in range(2, n_inputs + 1))][: n_inputs + 1]
-
-    def script(self, model: str, inputs: Sequence[str], kwargs: str, has_params: bool) -> list[str]:
-        call = (", ".join(inputs) + kwargs).removeprefix(", ")  # keyword inputs only: no comma first
-        return [f"mox = yax.make_mox({model})({call})", f"params = {model}"]
-
     prepended = 1  # the model itself
 
 
 frontend = EquinoxFrontend()
+
+
+def _lines(model: str, inputs: Sequence[str], kwargs: str, has_params: bool) -> list[str]:
+    call = (", ".join(inputs) + kwargs).removeprefix(", ")  # keyword inputs only: no comma first
+    return [f"mox = yax.make_mox({model})({call})", f"params = {model}"]
+
+
+register_script(NAME, Script(names=lambda n, has_params: ["model", "x", *(f"input{i}" for i in range(2, n + 1))][: n + 1],
+                             lines=_lines, homes=(("equinox", "eqx"), ("equinox.nn", "eqx.nn"))))

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .._scripts import Script, register_script
 from ._protocol import Frontend
 
 
@@ -62,13 +63,14 @@ class HuggingFace(Frontend):
         call.__name__ = call.__qualname__ = type(target).__name__
         return call, (params, *args)
 
-    def script_names(self, n_inputs: int, has_params: bool) -> list[str]:
-        return ["model", "batch", *(f"input{i}" for i in range(2, n_inputs + 1))][: n_inputs + 1]
 
-    def script(self, model: str, inputs: Sequence[str], kwargs: str, has_params: bool) -> list[str]:
-        # the wrapper's parameters first, as `unwrap` traces it; its keyword inputs (`input_ids=`) passed on
-        return [f"mox = yax.make_mox(lambda params, *inputs, **kwargs: {model}(*inputs, params=params, **kwargs))"
-                f"({', '.join([f'{model}.params', *inputs])}{kwargs})", f"params = {model}.params"]
+
+def _lines(model: str, inputs: Sequence[str], kwargs: str, has_params: bool) -> list[str]:
+    # the wrapper's parameters first, as `unwrap` traces it; its keyword inputs (`input_ids=`) passed on
+    return [f"mox = yax.make_mox(lambda params, *inputs, **kwargs: {model}(*inputs, params=params, **kwargs))"
+            f"({', '.join([f'{model}.params', *inputs])}{kwargs})", f"params = {model}.params"]
 
 
 frontend = HuggingFace()
+register_script(frontend.name, Script(
+    names=lambda n, has_params: ["model", "batch", *(f"input{i}" for i in range(2, n + 1))][: n + 1], lines=_lines))

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import _activations
+from .._scripts import Script, register_script
 from . import Frontend
 
 
@@ -33,9 +34,12 @@ class JaxFrontend(Frontend):
     def prepare(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Any]:
         return _activations.marking(fn), args, kwargs, None  # a bare activation is a node too
 
-    def script(self, model: str, inputs: Sequence[str], kwargs: str, has_params: bool) -> list[str]:
-        call = (", ".join(inputs) + kwargs).removeprefix(", ")  # `fn(x=...)`: keyword inputs only, no comma first
-        return [f"mox = yax.make_mox({model})({call})"] + ([f"params = {inputs[0]}"] if has_params and inputs else [])
+
+
+def _lines(model: str, inputs: Sequence[str], kwargs: str, has_params: bool) -> list[str]:
+    call = (", ".join(inputs) + kwargs).removeprefix(", ")  # `fn(x=...)`: keyword inputs only, no comma first
+    return [f"mox = yax.make_mox({model})({call})"] + ([f"params = {inputs[0]}"] if has_params and inputs else [])
 
 
 frontend = JaxFrontend()
+register_script(frontend.name, Script(lines=_lines))

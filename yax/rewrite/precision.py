@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from .. import frontends
 from .._check import check_if_enabled
 from .._ir import Kind, Mox
-from .._precision import Policy, precisions
+from .._precision import PARAM_RULES, Policy, precisions
 from .._vocab import key_name
 from .._xpath import query
 from ..errors import BadPolicy, NeedsParams, WrongNodeKind, YaxRewriteError, said
@@ -161,10 +161,8 @@ def _cast_params(targets: list[Mox], level: dict[str, dict[str, Any]], params: A
     def variable(x: Any) -> bool:
         return type(x).__name__ != "ArrayImpl" and hasattr(x, "get_value") and hasattr(x, "replace")
 
-    def param(x: Any) -> bool:
-        from ..frontends.nnx._base import flax_nnx, nnx_loaded
-
-        return not variable(x) or (nnx_loaded() and isinstance(x, flax_nnx().Param))
+    def param(x: Any) -> bool:  # a plain array, or a variable object some system says holds a parameter
+        return not variable(x) or any(rule(x) for rule in PARAM_RULES.values())
 
     source = {} if like is None else {tuple(map(key_name, kp)): x for kp, x in
                                         jax.tree_util.tree_flatten_with_path(like, is_leaf=variable)[0]}

@@ -31,6 +31,7 @@ import numpy as np
 from ... import _activations, errors
 from ..._ir import Kind, ModuleInfo, Mox, Var
 from ..._record import CallInfo, Recorder, marked_call, recorder
+from ..._scripts import Script, register_script
 from ...errors import YaxRewriteError, where
 from .. import _mapped as _vmap
 from .._protocol import Frontend, MappedCall, Variables, engine
@@ -714,7 +715,6 @@ class LinenFrontend(Frontend):
         return args[0] if args and isinstance(args[0], Mapping) else None
 
     activation_homes = ("flax.linen", "flax.linen.activation")
-    code_homes = (("flax.linen", "nn"),)
 
     def call_signature(self, target: Any) -> tuple[Callable[..., Any], int] | None:
         if inspect.ismethod(target) and isinstance(target.__self__, nn.Module) and target.__name__ == "apply":
@@ -734,3 +734,4 @@ def _defaults(cls: type) -> dict[str, Any]:
 
 
 frontend = LinenFrontend()
+register_script(frontend.name, Script(homes=(("flax.linen", "nn"),)))

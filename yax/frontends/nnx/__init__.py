@@ -18,10 +18,12 @@ import jax
 import numpy as np
 
 from ..._ir import Mox
+from ..._precision import register_param_rule
+from ..._scripts import Script, register_script
 from ..._sharding import spec_of
 from .._protocol import Frontend, MappedCall, Variables, engine
 from . import _lora, _rebuild  # noqa: F401  # _lora registers nnx's LoRA adapters (yax._lora.ADAPTERS)
-from ._base import NAME, flax_nnx, is_module
+from ._base import NAME, flax_nnx, is_module, nnx_loaded
 from ._state import StateVariables, replace_modules
 from ._trace import init_defaults, module_target, patched_methods
 
@@ -68,7 +70,6 @@ class NnxFrontend(Frontend):
         return _rebuild.rebuild(node, changes)
 
     activation_homes = ("flax.nnx",)
-    code_homes = (("flax.nnx", "nnx"),)
 
     def call_signature(self, target: Any) -> tuple[Callable[..., Any], int] | None:
         return (target.__call__, 0) if is_module(target) else None  # the state is no parameter of `__call__`
@@ -108,13 +109,14 @@ class NnxFrontend(Frontend):
         return [j for j, i in enumerate(outs.dyn) if i in mine or mox.outvars[j] not in passed]
 
 
-    def script_names(self, n_inputs: int, has_params: bool) -> list[str]:
-        return ["net", "batch", *(f"input{i}" for i in range(2, n_inputs + 1))][: n_inputs + 1]
 
-    def script(self, model: str, inputs: Sequence[str], kwargs: str, has_params: bool) -> list[str]:
-        call = (", ".join(inputs) + kwargs).removeprefix(", ")  # keyword inputs only: no comma first
-        return ["from flax import nnx", f"mox = yax.make_mox({model})({call})",
-                f"params = nnx.state({model})"]
+
+def _lines(model: str, inputs: Sequence[str], kwargs: str, has_params: bool) -> list[str]:
+    call = (", ".join(inputs) + kwargs).removeprefix(", ")  # keyword inputs only: no comma first
+    return ["from flax import nnx", f"mox = yax.make_mox({model})({call})", f"params = nnx.state({model})"]
 
 
 frontend = NnxFrontend()
+register_script(NAME, Script(names=lambda n, has_params: ["net", "batch", *(f"input{i}" for i in range(2, n + 1))][: n + 1],
+                             lines=_lines, homes=(("flax.nnx", "nnx"),)))
+register_param_rule(NAME, lambda x: nnx_loaded() and isinstance(x, flax_nnx().Param))  # `mixed_precision`'s param_dtype
