@@ -9,7 +9,7 @@
 #                                 and the suite on the newest JAX without the browser and the
 #                                 slowest tests (`-m "not e2e and not slow"`: the zoos, the docs
 #                                 site, fresh kernels, the biggest models), the oracle drawing 3
-#                                 examples a property; about 6 minutes on 2 cores once JAX's
+#                                 examples a property; about 5 minutes on 2 cores once JAX's
 #                                 compilation cache (.jax-cache/, kept between fast runs) is warm.
 #
 # Further arguments go to pytest (both tiers), e.g. `--fast tests/test_eval.py -x`.
@@ -24,7 +24,7 @@ unset PYTHONDONTWRITEBYTECODE
 # JAX's persistent compilation cache: the suite compiles many of the same programs in different
 # tests and processes (on a 2-core CPU: the third-party zoo's tests 157 -> 131 s). The full command
 # starts from an empty one (nothing carries over from an earlier run); the fast tier keeps one in
-# .jax-cache/ (git-ignored) between runs: its suite takes 5.5 instead of 9.6 minutes once warm.
+# .jax-cache/ (git-ignored) between runs: its suite takes 4.5-5 instead of 9.6 minutes once warm.
 if ((FAST)); then
     export JAX_COMPILATION_CACHE_DIR="$PWD/.jax-cache"
 else
