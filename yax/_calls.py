@@ -221,7 +221,6 @@ def _leaves(tree: Any) -> list[Any]:
     return [a for a in jax.tree_util.tree_leaves(tree) if hasattr(a, "shape")]
 
 
-
 def formals(eqn: Equation) -> list[tuple[str, Mox, list[tuple[Any, Any, str]]]]:
     """For each computation ``eqn`` holds (``(param name, body)``), its formal
     parameters paired with the inputs of ``eqn`` they take, and how: ``whole``

@@ -30,7 +30,7 @@ def all_flops(mox: Mox) -> dict[int, int | None]:
     """``id(node)`` -> the FLOPs of matrix products and convolutions of every
     node under ``mox`` (itself included): nested computations times the
     length of a scan. ``None`` where the count is not known before the
-    program runs (`FLOPS_UNKNOWN`): a ``while`` loop's body runs a number of times
+    program runs (`flops_unknown_why` says why): a ``while`` loop's body runs a number of times
     known only then, and one branch of a ``cond`` runs, chosen then (unless
     its branches cost the same). One pass over the node index (`_calls.index`)."""
     out: dict[int, int | None] = {}
@@ -44,9 +44,16 @@ def all_flops(mox: Mox) -> dict[int, int | None]:
     return out
 
 
-#: Why a FLOP count is not known (`all_flops` gives ``None``).
-FLOPS_UNKNOWN = ("not known before it runs: it holds a `while` loop, whose body runs a number of times known "
-                 "only then, or a `cond` whose branches differ in cost, one of which runs")
+def flops_unknown_why(node: Mox | Equation, known: dict[int, int | None]) -> str:
+    """Why the FLOPs of ``node`` are not known (``known``: `all_flops`, ``None`` there): the
+    ``while`` loop or ``cond`` below it (or itself) whose count is where the unknown starts."""
+    inside = node.walk() if isinstance(node, Mox) else (n for _, body in node.subs for n in body.walk())
+    for e in (node, *inside):
+        if isinstance(e, Equation) and known[id(e)] is None and all(known[id(b)] is not None for _, b in e.subs):
+            if _calls.how(e) == "while":
+                return "not known before it runs: a `while` loop in it runs its body a number of times known only then"
+            return "not known before it runs: one branch of a `cond` in it runs, and its branches differ in cost"
+    raise ValueError("the FLOPs of this node are known")
 
 
 def _held(eqn: Equation, subs: list[int | None]) -> int | None:
@@ -63,7 +70,7 @@ def _held(eqn: Equation, subs: list[int | None]) -> int | None:
 
 
 def flops(mox: Mox) -> int | None:
-    """FLOPs of matrix products and convolutions under ``mox`` (``None``: `FLOPS_UNKNOWN`)."""
+    """FLOPs of matrix products and convolutions under ``mox`` (``None``: `flops_unknown_why`)."""
     return all_flops(mox)[id(mox)]
 
 
@@ -131,5 +138,5 @@ def summary(mox: Mox) -> str:
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table]
     if total is None:
-        lines.append(f"* FLOPs {FLOPS_UNKNOWN}.")
+        lines.append(f"* FLOPs {flops_unknown_why(mox, known)}.")
     return "\n".join(lines)

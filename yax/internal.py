@@ -21,7 +21,7 @@ Contents:
                    (the keys `capture` gives every call and equation)
   folding          `structure_keys` (equal for calls of the same structure: the tree's ×N rows)
   cost             `all_flops` (every node's FLOPs of matrix products and convolutions, ``None``
-                   where not known before running: `FLOPS_UNKNOWN` says why), `how` (how a
+                   where not known before running: `flops_unknown_why` says why), `how` (how a
                    higher-order equation runs what it holds: `yax._calls.HIGHER_ORDER`)
   sharding         `call_specs` (how the parameters each call reads are laid out: the view's
                    ``@sharding``), `spread` (whether a value is held on several devices)
@@ -93,8 +93,8 @@ from ._sharding import spec_text as spec_text
 from ._sharding import spread as spread
 from ._source import Location as Location
 from ._source import lines_around as lines_around
-from ._summary import FLOPS_UNKNOWN as FLOPS_UNKNOWN
 from ._summary import all_flops as all_flops
+from ._summary import flops_unknown_why as flops_unknown_why
 from ._trace import trace_target as trace_target
 from ._view import build_view as build_view
 from ._view import element_ids as element_ids

@@ -33,7 +33,7 @@ import jax
 import numpy as np
 
 import yax
-from yax.internal import CALL_KINDS, FLOPS_UNKNOWN, all_flops, how, node_index, param_copies
+from yax.internal import CALL_KINDS, all_flops, flops_unknown_why, how, node_index, param_copies
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,11 +91,12 @@ class Cost(RowData):
     title = "Cost"
 
     def details(self, mox: yax.Mox, node: yax.Mox | yax.Equation) -> Details:
-        flops = all_flops(mox)[id(node)]
+        known = all_flops(mox)
+        flops = known[id(node)]
         idx = node_index(mox)
         steps = self._steps(idx, node)
         rows = [["FLOPs (matrix products, convolutions)", "unknown" if flops is None else _n(flops),
-                 self._unknown(node) if flops is None else self._how(node, flops)]]
+                 flops_unknown_why(node, known) if flops is None else self._how(node, flops)]]
         if isinstance(steps, str):
             rows.append(["runs", "unknown", f"not known before it runs: {steps}"])
         elif math.prod(steps) > 1:
@@ -137,18 +138,6 @@ class Cost(RowData):
                             if rule == "while" else "inside one branch of a `cond`, which runs or not")
             i = idx.parents[i]
         return tuple(reversed(steps))
-
-    @staticmethod
-    def _unknown(node: Any) -> str:
-        """Why the FLOPs of ``node`` are not known before it runs: the loop or branch inside it."""
-        inside = [node] if isinstance(node, yax.Equation) else []
-        inside += [e for e in (node.walk() if isinstance(node, yax.Mox) else (n for _, b in node.subs for n in b.walk()))
-                   if isinstance(e, yax.Equation)]
-        if any(how(e) == "while" for e in inside):
-            return "not known before it runs: a `while` loop in it runs its body a number of times known only then"
-        if any(how(e) == "cond" for e in inside):
-            return "not known before it runs: one branch of a `cond` in it runs, and its branches differ in cost"
-        return FLOPS_UNKNOWN
 
     @staticmethod
     def _how(node: Any, flops: int) -> str:

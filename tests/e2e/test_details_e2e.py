@@ -8,6 +8,8 @@ any console error fails."""
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 from .lab import Notebook
@@ -15,20 +17,9 @@ from .lab import Notebook
 pytestmark = pytest.mark.e2e
 
 CELLS = [
-    """import json, jax, jax.numpy as jnp, numpy as np, flax.linen as nn, yax
+    """import json, jax, jax.numpy as jnp, numpy as np, yax
+from cost_model import Net
 from yax_widget import Explorer
-
-class Layer(nn.Module):
-    @nn.compact
-    def __call__(self, h, _):
-        return nn.relu(nn.Dense(6)(h)), None
-
-class Net(nn.Module):
-    @nn.compact
-    def __call__(self, x):
-        h = nn.Dense(6, name="inp")(x)
-        h, _ = nn.scan(Layer, variable_axes={"params": 0}, split_rngs={"params": True}, length=3)(name="layers")(h, None)
-        return jax.lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] @ jnp.ones((6, 6))), (0, h))[1]
 
 model, x = Net(), jnp.ones((2, 4))
 params = model.init(jax.random.key(0), x)
@@ -59,6 +50,7 @@ ex2""",
 
 @pytest.fixture(scope="module")
 def notebook(lab):
+    (lab.root / "cost_model.py").write_text((pathlib.Path(__file__).parents[1] / "cost_model.py").read_text())
     with lab.notebook("details.ipynb", CELLS) as nb:
         yield nb
 

@@ -6,33 +6,17 @@ analysis added as a Python class only (a tab of its own, answered through the
 
 from __future__ import annotations
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from cost_model import Net
 
 import yax
 from yax.internal import node_index
 from yax_widget import Session
 from yax_widget._protocol import answer
 from yax_widget._providers import PROVIDERS, Details, RowData, register
-
-
-class Layer(nn.Module):
-    @nn.compact
-    def __call__(self, h, _):
-        return nn.relu(nn.Dense(6)(h)), None
-
-
-class Net(nn.Module):
-    """A Dense, a scanned stack of three Dense layers, a `while` loop of products."""
-
-    @nn.compact
-    def __call__(self, x):
-        h = nn.Dense(6, name="inp")(x)
-        h, _ = nn.scan(Layer, variable_axes={"params": 0}, split_rngs={"params": True}, length=3)(name="layers")(h, None)
-        return jax.lax.while_loop(lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] @ jnp.ones((6, 6))), (0, h))[1]
 
 
 @pytest.fixture(scope="module")

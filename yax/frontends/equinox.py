@@ -165,19 +165,18 @@ class _Trace:
             return None, []
         t, tree = type(module), jax.tree_util.tree_structure(module)
         shapes = [np.shape(x) for x in jax.tree_util.tree_leaves(module) if _is_array(x)]
-        same, stacked, options = [], [], []
+        stacked, options = [], []
         for x, p, s in self.paths.values():
             if type(x) is not t or x is module or not p.startswith(self.paths[id(parent)][1]):
                 continue
             if jax.tree_util.tree_structure(x) != tree:  # type: ignore[operator]  # no PyTreeDef stubs
                 continue
-            same.append((p, s))
             options.append((x, p, s))
             theirs = [np.shape(y) for y in jax.tree_util.tree_leaves(x) if _is_array(y)]
             if len(theirs) == len(shapes) and all(len(a) == len(b) + 1 and a[1:] == b
                                                   for a, b in zip(theirs, shapes)):
                 stacked.append((p, s))
-        pick = stacked if stacked else same
+        pick = stacked if stacked else [(p, s) for _, p, s in options]
         return (pick[0] if len(pick) == 1 else None), options
 
     def _arrays(self, module: Any, path: str) -> tuple[str, ...]:
@@ -203,9 +202,15 @@ class _Trace:
             if node is None:
                 continue
             read = {names[bound[v][0]] for v in _free(node) if v in bound}
-            fits = [(p, s) for x, p, s in options if s is not None and read and p in self.keys
-                    and all(r.endswith(self._arrays(x, p)) for r in read)]
-            if len(fits) != 1 or (fits[0][0], fits[0][1]) == (call.path, call.info.scope):
+            if not read:
+                continue
+            fits = []
+            for x, p, s in options:
+                if s is not None and p in self.keys:
+                    arrays = self._arrays(x, p)  # once an option, not once a read
+                    if all(r.endswith(arrays) for r in read):
+                        fits.append((p, s))
+            if len(fits) != 1 or fits[0] == (call.path, call.info.scope):
                 continue
             (path, scope), old, old_scope = fits[0], call.path, call.info.scope or ()
             for n in [node, *node.walk()]:
@@ -214,9 +219,9 @@ class _Trace:
                     continue
                 c.path = path + c.path[len(old):]
                 s = c.info.scope
-                if c is call or s is None:
-                    s = scope if c is call else s
-                elif s[:len(old_scope)] == old_scope:
+                if c is call:
+                    s = scope
+                elif s is not None and s[:len(old_scope)] == old_scope:
                     s = scope + s[len(old_scope):]
                 c.info = dataclasses.replace(c.info, scope=s)
             call.name = path.rsplit("/", 1)[-1]

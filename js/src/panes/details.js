@@ -2,6 +2,7 @@
 // row, as a heading, a table of text and a note. Every provider is painted by this one module: a new
 // analysis is a Python class, not front-end code. Nothing is computed here: the text is Python's.
 import { h } from "../dom.js";
+import { createRowPane } from "./rowpane.js";
 
 /** The pane's content for a `details` reply: heading, table, note. Pure: returns elements. A table
  * whose columns are unnamed is a list of `[label, value, explanation...]`: each explanation goes under
@@ -17,35 +18,6 @@ export function detailsView(reply) {
     h("tbody", {}, (reply.rows || []).map((row) => h("tr", {}, cells(row)))));
   const note = reply.note ? h("div", { class: "yax-hint yax-details-note" }, reply.note) : null;
   return [head, table, note].filter(Boolean);
-}
-
-/** A pane showing what the kernel says of the selected row: `show(id)` asks `ask(id)` for row `id`
- * (null: none selected, `hint` shown) and shows `view(reply)`, unless another row was asked for
- * meanwhile; a failure shows the kernel's message, and the row is asked again next time. `reset()`:
- * ask again at the next `show` (the model changed). The Source tab and every provider's tab. */
-export function createRowPane({ el, ask, view, hint, waiting }) {
-  let asked = 0;
-  let shown;
-  async function show(id) {
-    if (id === shown) return;
-    shown = id;
-    const n = ++asked;
-    if (id === null || id === undefined) {
-      el.replaceChildren(h("div", { class: "yax-hint" }, hint));
-      return;
-    }
-    el.replaceChildren(h("div", { class: "yax-hint" }, waiting));
-    try {
-      const reply = await ask(id);
-      if (n === asked) el.replaceChildren(...view(reply));
-    } catch (err) {
-      if (n === asked) {
-        shown = undefined; // asked again next time
-        el.replaceChildren(h("div", { class: "yax-error" }, err.message));
-      }
-    }
-  }
-  return { show, reset: () => { shown = undefined; } };
 }
 
 /** The pane `el` of the provider `provider` (`createRowPane` asking `details`). */

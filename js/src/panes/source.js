@@ -3,7 +3,7 @@
 // them (the `source` request, yax_widget/_payloads.py `source`); where it has none, its sentence
 // saying why is shown instead, never lines made up here.
 import { h } from "../dom.js";
-import { createRowPane } from "./details.js";
+import { createRowPane } from "./rowpane.js";
 
 /** The pane's content for a `source` reply: a heading `file:line` (the whole path as its tooltip)
  * and the numbered lines, the node's own marked; or the reply's note. Pure: returns elements. */
