@@ -140,3 +140,15 @@ def test_capture_patch_and_the_explorer():
         assert yax.query('count(//module_call[@type="LoRA"])', ex.mox) == 6.0
     finally:
         ex.close()
+
+
+def test_compiled_cost_is_xlas_and_names_every_call():
+    from helpers import check_compiled_cost
+
+    model, params, mox = traced()
+    cost = check_compiled_cost(mox, params, TOKENS)
+    want = jax.jit(model.apply).lower(params, TOKENS).compile().cost_analysis()
+    assert cost.xla["flops"] == want["flops"]  # the program yax compiled is the library's own
+    # the attention projections' matrix products are theirs: 2·m·n·k at least (XLA adds their elementwise work)
+    q = cost["Transformer/layer_0/attn/q_einsum"]
+    assert q.flops >= 2 * 16 * 32 * 4 * 8

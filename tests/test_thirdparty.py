@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import check_compiled_cost
 from thirdparty import CASES, case
 
 import yax
@@ -208,3 +209,11 @@ def test_activation_swap_matches_the_model_patched_by_hand(name):
     assert not np.allclose(jax.tree_util.tree_leaves(want)[0], jax.tree_util.tree_leaves(c.fn(*c.args, **c.kwargs))[0])
     assert_close(yax.eval_mox(new, *c.args, **c.kwargs), want)
     assert yax.query(f'count(//*[@name="{act}"])', mox) == n  # the original is untouched
+
+
+@by_case
+def test_compiled_cost_is_xlas_and_names_every_call(name):
+    c, mox = traced(name)
+    cost = check_compiled_cost(mox, *c.args, **c.kwargs)
+    want = jax.jit(lambda *a: c.fn(*a, **c.kwargs)).lower(*c.args).compile().cost_analysis()
+    assert cost.xla["flops"] == want["flops"]  # the program yax compiled is the model's own

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import check_compiled_cost
 from zoo_nnx import CASES
 
 import yax
@@ -193,3 +194,11 @@ def test_the_explorer_swaps_and_compares(name):
         assert_close(out_of(c, got if c.functional else got[0]), out_of(c, want), rtol=1e-4, atol=1e-5)
     finally:
         ex.close()
+
+
+@by_case
+def test_compiled_cost_is_xlas_and_names_every_call(name):
+    c, target, args, mox = traced(name)
+    mox_args = args if c.functional else (nnx.state(target), *args)
+    cost = check_compiled_cost(mox, *mox_args)
+    assert cost.calls[""].total["flops"] is None or cost.calls[""].total["flops"] > 0

@@ -19,6 +19,8 @@ from ._compare import Stats as Stats
 from ._compare import compare as compare
 from ._compare import compare_all as compare_all
 from ._compare import port_tolerances as port_tolerances
+from ._cost import Cost as Cost
+from ._cost import cost as cost
 from ._diff import Diff as Diff
 from ._diff import diff as diff
 from ._dot import to_dot as to_dot

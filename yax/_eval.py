@@ -64,10 +64,12 @@ def run(mox: Mox, args: Sequence[Any], consts: Sequence[Any] | None = None,
     return [_read(env, a) for a in mox.outvars]
 
 
-def bind(c: Equation, vals: list[Any]) -> list[Any]:
-    """Bind one equation's primitive on ``vals``; its outputs as a list."""
+def bind(c: Equation, vals: list[Any], hooks: Hooks | None = None) -> list[Any]:
+    """Bind one equation's primitive on ``vals``; its outputs as a list. With
+    ``hooks``, its nested computations are traced again from their MoX with
+    those hooks (not cached), so the hooks see the calls inside them."""
     try:
-        params, lifted = _bind_params(c)
+        params, lifted = _bind_params(c) if hooks is None else _retrace(c, hooks)
         vals = [*lifted, *vals]
         if isinstance(params, tuple):  # older JAX: (subfuns, params)
             subfuns, params = params
@@ -126,18 +128,30 @@ def _bind_params(eqn: Equation) -> tuple[Any, tuple[Any, ...]]:
         return eqn.primitive.get_bind_params(eqn.params), ()
     cached = _retraced.get(eqn)
     if cached is None:
-        jaxprs: dict[str, Any] = {}
-        lifted: tuple[Any, ...] = ()
-        for k, v in eqn.params.items():
-            if k in eqn._jaxprs:
-                jaxprs[k] = eqn._jaxprs[k]
-            elif isinstance(v, Mox):
-                jaxprs[k], lifted = _to_jaxpr(v, eqn)
-            elif holds_mox(v):
-                jaxprs[k] = tuple(_to_jaxpr(x, eqn, lift=False)[0] for x in v)
-        cached = _retraced[eqn] = (jaxprs, lifted)
+        cached = _retraced[eqn] = _jaxprs(eqn, None)
     jaxprs, lifted = cached
     return eqn.primitive.get_bind_params({**eqn.params, **jaxprs}), lifted
+
+
+def _retrace(eqn: Equation, hooks: Hooks) -> tuple[Any, tuple[Any, ...]]:
+    """`_bind_params` with every nested computation traced again under ``hooks``."""
+    jaxprs, lifted = _jaxprs(eqn, hooks)
+    return eqn.primitive.get_bind_params({**eqn.params, **jaxprs}), lifted
+
+
+def _jaxprs(eqn: Equation, hooks: Hooks | None) -> tuple[dict[str, Any], tuple[Any, ...]]:
+    """The jaxprs to bind ``eqn``'s nested computations with (the original ones where
+    nothing was marked and no ``hooks`` watch), and the constants lifted to inputs."""
+    jaxprs: dict[str, Any] = {}
+    lifted: tuple[Any, ...] = ()
+    for k, v in eqn.params.items():
+        if k in eqn._jaxprs and hooks is None:
+            jaxprs[k] = eqn._jaxprs[k]
+        elif isinstance(v, Mox):
+            jaxprs[k], lifted = _to_jaxpr(v, eqn, hooks=hooks)
+        elif holds_mox(v):
+            jaxprs[k] = tuple(_to_jaxpr(x, eqn, lift=False, hooks=hooks)[0] for x in v)
+    return jaxprs, lifted
 
 
 # Primitives whose open body takes the equation's inputs as they come, so
@@ -145,11 +159,11 @@ def _bind_params(eqn: Equation) -> tuple[Any, tuple[Any, ...]]:
 _TAKES_MORE_INPUTS = frozenset({"checkpoint", "remat", "remat2"})
 
 
-def _to_jaxpr(sub: Mox, eqn: Equation, lift: bool = True) -> tuple[Any, tuple[Any, ...]]:
+def _to_jaxpr(sub: Mox, eqn: Equation, lift: bool = True, hooks: Hooks | None = None) -> tuple[Any, tuple[Any, ...]]:
     """A JAX jaxpr for a nested MoX, with the type JAX expects in ``eqn``, and
     the constants it takes as leading inputs (open bodies only)."""
     avals = [jax.ShapeDtypeStruct(v.shape, v.dtype, weak_type=v.weak_type) for v in sub.invars]
-    closed = jax.make_jaxpr(lambda *xs: run(sub, xs))(*avals)
+    closed = jax.make_jaxpr(lambda *xs: run(sub, xs, hooks=hooks))(*avals)
     if sub.attrs.get("closed", True):
         return closed, ()
     if not closed.consts:

@@ -475,9 +475,9 @@ class Mox(_Typed):
         """`yax.pprint` of this node; ``source=True`` ends each line with the user's ``# file.py:line``."""
         return _delegates["pprint"](self, source=source)  # type: ignore[no-any-return]
 
-    def summary(self) -> str:
-        """A table of module calls: path, type, shapes, parameters, FLOPs."""
-        return _delegates["summary"](self)  # type: ignore[no-any-return]
+    def summary(self, cost: Any = None) -> str:
+        """A table of module calls: path, type, shapes, parameters, FLOPs (`yax.summary`)."""
+        return _delegates["summary"](self, cost)  # type: ignore[no-any-return]
 
     # -- printing (`yax.pprint`) ---------------------------------------------
     def __str__(self) -> str:

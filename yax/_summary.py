@@ -4,11 +4,13 @@ and FLOPs (matrix products and convolutions), like ``flax.linen.tabulate``."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from . import _calls
 from ._ir import CALL_KINDS, Equation, Kind, Mox, delegate
 from ._precision import is_mixed, precisions
 from ._vocab import type_str
+from .errors import YaxInputError
 
 
 def _own_flops(eqn: Equation) -> int | None:
@@ -96,7 +98,7 @@ def _params(mox: Mox, node: Mox) -> str:
 
 
 @delegate("summary")
-def summary(mox: Mox) -> str:
+def summary(mox: Mox, cost: Any = None) -> str:
     """A table of module calls: path, type, input/output shapes, parameters
     owned, FLOPs and, where calls differ in them, the dtypes of their
     parameters, computation and outputs (``f32/bf16/f32``, see
@@ -104,6 +106,11 @@ def summary(mox: Mox) -> str:
     shown as ``×N``, and hold ``×N`` sets of parameters when the scan slices them per step).
     FLOPs that cannot be known before the program runs (a call holding a ``while`` loop, or a
     ``cond`` whose branches differ in cost) show as ``unknown*``, with a line saying why.
+
+    With ``cost`` (a `yax.Cost` of this MoX from `yax.cost`), three more columns
+    from the compiled program: its FLOPs (elementwise ones included, as XLA counts),
+    bytes accessed and collectives per run, every run of a call and the calls under
+    it included, per device.
 
     Example:
       >>> import jax, jax.numpy as jnp, flax.linen as nn, yax
@@ -117,7 +124,9 @@ def summary(mox: Mox) -> str:
     known = all_flops(mox)
     pols = precisions(mox)
     mixed = is_mixed(mox)  # shown when calls differ
-    table = [("path", "type", "inputs", "outputs", "params", "flops") + (("dtypes p/c/o",) if mixed else ())]
+    compiled = _compiled(mox, cost)
+    table = [("path", "type", "inputs", "outputs", "params", "flops") + (("dtypes p/c/o",) if mixed else ())
+             + (("xla flops", "xla bytes", "collectives") if compiled else ())]
     for depth, node, mult in rows:
         f = known[id(node)]
         table.append(
@@ -129,14 +138,43 @@ def summary(mox: Mox) -> str:
                 _params(mox, node),
                 "unknown*" if f is None else (f"{f:,}".replace(",", "_") + (f" ×{mult}" if mult > 1 else "")) if f
                 else "",
-            ) + ((pols[id(node)].short(),) if mixed else ())
+            ) + ((pols[id(node)].short(),) if mixed else ()) + (compiled[id(node)] if compiled else ())
         )
     top = [n for d, n, _ in rows if d == 0 and n.kind == Kind.MODULE_CALL]
     total = known[id(mox)]
     table.append(("total", "", "", "", f"{sum(n.num_params for n in top):,}".replace(",", "_"),
-                  "unknown*" if total is None else f"{total:,}".replace(",", "_")) + (("",) if mixed else ()))
+                  "unknown*" if total is None else f"{total:,}".replace(",", "_")) + (("",) if mixed else ())
+                 + (compiled[id(mox)] if compiled else ()))
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in table]
     if total is None:
         lines.append(f"* FLOPs {flops_unknown_why(mox, known)}.")
+    if compiled:
+        whys = sorted({c.why for c in cost.calls.values() if c.why})
+        lines += [f"* compiled: {w}." for w in whys]
+        if cost.devices > 1:
+            lines.append(f"xla flops, bytes and collectives: per device, of the {cost.devices} the program runs on.")
     return "\n".join(lines)
+
+
+def _compiled(mox: Mox, cost: Any) -> dict[int, tuple[str, str, str]]:
+    """``id(call)`` (and the root's) -> its compiled FLOPs, bytes accessed and collectives
+    per run, from ``cost`` (a `yax.Cost` of ``mox``); empty without one."""
+    if cost is None:
+        return {}
+    if getattr(cost, "mox", None) is not mox:
+        raise YaxInputError("`summary` was given the `yax.Cost` of another MoX; pass "
+                       "`yax.cost(mox, *args)` of this one.")
+    keys = _calls.index(mox).keys
+    out: dict[int, tuple[str, str, str]] = {}
+    for key, c in cost.calls.items():
+        node = mox if key == "" else _calls.calls(mox)[key]
+        runs = [x.runs for x in c.collectives]
+        colls = "unknown*" if None in runs else str(sum(runs)) if runs else ""
+        out[id(node)] = (_count(c.total["flops"]), _count(c.total["bytes_accessed"]), colls)
+    assert all(id(n) in out for n in _calls.calls(mox).values()), keys
+    return out
+
+
+def _count(v: float | None) -> str:
+    return "unknown*" if v is None else f"{v:,.0f}".replace(",", "_")

@@ -1,0 +1,441 @@
+"""`cost`: what every module call costs in the compiled program.
+
+The MoX is evaluated under ``jax.jit`` with each call inside a
+``jax.named_scope`` naming its node (``__yax12__``: its number in the node
+index), nested computations included (their bodies traced again with the
+same scopes). XLA keeps those names in every instruction's metadata through
+optimisation and fusion, so reading the compiled program's text (`_hlo`)
+names each instruction's module exactly. Each instruction's cost is XLA's
+own rule for it (`_hlo.Program.own`); added up XLA's way they equal
+``compiled.cost_analysis()``, which `Cost.xla` keeps beside them.
+
+Numbers are per device (the program one device runs under SPMD) and per run
+of the program: an instruction in a loop counts as many times as the loop
+runs (XLA's totals count a loop body once; `Cost.counted` adds up that way).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import math
+import re
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+
+from . import _calls, _hlo
+from ._eval import Hooks, bind, flatten_inputs, run
+from ._ir import CALL_KINDS, Equation, Kind, Mox
+from ._sharding import _labels, _reads, spec_text
+from ._view import View, view
+from ._xpath import query
+from .errors import NotARootMox
+
+_SCOPE = re.compile(r"__yax(\d+)__")
+_NOBODY = -2  # the owner of instructions without metadata
+
+#: The quantities `cost` adds up per call.
+QUANTITIES = ("flops", "transcendentals", "bytes_accessed")
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective XLA put into the program: its opcode, the bytes of its result,
+    its replica groups as XLA prints them, and how many times it runs per run."""
+
+    kind: str
+    bytes: int
+    groups: str
+    runs: int | None
+    instruction: str
+    shape: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Replicated:
+    """A parameter the compiled program holds whole along mesh ``axes`` on which
+    other parameters of the model are split (a layer left out of a sharding
+    rule), or (``gathered``) one an all-gather assembles whole every run."""
+
+    path: str
+    name: str
+    spec: str
+    axes: tuple[str, ...]
+    bytes: int  # per device, as compiled
+    split: int  # per device, were it split along ``axes`` too (the gathered one: its whole size)
+    gathered: bool = False
+
+    def __str__(self) -> str:
+        where = f"`{self.path}`" if self.path else "the root"
+        if self.gathered:
+            return (f"{where} all-gathers the whole of its parameter `{self.name}` ({_fmt(self.bytes)}B) "
+                    f"every run.")
+        axes = ", ".join(f"`{a}`" for a in self.axes)
+        return (f"{where}: its parameter `{self.name}` is laid out {self.spec}, held whole along {axes}, along "
+                f"which other matrices of the model are split: {_fmt(self.bytes)}B per device where split it "
+                f"would be {_fmt(self.split)}B.")
+
+
+@dataclasses.dataclass
+class CallCost:
+    """The compiled cost of one call (or of the root's own equations, ``path == ""``).
+
+    ``own`` counts the instructions that came from the call's own equations, ``total``
+    those of the calls under it too; each maps a quantity of `QUANTITIES` to its value
+    per run of the program, or to ``None`` where it is known only when the program runs,
+    with ``why``."""
+
+    path: str
+    type: str
+    own: dict[str, float | None]
+    total: dict[str, float | None]
+    collectives: list[Collective]
+    instructions: int
+    why: str = ""
+
+    @property
+    def flops(self) -> float | None:
+        return self.total["flops"]
+
+    @property
+    def bytes_accessed(self) -> float | None:
+        return self.total["bytes_accessed"]
+
+
+@dataclasses.dataclass
+class Cost:
+    """What `cost` found: ``calls`` (key -> `CallCost`, in program order; ``""``: the
+    root), ``xla`` (``compiled.cost_analysis()`` as XLA gives it), ``counted`` (XLA's
+    way of adding up the instructions, recomputed: equal to ``xla`` unless XLA
+    does not know an instruction's cost), ``unknown`` (such instructions, by call
+    path and opcode) and ``seconds`` (trace, lower and compile times)."""
+
+    calls: dict[str, CallCost]
+    xla: dict[str, float]
+    counted: dict[str, float] | None
+    unknown: list[tuple[str, str]]
+    seconds: dict[str, float]
+    devices: int
+    replicated: list[Replicated] = dataclasses.field(default_factory=list)
+    #: instructions XLA made without saying from what (no metadata): in the root's total, in no call's
+    unattributed: CallCost | None = None
+    text: str = dataclasses.field(repr=False, default="")
+
+    mox: Mox | None = dataclasses.field(default=None, repr=False)
+
+    @functools.cached_property
+    def view(self) -> View:
+        """The MoX's XML view with each call's cost as attributes (``flops``, ``own_flops``, ``transcendentals``, ``bytes``, ``own_bytes``, ``collectives``, ``collective_bytes``: per run, with the calls under it where not ``own_``), for
+        `yax.query`: ``yax.query("//module_call[@collectives > 0]", cost.view)``. A quantity
+        not known before the program runs has no attribute; ``cost_unknown`` says why."""
+        assert self.mox is not None
+        base = view(self.mox)
+        tree = copy.deepcopy(base.tree)
+        by_id = {id(n): i for i, n in enumerate(base.nodes)}
+        elements = {int(el.get("id")): el for el in tree.getroot().iter() if isinstance(el.tag, str)}
+        for key, c in self.calls.items():
+            node = self.mox if key == "" else _calls.calls(self.mox)[key]
+            el = elements[by_id[id(node)]]
+            for attr, v in (("flops", c.total["flops"]), ("own_flops", c.own["flops"]),
+                            ("transcendentals", c.total["transcendentals"]), ("bytes", c.total["bytes_accessed"]),
+                            ("own_bytes", c.own["bytes_accessed"])):
+                if v is not None:
+                    el.set(attr, f"{v:.0f}")
+            runs = [x.runs for x in c.collectives if x.runs is not None]
+            if len(runs) == len(c.collectives):
+                el.set("collectives", str(sum(runs)))
+                el.set("collective_bytes", str(sum(x.bytes * r for x, r in zip(c.collectives, runs))))
+            if c.why:
+                el.set("cost_unknown", c.why)
+        return View(tree, base.nodes, base.sourced, base.own_source_names)
+
+    def query(self, xpath: str) -> Any:
+        """`yax.query` over `view`: ``cost.query("//module_call[@flops > 1e9]")``."""
+        return query(xpath, self.view)  # type: ignore[arg-type]  # a view is what `query` runs on
+
+    def __getitem__(self, path: str) -> CallCost:
+        for c in self.calls.values():
+            if c.path == path:
+                return c
+        return self.calls[path]
+
+    def table(self, depth: int | None = None) -> str:
+        """A plain-text table: per call its FLOPs, transcendentals and bytes accessed
+        (with the calls under it) and its collectives, then XLA's totals."""
+        return _table(self, depth)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+class _Scopes(Hooks):
+    """Evaluates each call inside a name scope carrying its node number."""
+
+    def __init__(self, numbers: dict[int, int], nested: set[int]):
+        self.numbers, self.nested = numbers, nested
+        self.open: list[Any] = []
+
+    def enter(self, call: Mox, values: list[Any]) -> None:
+        scope = jax.named_scope(f"__yax{self.numbers[id(call)]}__")
+        scope.__enter__()
+        self.open.append(scope)
+
+    def leave(self, call: Mox, values: list[Any]) -> list[Any]:
+        self.open.pop().__exit__(None, None, None)
+        return values
+
+    def equation(self, eqn: Equation, values: list[Any]) -> list[Any]:
+        return bind(eqn, values, self) if id(eqn) in self.nested else bind(eqn, values)
+
+
+def cost(mox: Mox, *args: Any, **kwargs: Any) -> Cost:
+    """Compile ``mox`` as ``jax.jit`` would and give every call's FLOPs,
+    transcendentals, bytes accessed and collectives, from XLA's compiled program.
+
+    Args:
+      mox: a root MoX.
+      *args, **kwargs: arguments as for `eval_mox`; arrays, or
+        ``jax.ShapeDtypeStruct`` (with a ``sharding`` to compile for a mesh) so
+        that nothing is allocated: a model too big for memory costs nothing to
+        look at.
+
+    Returns:
+      A `Cost`: ``cost["Net/Dense_0"].flops``, ``print(cost)``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, flax.linen as nn, yax
+      >>> m = nn.Dense(3)
+      >>> v = m.init(jax.random.key(0), jnp.ones((2, 4)))
+      >>> c = yax.cost(yax.make_mox(m.apply)(v, jnp.ones((2, 4))), v, jnp.ones((2, 4)))
+      >>> c["Dense"].flops  # 2*m*n*k for the product, m*n for the bias
+      54.0
+    """
+    if not isinstance(mox, Mox) or mox.kind != Kind.ROOT:
+        what = f"a `{mox.kind}` node" if isinstance(mox, Mox) else f"a `{type(mox).__name__}`"
+        raise NotARootMox("cost", what, "Give it the whole MoX from `yax.make_mox` or `yax.sub`.")
+    flat = flatten_inputs(mox, args, kwargs)
+    index = _calls.index(mox)
+    hooks = _Scopes(index.ids, _holding_calls(index))
+
+    def program(xs: list[Any]) -> list[Any]:
+        return run(mox, xs, hooks=hooks)
+
+    t0 = time.perf_counter()
+    traced = jax.jit(program).trace(flat)
+    t1 = time.perf_counter()
+    lowered = traced.lower()
+    t2 = time.perf_counter()
+    compiled = lowered.compile()
+    t3 = time.perf_counter()
+    xla = compiled.cost_analysis()
+    if isinstance(xla, Sequence):  # older JAX: one dict per program
+        xla = xla[0] if xla else {}
+    text = compiled.as_text()
+    shardings = jax.tree_util.tree_leaves(compiled.input_shardings)
+    devices = len(shardings[0].device_set) if shardings else 1
+    found = _attribute(mox, index, _hlo.Program(text), dict(xla or {}), text,
+                       {"trace": t1 - t0, "lower": t2 - t1, "compile": t3 - t2}, devices)
+    in_shardings = jax.tree_util.tree_leaves(compiled.input_shardings[0])
+    if len(in_shardings) == len(flat):
+        found.replicated = _replicated(mox, in_shardings, found)
+    return found
+
+
+def _replicated(mox: Mox, shardings: list[Any], found: Cost) -> list[Replicated]:
+    """Parameters held whole along a mesh axis on which the model's other matrices
+    are split, and all-gathers of a whole parameter (see `Replicated`)."""
+    paths = dict(zip(mox.invars, mox.in_paths))
+    params = {v: s for v, s in zip(mox.invars, shardings)
+              if paths.get(v, "").startswith("[0][0]") and isinstance(s, NamedSharding) and s.mesh.size > 1}
+    matrices = {v: s for v, s in params.items() if len(v.shape) >= 2}
+    if not matrices:
+        return []
+    used: dict[str, int] = {}
+    for s in matrices.values():
+        for a in _axes(s.spec):
+            used[a] = used.get(a, 0) + 1
+    out: list[Replicated] = []
+    by_path = {c.path: c for c in found.calls.values()}
+    for call, read in _reads(mox, params).items():
+        labels = dict(zip(read, _labels([paths[v] for v in read])))
+        for v in read:
+            s = params[v]
+            whole = math.prod(v.shape) * np.dtype(v.dtype).itemsize
+            mine = set(_axes(s.spec))
+            per_device = whole // math.prod(s.mesh.shape[a] for a in mine)
+            missing = tuple(a for a in used if a not in mine and s.mesh.shape[a] > 1 and used[a] > (v in matrices))
+            if v in matrices and missing:
+                out.append(Replicated(call.path, labels[v], spec_text(s.spec), missing, per_device,
+                                      per_device // math.prod(s.mesh.shape[a] for a in missing)))
+            cc = by_path.get(call.path)
+            if mine and cc is not None and any(c.kind.startswith("all-gather") and c.shape == v.shape
+                                               for c in cc.collectives):
+                out.append(Replicated(call.path, labels[v], spec_text(s.spec), tuple(mine), per_device, whole, True))
+    return out
+
+
+def _axes(spec: Any) -> list[str]:
+    out: list[str] = []
+    for e in spec:
+        if e is None:
+            continue
+        out += list(e) if isinstance(e, tuple) else [e]
+    return out
+
+
+def _holding_calls(index: _calls.Index) -> set[int]:
+    """``id`` of every equation with a call somewhere in its nested computations."""
+    out: set[int] = set()
+    for num, n in enumerate(index.nodes):
+        if isinstance(n, Mox) and n.kind in CALL_KINDS:
+            p = index.parents[num]
+            while p >= 0:
+                node = index.nodes[p]
+                if isinstance(node, Equation):
+                    if id(node) in out:
+                        break
+                    out.add(id(node))
+                p = index.parents[p]
+    return out
+
+
+def _owner(index: _calls.Index, op_name: str) -> int:
+    """The number of the call an instruction came from (its innermost scope), -1 for the root."""
+    found = _SCOPE.findall(op_name)
+    return int(found[-1]) if found else -1
+
+
+def _attribute(mox: Mox, index: _calls.Index, program: _hlo.Program, xla: dict[str, float], text: str,
+               seconds: dict[str, float], devices: int) -> Cost:
+    numbers = [-1] + [num for num, n in enumerate(index.nodes) if isinstance(n, Mox) and n.kind in CALL_KINDS and n is not mox]
+    own: dict[int, dict[str, float | None]] = {k: dict.fromkeys(QUANTITIES, 0.0) for k in (*numbers, _NOBODY)}
+    whys: dict[int, str] = {}
+    counts: dict[int, int] = dict.fromkeys((*numbers, _NOBODY), 0)
+    colls: dict[int, list[Collective]] = {k: [] for k in (*numbers, _NOBODY)}
+    unknown: list[tuple[str, str]] = []
+    known_total = program.totals()
+    for placed in program.costs():
+        i = placed.instr
+        k = _owner(index, i.op_name)
+        if k not in own:
+            k = -1
+        if not i.op_name and (placed.cost.flops or placed.cost.transcendentals or placed.cost.bytes_accessed
+                              or program.own(i) is None):
+            k = _NOBODY  # an instruction XLA made without saying from what
+        counts[k] += 1
+        mine = own[k]
+        if program.own(i) is None:
+            unknown.append((_path(index, k), i.opcode))
+            for q in QUANTITIES:
+                mine[q] = None
+            whys[k] = f"XLA does not know what a `{i.opcode}` costs"
+            continue
+        if i.opcode in _hlo.COLLECTIVES:
+            dims = _hlo.arrays(i.shape)
+            colls[k].append(Collective(i.opcode, _hlo.nbytes(i.shape), _groups(i.attrs), placed.runs, i.name,
+                                       dims[-1][1] if dims else ()))
+        for q in QUANTITIES:
+            v = getattr(placed.cost, q)
+            if not v:
+                continue
+            if placed.runs is None:
+                mine[q] = None
+                whys.setdefault(k, placed.why)
+            elif (m := mine[q]) is not None:
+                mine[q] = m + v * placed.runs
+    totals: dict[int, dict[str, float | None]] = {k: dict(v) for k, v in own.items()}
+    for k in (*numbers[1:], _NOBODY):
+        c = -1 if k == _NOBODY else index.callers[k]
+        while True:
+            up = c if c in totals else -1
+            for q in QUANTITIES:
+                a, b = totals[up][q], own[k][q]
+                totals[up][q] = None if a is None or b is None else a + b
+            if k in whys:
+                whys.setdefault(up, whys[k])
+            if up == -1:
+                break
+            c = index.callers[up]
+    calls: dict[str, CallCost] = {}
+    for k in numbers:
+        node = mox if k < 0 else index.nodes[k]
+        assert isinstance(node, Mox)
+        key = "" if k < 0 else index.keys[id(node)]
+        calls[key] = CallCost(_path(index, k), _type(node) if k >= 0 else mox.name or "root",
+                              own[k], totals[k], colls[k], counts[k], whys.get(k, ""))
+    counted = None if known_total is None else {q: getattr(known_total, q) for q in QUANTITIES}
+    nobody = CallCost("", "", own[_NOBODY], own[_NOBODY], colls[_NOBODY], counts[_NOBODY], whys.get(_NOBODY, ""))
+    return Cost(calls, {k: float(v) for k, v in xla.items() if not re.search(r"\d|\{", k)}, counted, unknown,
+                seconds, devices, unattributed=nobody, text=text, mox=mox)
+
+
+def _path(index: _calls.Index, k: int) -> str:
+    return "" if k < 0 else getattr(index.nodes[k], "path", "") or ""
+
+
+def _groups(attrs: str) -> str:
+    m = re.search(r"replica_groups=(\{\{[^=]*?\}\}|\[[^\]]*\][^,]*|\{\})", attrs)
+    return m.group(1) if m else ""
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "unknown*"
+    for unit, k in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(v) >= k:
+            return f"{v / k:.3g}{unit}"
+    return f"{v:g}"
+
+
+def _rows(cost: Cost, depth: int | None) -> Iterator[tuple[str, CallCost]]:
+    for key, c in cost.calls.items():
+        if depth is not None and c.path.count("/") >= depth:
+            continue
+        yield key, c
+
+
+def _table(cost: Cost, depth: int | None) -> str:
+    rows = [("call", "type", "FLOPs", "transc.", "bytes", "own FLOPs", "collectives")]
+    extra = [("", cost.unattributed)] if cost.unattributed is not None and cost.unattributed.instructions else []
+    for key, c in [*_rows(cost, depth), *extra]:
+        coll = ", ".join(f"{x.kind}×{x.runs if x.runs is not None else '?'} {_fmt(x.bytes)}B" for x in c.collectives)
+        rows.append((c.path or ("(root)" if key != "" or c.type else "(not attributed†)"), c.type, _fmt(c.total["flops"]), _fmt(c.total["transcendentals"]),
+                     _fmt(c.total["bytes_accessed"]), _fmt(c.own["flops"]), coll))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    x = cost.xla
+    lines.append("")
+    lines.append(f"XLA's totals (a loop body once): {_fmt(x.get('flops', 0.0))} FLOPs, "
+                 f"{_fmt(x.get('transcendentals', 0.0))} transcendentals, "
+                 f"{_fmt(x.get('bytes accessed', 0.0))} bytes accessed"
+                 + ("" if cost.counted is None else " (recounted per instruction: equal)" if _equal(cost) else
+                    " (recounted per instruction: DIFFERENT, please report)"))
+    whys = sorted({c.why for c in cost.calls.values() if c.why})
+    lines += [f"* {w}" for w in whys]
+    lines += [f"! {r}" for r in cost.replicated]
+    if extra:
+        lines.append(f"† {cost.unattributed.instructions} instruction(s) XLA made without naming what they came "  # type: ignore[union-attr]
+                     "from (no metadata): in the root's total, in no call's.")
+    s = cost.seconds
+    lines.append(f"per device, {cost.devices} device(s); trace {s['trace']:.2f} s, lower {s['lower']:.2f} s, "
+                 f"compile {s['compile']:.2f} s")
+    return "\n".join(lines)
+
+
+def _equal(cost: Cost) -> bool:
+    if cost.counted is None:
+        return False
+    pairs = [("flops", "flops"), ("transcendentals", "transcendentals"), ("bytes_accessed", "bytes accessed")]
+    return all(abs(cost.counted[a] - cost.xla.get(b, 0.0)) <= 1e-6 * max(1.0, abs(cost.xla.get(b, 0.0)))
+               for a, b in pairs)
+
+
+def _type(node: Mox) -> str:
+    t = node.info.type
+    return t.__name__ if isinstance(t, type) else node.name
