@@ -41,7 +41,7 @@ _SCOPE = re.compile(r"__yax(\d+)__")
 _NOBODY = -2  # the owner of instructions without metadata
 
 #: The quantities `cost` adds up per call.
-QUANTITIES = ("flops", "transcendentals", "bytes_accessed")
+QUANTITIES = ("flops", "transcendentals", "bytes_accessed", "collective_bytes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +131,9 @@ class Cost:
 
     @functools.cached_property
     def view(self) -> View:
-        """The MoX's XML view with each call's cost as attributes (``flops``, ``own_flops``, ``transcendentals``, ``bytes``, ``own_bytes``, ``collectives``, ``collective_bytes``: per run, with the calls under it where not ``own_``), for
+        """The MoX's XML view with each call's cost as attributes, per run and per device: ``flops``,
+        ``transcendentals``, ``bytes`` (accessed) and ``collective_bytes`` with the calls under it,
+        ``own_flops`` and ``own_bytes`` without them, ``collectives`` (how many it runs itself); for
         `yax.query`: ``yax.query("//module_call[@collectives > 0]", cost.view)``. A quantity
         not known before the program runs has no attribute; ``cost_unknown`` says why."""
         assert self.mox is not None
@@ -150,7 +152,8 @@ class Cost:
             runs = [x.runs for x in c.collectives if x.runs is not None]
             if len(runs) == len(c.collectives):
                 el.set("collectives", str(sum(runs)))
-                el.set("collective_bytes", str(sum(x.bytes * r for x, r in zip(c.collectives, runs))))
+            if c.total["collective_bytes"] is not None:
+                el.set("collective_bytes", f"{c.total['collective_bytes']:.0f}")
             if c.why:
                 el.set("cost_unknown", c.why)
         return View(tree, base.nodes, base.sourced, base.own_source_names)
@@ -340,8 +343,9 @@ def _attribute(mox: Mox, index: _calls.Index, program: _hlo.Program, xla: dict[s
             dims = _hlo.arrays(i.shape)
             colls[k].append(Collective(i.opcode, _hlo.nbytes(i.shape), _groups(i.attrs), placed.runs, i.name,
                                        dims[-1][1] if dims else ()))
+        sent = _hlo.nbytes(i.shape) if i.opcode in _hlo.COLLECTIVES else 0
         for q in QUANTITIES:
-            v = getattr(placed.cost, q)
+            v = sent if q == "collective_bytes" else getattr(placed.cost, q)
             if not v:
                 continue
             if placed.runs is None:
@@ -369,7 +373,7 @@ def _attribute(mox: Mox, index: _calls.Index, program: _hlo.Program, xla: dict[s
         key = "" if k < 0 else index.keys[id(node)]
         calls[key] = CallCost(_path(index, k), _type(node) if k >= 0 else mox.name or "root",
                               own[k], totals[k], colls[k], counts[k], whys.get(k, ""))
-    counted = None if known_total is None else {q: getattr(known_total, q) for q in QUANTITIES}
+    counted = None if known_total is None else {q: getattr(known_total, q) for q in QUANTITIES[:3]}
     nobody = CallCost("", "", own[_NOBODY], own[_NOBODY], colls[_NOBODY], counts[_NOBODY], whys.get(_NOBODY, ""))
     return Cost(calls, {k: float(v) for k, v in xla.items() if not re.search(r"\d|\{", k)}, counted, unknown,
                 seconds, devices, unattributed=nobody, text=text, mox=mox)

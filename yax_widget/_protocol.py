@@ -294,7 +294,7 @@ class Details(Request):
                                f"not {str(self.provider)[:40]!r}.")
 
     def run(self, s: Session) -> dict:
-        details = PROVIDERS[self.provider].details(s.mox, s.node(self.id))
+        details = PROVIDERS[self.provider].details(s.mox, s.node(self.id), s)
         return {"id": self.id, "provider": self.provider, **details.payload()}
 
 

@@ -27,13 +27,16 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import jax
 import numpy as np
 
 import yax
-from yax.internal import CALL_KINDS, all_flops, flops_unknown_why, how, node_index, param_copies
+from yax.internal import CALL_KINDS, all_flops, call_keys, flops_unknown_why, how, node_index, param_copies
+
+if TYPE_CHECKING:
+    from ._session import Session
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +61,9 @@ class RowData(abc.ABC):
     title: ClassVar[str]
 
     @abc.abstractmethod
-    def details(self, mox: yax.Mox, node: yax.Mox | yax.Equation) -> Details:
-        """What the tab shows for ``node``, a call or an equation of ``mox``."""
+    def details(self, mox: yax.Mox, node: yax.Mox | yax.Equation, session: Session | None = None) -> Details:
+        """What the tab shows for ``node``, a call or an equation of ``mox``: the current model of
+        ``session`` (for what else the explorer holds: its batches, `Session.costs`), when there is one."""
 
 
 #: The providers the explorer shows, by title, in tab order (`register`).
@@ -90,7 +94,7 @@ class Cost(RowData):
 
     title = "Cost"
 
-    def details(self, mox: yax.Mox, node: yax.Mox | yax.Equation) -> Details:
+    def details(self, mox: yax.Mox, node: yax.Mox | yax.Equation, session: Session | None = None) -> Details:
         known = all_flops(mox)
         flops = known[id(node)]
         idx = node_index(mox)
@@ -116,10 +120,43 @@ class Cost(RowData):
             rows.append(["equations inside", _n(eqs), "nested computations counted once"])
         out = sum(_bytes(tuple(v.shape), v.dtype) for v in node.outputs)
         rows.append(["outputs", f"{_n(out)} bytes", "what one run returns"])
+        compiled = session.costs.cached() if session is not None else None
+        rows += self._compiled(mox, node, compiled)
         kind = "equation" if isinstance(node, yax.Equation) else node.kind
         name = node.name if isinstance(node, yax.Equation) else node.path or node.name
-        return Details(f"{kind} {name}", ["", "", ""], rows,
-                       "Counted from the traced program, before XLA compiles it (which may fuse or drop work).")
+        note = "Counted from the traced program, before XLA compiles it (which may fuse or drop work)"
+        if compiled is not None:
+            note += (f"; the compiled rows from XLA's program ({compiled.devices} device"
+                     f"{'s' if compiled.devices > 1 else ''}; per device, every run)")
+        return Details(f"{kind} {name}", ["", "", ""], rows, note + ".")
+
+    @staticmethod
+    def _compiled(mox: yax.Mox, node: Any, cost: yax.Cost | None) -> list[list[str]]:
+        """The compiled program's rows for a call (`yax.cost`), or how to get them."""
+        if not isinstance(node, yax.Mox) or node.kind not in CALL_KINDS:
+            return []
+        if cost is None:
+            return [["compiled (XLA)", "not compiled yet",
+                     "colour the rows by FLOPs, bytes or collectives (compiled) to compile the model"]]
+        c = cost.calls[next(k for k, n in call_keys(mox).items() if n is node)]
+        why = c.why or "known only when it runs"
+        rows = []
+        for label, q in (("FLOPs (XLA)", "flops"), ("bytes accessed (XLA)", "bytes_accessed")):
+            v, mine = c.total[q], c.own[q]
+            if v is None:
+                rows.append([label, "unknown", why])
+                continue
+            split = ("all its own" if mine == v else f"its own {'unknown' if mine is None else _n(round(mine))}, "
+                     f"the rest in the calls it makes")
+            rows.append([label, _n(round(v)), f"every run, as XLA counts{' (elementwise work included)' if q == 'flops' else ''}; {split}"])
+        if c.collectives:
+            kinds = ", ".join(f"{x.kind} ×{x.runs if x.runs is not None else '?'} ({_n(x.bytes)} bytes)"
+                              for x in c.collectives)
+            rows.append(["collectives", _n(len(c.collectives)), kinds])
+        for r in cost.replicated:
+            if r.path == node.path:
+                rows.append(["replicated" if not r.gathered else "gathered whole", r.name, str(r)])
+        return rows
 
     @staticmethod
     def _steps(idx: Any, node: Any) -> tuple[int, ...] | str:

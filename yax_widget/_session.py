@@ -35,6 +35,7 @@ from yax.internal import CALL_KINDS, node_ids, node_index, trace_target, variabl
 
 from . import _payloads
 from ._batches import EXAMPLE, Batches, NamedBatch, as_args, same_inputs
+from ._costs import Costs
 from ._export import input_names
 from ._palette import Item, Palette, default_palette
 from ._providers import PROVIDERS
@@ -142,6 +143,7 @@ class Session:
         self._closed = False
         self.worker = CompareWorker(self, self._key, grad_of)  # the thread that measures and compares
         self.inspector = Inspector(self)
+        self.costs = Costs(self)  # the compiled program's cost, compiled when first asked
         self._set(scalars=self.inspector.scalars())  # what the gradient colouring may differentiate
         self._init_batches(batches)
         for name, repl, options in default_palette():

@@ -27,6 +27,7 @@ import yax
 from yax.errors import where
 from yax.internal import ValueStats, capture_keys, node_ids
 
+from ._costs import COST_STATS
 from ._gradients import Gradients, Scalar, equation_grad_entries
 from ._payloads import number
 from ._reduce import Boundaries, equation_entries
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from ._session import Session
 
 STATS = {"norm": "norm of the outputs", "zeros": "fraction of zeros", "nonfinite": "fraction of NaN or Inf",
-         "grad": "gradient norm", "gxa": "gradient × activation"}
+         "grad": "gradient norm", "gxa": "gradient × activation", **COST_STATS}
 GRAD_STATS = ("grad", "gxa")  # the colourings by the gradient of a scalar of the output (`Scalar`)
 SCALARS = {"loss": "the loss (`grad_of`)", "logit": "a logit", "sum": "the sum of the output"}
 
@@ -205,7 +206,10 @@ class Inspector:
 
     def _paint(self, stat: str, scalar: Any, index: Any) -> None:
         before = self.active
-        if stat not in GRAD_STATS:
+        if stat in COST_STATS:  # the compiled program's: shapes only, so structure-only mode too
+            self.active = None
+            self._session.show(overlay=self._session.costs.overlay(stat))
+        elif stat not in GRAD_STATS:
             self.active = None
             if stat == "off":
                 self._session.show(overlay={})

@@ -249,6 +249,10 @@ export function render({ model, el, timeoutMs = DEFAULT_TIMEOUT_MS, snapshot = n
   const sync = traitHandlers({ model, view, query, status, tabs, panes, buttons, palette, root, controls, refreshCode, graph,
     values, rowPanes, request, failed, change });
   for (const [trait, f] of Object.entries(sync)) on(`change:${trait}`, f);
+  on("change:_overlay", () => { // a colouring by compiled cost compiled the model: the tabs may say more
+    for (const p of providers) rowPanes[p].reset();
+    rowPanes[tabs.current()]?.show(view.selected);
+  });
 
   view.setRows(model.get("_tree"), "");
   for (const t of ["_palette", "_history", "_status", "_query", "_query_error", "_comparison", "_diff"]) sync[t]();

@@ -38,13 +38,17 @@ print("HAND=" + json.dumps({"dense": ids[id(dense)], "net": ids[id(ex.mox.calls[
 
 class Shapes(RowData):
     title = "Shapes"
-    def details(self, mox, node):
+    def details(self, mox, node, session=None):
         return Details(f"outputs of {getattr(node, 'path', '') or node.name}", ["output", "shape", "dtype"],
                        [[str(i), str(tuple(v.shape)), str(v.dtype)] for i, v in enumerate(node.outputs)])
 
 register(Shapes())
 ex2 = Explorer(model, params, x)
 ex2""",
+    # 3: yax.cost of the model, by row: what the colouring by compiled FLOPs must show
+    """cost = yax.cost(ex.mox, params, x)
+keys = yax.internal.call_keys(ex.mox)
+print("COST=" + json.dumps({str(ids[id(n)]): cost.calls[k].total["flops"] for k, n in keys.items()}))""",
 ]
 
 
@@ -108,6 +112,42 @@ def _steps(nb: Notebook) -> None:
     assert cells["FLOPs (matrix products, convolutions)"][0] == "unknown"
     assert "`while` loop" in cells["FLOPs (matrix products, convolutions)"][1]
     nb.shot("details-2-unknown")
+
+    # colour the rows by the compiled program's FLOPs: each row's number is yax.cost's, and the
+    # Cost tab gains the compiled rows
+    root.locator("select.yax-colour").select_option("flops")
+    page.wait_for_selector('.yax-values-bar[data-overlay="flops"]', timeout=120_000)
+    want = nb.printed(3, "COST")
+    legend = root.locator(".yax-ov-legend").inner_text()
+    assert "FLOPs (compiled):" in legend and "per run, per device (1 device)" in legend, legend
+    rows = root.locator(".yax-row:not(.yax-eq)")
+    coloured = 0
+    for i in range(rows.count()):
+        r = rows.nth(i)
+        value = want.get(r.get_attribute("data-id"))
+        chip = r.locator(".yax-ov")
+        if value is None:
+            assert not chip.count() or "unknown" in chip.get_attribute("title")
+            continue
+        title = chip.get_attribute("title")
+        assert float(title.split(": ")[1].replace(",", "")) == pytest.approx(value, rel=6e-3), title
+        coloured += 1
+    assert coloured >= 4
+    # the Cost tab of the row selected before (Net) now shows the compiled rows too
+    page.wait_for_function("() => [...document.querySelectorAll('.yax-details-pane th')]"
+                           ".some((th) => th.textContent === 'FLOPs (XLA)')", timeout=60_000)
+    assert _cells(root)["FLOPs (XLA)"][0] == f"{round(want[str(hand['net'])]):,}".replace(",", "_")
+    nb.shot("details-4-compiled-flops")
+    root.locator(".yax-tree-bar input[type=search]").fill("Dense_0")
+    root.locator(f'.yax-row[data-id="{hand["dense"]}"]').click()
+    root.locator(".yax-details-head").filter(has_text="Net/layers/Dense_0").wait_for(timeout=60_000)
+    page.wait_for_function("() => [...document.querySelectorAll('.yax-details-pane th')]"
+                           ".some((th) => th.textContent === 'FLOPs (XLA)')", timeout=60_000)
+    cells = _cells(root)
+    assert cells["FLOPs (XLA)"][0] == f"{round(want[str(hand['dense'])]):,}".replace(",", "_")
+    assert cells["FLOPs (XLA)"][1].startswith("every run, as XLA counts")
+    nb.shot("details-5-compiled-cost-tab")
+    root.locator(".yax-tree-bar input[type=search]").fill("")
 
     # a provider registered in a cell: the next explorer has its tab, filled by the kernel
     nb.run(2)

@@ -92,7 +92,7 @@ def test_a_new_analysis_is_a_python_class_and_gets_a_tab():
     class Shapes(RowData):
         title = "Shapes"
 
-        def details(self, mox, node):
+        def details(self, mox, node, session=None):
             return Details(node.path, ["output", "shape"], [[f"{i}", str(v.shape)] for i, v in enumerate(node.outputs)])
 
     register(Shapes())

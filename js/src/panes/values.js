@@ -10,9 +10,14 @@ import { bounds, extent, floats, heatPart, histogramBars, num, ramp } from "../f
 const HIST_W = 280;
 const HIST_H = 80;
 export const STATS = { off: "off", norm: "norm", zeros: "fraction of zeros", nonfinite: "NaN / Inf",
-  grad: "gradient norm", gxa: "gradient × activation" };
+  grad: "gradient norm", gxa: "gradient × activation", flops: "FLOPs (compiled)", bytes: "bytes accessed (compiled)",
+  comm: "bytes of collectives (compiled)" };
 /** The colourings by the gradient of a scalar of the output: they send the scalar chosen. */
 export const GRAD_STATS = new Set(["grad", "gxa"]);
+/** The colourings by the compiled program's cost (yax.cost): shapes only, no batch's values. */
+export const COST_STATS = new Set(["flops", "bytes", "comm"]);
+/** The colourings on a log scale (norms, costs: they span orders of magnitude). */
+const LOG_STATS = new Set(["norm", "grad", ...COST_STATS]);
 const GRAD_COLOR = "#8e44ad"; // the gradient's histograms, apart from the values'
 
 const NONFINITE_RGB = [230, 30, 60]; // NaN and ±Inf cells of a heatmap: off the ramp
@@ -154,7 +159,7 @@ export function overlayColor(stat, x, lo, hi) {
     return `rgb(${diverging(m > 0 ? x / m : 0).join(", ")})`;
   }
   let t = stat === "zeros" ? x : 0.5;
-  if ((stat === "norm" || stat === "grad") && hi > lo) {
+  if (LOG_STATS.has(stat) && hi > lo) {
     // a log scale over the positive norms: a zero norm sits at the bottom
     const floor = lo > 0 ? lo : hi * 1e-6;
     t = x <= floor ? 0 : (Math.log10(x) - Math.log10(floor)) / (Math.log10(hi) - Math.log10(floor));
@@ -167,7 +172,10 @@ export function overlayColor(stat, x, lo, hi) {
 export function overlayLegend(o) {
   if (!o || !o.stat) return [];
   const n = Object.values(o.values).filter((x) => x !== null).length;
-  const where = `${n} of ${o.rows} calls, batch “${o.batch}”`;
+  const unknown = o.rows - n;
+  const where = COST_STATS.has(o.stat)
+    ? `${n} of ${o.rows} calls, ${o.per}${unknown ? `; ${unknown} not known before it runs (hover for why)` : ""}`
+    : `${n} of ${o.rows} calls, batch “${o.batch}”`;
   if (o.stat === "nonfinite") {
     const bad = Object.values(o.values).filter((x) => x > 0).length;
     return [h("span", { class: "yax-swatch", style: { background: overlayColor("nonfinite", 0) } }), "all finite",
@@ -176,7 +184,7 @@ export function overlayLegend(o) {
   }
   if (GRAD_STATS.has(o.stat)) return gradLegend(o, n);
   const stops = [0, 0.25, 0.5, 0.75, 1].map((t) => `rgb(${ramp(t).join(",")}) ${t * 100}%`).join(", ");
-  const scale = o.stat === "norm" ? "log scale" : "0 … 1";
+  const scale = LOG_STATS.has(o.stat) ? "log scale" : "0 … 1";
   return [`${o.label}:`, h("span", { class: "yax-ov-scale" }, num(o.lo)),
     h("span", { class: "yax-ov-ramp", style: { background: `linear-gradient(to right, ${stops})` } }),
     h("span", { class: "yax-ov-scale" }, num(o.hi)), h("span", { class: "yax-hint" }, ` (${scale}) · ${where}`)];
@@ -222,7 +230,9 @@ export function overlayEntry(o, id, x) {
   const why = (o.why || {})[id];
   const bad = (o.nonfinite || {})[id] || 0; // NaN or Inf values in its gradient: a mark on the row, not a tooltip
   if (x === null) {
-    return why ? { color: "transparent", title: `no gradient: ${why}`, x: -Infinity, nonfinite: bad } : null;
+    if (!why) return null;
+    const what = COST_STATS.has(o.stat) ? `${o.label} unknown: ${why}` : `no gradient: ${why}`;
+    return { color: "transparent", title: what, x: -Infinity, nonfinite: bad };
   }
   const title = `${o.label}: ${num(x)}` + (GRAD_STATS.has(o.stat) ? ` (${o.scalar.label})` : "")
     + (why ? `; ${why}` : "");
