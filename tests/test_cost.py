@@ -128,7 +128,7 @@ class _MLP(nn.Module):
     def __call__(self, x):
         h = nn.relu(nn.Dense(64, name="up")(x))
         h = nn.Dense(32, name="down")(h)
-        return nn.Dense(32, name="plain")(h)
+        return nn.Dense(32, name="plain")(h)  # replicated: no call alike to compare it with
 
 
 def _laid_out(v, rule):
@@ -139,10 +139,8 @@ def _laid_out(v, rule):
 
 
 @pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices (tests/conftest.py sets XLA_FLAGS)")
-def test_on_a_mesh_collectives_and_a_layer_left_replicated_are_named():
-    def rule(names, a):
-        if "plain" in names:
-            return P()  # the layer a sharding rule forgot
+def test_on_a_mesh_collectives_are_named_by_their_module():
+    def rule(names, a):  # Megatron: `up` split by columns, `down` by rows
         if "kernel" in names:
             return P(None, "model") if "up" in names else P("model", None)
         return P("model") if "up" in names else P()
@@ -155,17 +153,46 @@ def test_on_a_mesh_collectives_and_a_layer_left_replicated_are_named():
     c = yax.cost(mox, vs, xs)
     assert c.devices == 8
     ref = _xla(m.apply, vs, xs)
-    assert c.counted["flops"] == c.xla["flops"] == ref["flops"]
-    # per device: 4 rows of the batch, a quarter of `up`'s and `down`'s features
+    assert c.counted["flops"] == c.xla["flops"] == ref["flops"] and c.agrees
+    # per device: 4 rows of the batch, a quarter of `up`'s features
     assert c["_MLP/up"].flops == 2 * 4 * 32 * 16 + 4 * 16
     # the row-parallel `down` sums its partial products over `model`
     (ar,) = c["_MLP/down"].collectives
     assert ar.kind.startswith("all-reduce") and ar.runs == 1 and ar.bytes == 4 * 4 * 32
-    assert "{0,1,2,3},{4,5,6,7}" in ar.groups
-    assert [n.path for n in c.query("//module_call[@collectives > 0]")] == ["_MLP/down"]
-    (r,) = [r for r in c.replicated if not r.gathered]
-    assert (r.path, r.name, r.axes, r.bytes, r.split) == ("_MLP/plain", "kernel", ("model",), 32 * 32 * 4, 32 * 32)
-    assert "`_MLP/plain`: its parameter `kernel`" in c.table()
+    assert ar.groups == "{{0,1,2,3},{4,5,6,7}}"
+    assert c["_MLP/down"].total["collective_bytes"] == 4 * 4 * 32
+    got = {n.path for n in c.query("//module_call[@collectives > 0]")}
+    assert "_MLP/down" in got and got == {cc.path for cc in c.calls.values() if cc.collectives}
+    assert not c.replicated  # `plain` has no calls alike to compare with
+
+
+class _Blocks(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        for i in range(3):
+            h = nn.Dense(64, name=f"up_{i}")(x)
+            x = x + nn.Dense(32, name=f"down_{i}")(nn.relu(h))
+        return x
+
+
+@pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 devices (tests/conftest.py sets XLA_FLAGS)")
+def test_a_layer_left_out_of_the_sharding_rule_is_named():
+    def rule(names, a):
+        if "up_1" in names:
+            return P()  # the layer a sharding rule forgot
+        if "kernel" in names:
+            return P(None, "model") if any(n.startswith("up") for n in names) else P("model", None)
+        return P()
+
+    m, x = _Blocks(), jnp.ones((8, 32))
+    v = m.init(KEY, x)
+    vs, mesh = _laid_out(v, rule)
+    xs = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P("data")))
+    c = yax.cost(yax.make_mox(m.apply)(v, x), vs, xs)
+    (r,) = c.replicated
+    assert (r.path, r.name, r.axes, r.bytes, r.split) == ("_Blocks/up_1", "kernel", ("model",), 32 * 64 * 4, 32 * 16 * 4)
+    assert r.peers == ("_Blocks/up_0", "_Blocks/up_2") and not r.gathered
+    assert "`_Blocks/up_1`: its parameter `kernel` is laid out P(), held whole along `model`" in c.table()
 
 
 class _Gathering(nn.Module):

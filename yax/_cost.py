@@ -59,9 +59,10 @@ class Collective:
 
 @dataclasses.dataclass(frozen=True)
 class Replicated:
-    """A parameter the compiled program holds whole along mesh ``axes`` on which
-    other parameters of the model are split (a layer left out of a sharding
-    rule), or (``gathered``) one an all-gather assembles whole every run."""
+    """A parameter the compiled program holds whole along mesh ``axes`` along which
+    the same parameter of most calls alike (``peers``: paths differing in their
+    numbers only) is split: a layer left out of a sharding rule. Or (``gathered``)
+    a parameter an all-gather assembles whole every run."""
 
     path: str
     name: str
@@ -70,6 +71,7 @@ class Replicated:
     bytes: int  # per device, as compiled
     split: int  # per device, were it split along ``axes`` too (the gathered one: its whole size)
     gathered: bool = False
+    peers: tuple[str, ...] = ()  # the calls alike whose same parameter is split
 
     def __str__(self) -> str:
         where = f"`{self.path}`" if self.path else "the root"
@@ -77,9 +79,10 @@ class Replicated:
             return (f"{where} all-gathers the whole of its parameter `{self.name}` ({_fmt(self.bytes)}B) "
                     f"every run.")
         axes = ", ".join(f"`{a}`" for a in self.axes)
+        alike = f"`{self.peers[0]}`" + (f" and {len(self.peers) - 1} more" if len(self.peers) > 1 else "")
         return (f"{where}: its parameter `{self.name}` is laid out {self.spec}, held whole along {axes}, along "
-                f"which other matrices of the model are split: {_fmt(self.bytes)}B per device where split it "
-                f"would be {_fmt(self.split)}B.")
+                f"which the same parameter of the calls alike ({alike}) is split: {_fmt(self.bytes)}B per device "
+                f"where split it would be {_fmt(self.split)}B.")
 
 
 @dataclasses.dataclass
@@ -157,6 +160,12 @@ class Cost:
             if c.why:
                 el.set("cost_unknown", c.why)
         return View(tree, base.nodes, base.sourced, base.own_source_names)
+
+    @property
+    def agrees(self) -> bool:
+        """Whether the per-instruction recount adds up to XLA's own ``cost_analysis()`` (up to
+        XLA's float32 rounding of large totals); False where XLA does not know a cost."""
+        return _equal(self)
 
     def query(self, xpath: str) -> Any:
         """`yax.query` over `view`: ``cost.query("//module_call[@flops > 1e9]")``."""
@@ -251,36 +260,50 @@ def cost(mox: Mox, *args: Any, **kwargs: Any) -> Cost:
 
 
 def _replicated(mox: Mox, shardings: list[Any], found: Cost) -> list[Replicated]:
-    """Parameters held whole along a mesh axis on which the model's other matrices
-    are split, and all-gathers of a whole parameter (see `Replicated`)."""
+    """Parameters held whole along a mesh axis along which the same parameter of most calls
+    alike is split (the calls whose paths differ in their numbers only: ``Block_2`` and
+    ``Block_0``), and parameters all-gathered whole every run (see `Replicated`)."""
     paths = dict(zip(mox.invars, mox.in_paths))
     params = {v: s for v, s in zip(mox.invars, shardings)
               if paths.get(v, "").startswith("[0][0]") and isinstance(s, NamedSharding) and s.mesh.size > 1}
-    matrices = {v: s for v, s in params.items() if len(v.shape) >= 2}
-    if not matrices:
+    if not params:
         return []
-    used: dict[str, int] = {}
-    for s in matrices.values():
-        for a in _axes(s.spec):
-            used[a] = used.get(a, 0) + 1
+    read: list[tuple[Mox, Any, str]] = []  # (call, parameter, its label)
+    for call, vs in _reads(mox, params).items():
+        read += [(call, v, label) for v, label in zip(vs, _labels([paths[v] for v in vs]))]
+    alike: dict[tuple[str, str], list[tuple[Mox, Any]]] = {}
+    for call, v, label in read:
+        alike.setdefault((_alike(call.path), label), []).append((call, v))
     out: list[Replicated] = []
+    seen: set[tuple[str, str, bool]] = set()
     by_path = {c.path: c for c in found.calls.values()}
-    for call, read in _reads(mox, params).items():
-        labels = dict(zip(read, _labels([paths[v] for v in read])))
-        for v in read:
-            s = params[v]
-            whole = math.prod(v.shape) * np.dtype(v.dtype).itemsize
-            mine = set(_axes(s.spec))
-            per_device = whole // math.prod(s.mesh.shape[a] for a in mine)
-            missing = tuple(a for a in used if a not in mine and s.mesh.shape[a] > 1 and used[a] > (v in matrices))
-            if v in matrices and missing:
-                out.append(Replicated(call.path, labels[v], spec_text(s.spec), missing, per_device,
-                                      per_device // math.prod(s.mesh.shape[a] for a in missing)))
-            cc = by_path.get(call.path)
-            if mine and cc is not None and any(c.kind.startswith("all-gather") and c.shape == v.shape
-                                               for c in cc.collectives):
-                out.append(Replicated(call.path, labels[v], spec_text(s.spec), tuple(mine), per_device, whole, True))
+    for call, v, label in read:
+        s = params[v]
+        whole = math.prod(v.shape) * np.dtype(v.dtype).itemsize
+        mine = set(_axes(s.spec))
+        per_device = whole // math.prod(s.mesh.shape[a] for a in mine)
+        peers = [(c, params[w]) for c, w in alike[(_alike(call.path), label)] if w is not v]
+        split = {a for _, p in peers for a in _axes(p.spec)}
+        missing = tuple(sorted(a for a in split if a not in mine and s.mesh.shape[a] > 1
+                               and 2 * sum(a in _axes(p.spec) for _, p in peers) > len(peers)))
+        if missing and (call.path, label, False) not in seen:
+            seen.add((call.path, label, False))
+            out.append(Replicated(call.path, label, spec_text(s.spec), missing, per_device,
+                                  per_device // math.prod(s.mesh.shape[a] for a in missing),
+                                  peers=tuple(c.path for c, _ in peers)))
+        cc = by_path.get(call.path)
+        if (mine and cc is not None and (call.path, label, True) not in seen
+                and any(c.kind.startswith("all-gather") and c.shape == v.shape for c in cc.collectives)):
+            seen.add((call.path, label, True))
+            out.append(Replicated(call.path, label, spec_text(s.spec), tuple(sorted(mine)), per_device, whole, True))
     return out
+
+
+def _alike(path: str) -> str:
+    """What calls alike share: their paths but for the numbers of the calls around them
+    (``Block_2/Dense_0`` -> ``Block_#/Dense_0``, ``layers/3/mlp`` -> ``layers/#/mlp``)."""
+    *up, last = path.split("/")
+    return "/".join([*(re.sub(r"\d+", "#", p) for p in up), last])
 
 
 def _axes(spec: Any) -> list[str]:
@@ -308,10 +331,42 @@ def _holding_calls(index: _calls.Index) -> set[int]:
     return out
 
 
-def _owner(index: _calls.Index, op_name: str) -> int:
-    """The number of the call an instruction came from (its innermost scope), -1 for the root."""
-    found = _SCOPE.findall(op_name)
-    return int(found[-1]) if found else -1
+def _owners(program: _hlo.Program) -> dict[str, int]:
+    """Instruction name -> the number of the call it came from: its innermost scope (-1: the
+    root). An instruction XLA made without metadata (rewriting a product as another, adding a
+    conversion for its reader) is named after the one call all its readers come from, when they
+    agree: it exists to compute what that call reads; otherwise `_NOBODY`, not attributed. One
+    that XLA gave its loop's metadata (moving it while rewriting the loop) is named so too, or
+    after the call around the loop."""
+    named: dict[str, int] = {}
+    vague: set[str] = set()
+    for instrs in program.computations.values():
+        for i in instrs:
+            if i.op_name:
+                found = _SCOPE.findall(i.op_name)
+                named[i.name] = int(found[-1]) if found else -1
+                if i.op_name.rsplit("/", 1)[-1] in _LOOPS and i.opcode not in _PLUMBING:
+                    vague.add(i.name)  # a loop's metadata on what is not the loop
+    out: dict[str, int] = {k: v for k, v in named.items() if k not in vague}
+
+    def resolve(i: _hlo.Instruction, seen: set[str]) -> int:
+        if i.name in out:
+            return out[i.name]
+        seen.add(i.name)
+        readers = {resolve(u, seen) for u in program.users(i) if u.name not in seen}
+        out[i.name] = k = readers.pop() if len(readers) == 1 else named.get(i.name, _NOBODY)
+        return k
+
+    for instrs in program.computations.values():
+        for i in instrs:
+            resolve(i, set())
+    return out
+
+
+#: The last name of a loop's op_name (``jit(f)/__yax3__/while``), and what a loop carries its values in.
+_LOOPS = frozenset({"while", "cond", "scan", "closed_call"})
+_PLUMBING = frozenset({"while", "conditional", "call", "tuple", "get-tuple-element", "parameter", "copy",
+                       "constant", "bitcast"})
 
 
 def _attribute(mox: Mox, index: _calls.Index, program: _hlo.Program, xla: dict[str, float], text: str,
@@ -323,14 +378,12 @@ def _attribute(mox: Mox, index: _calls.Index, program: _hlo.Program, xla: dict[s
     colls: dict[int, list[Collective]] = {k: [] for k in (*numbers, _NOBODY)}
     unknown: list[tuple[str, str]] = []
     known_total = program.totals()
+    owners = _owners(program)
     for placed in program.costs():
         i = placed.instr
-        k = _owner(index, i.op_name)
+        k = owners[i.name]
         if k not in own:
             k = -1
-        if not i.op_name and (placed.cost.flops or placed.cost.transcendentals or placed.cost.bytes_accessed
-                              or program.own(i) is None):
-            k = _NOBODY  # an instruction XLA made without saying from what
         counts[k] += 1
         mine = own[k]
         if program.own(i) is None:
@@ -383,9 +436,24 @@ def _path(index: _calls.Index, k: int) -> str:
     return "" if k < 0 else getattr(index.nodes[k], "path", "") or ""
 
 
+_IOTA = re.compile(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
+
+
 def _groups(attrs: str) -> str:
-    m = re.search(r"replica_groups=(\{\{[^=]*?\}\}|\[[^\]]*\][^,]*|\{\})", attrs)
-    return m.group(1) if m else ""
+    """The replica groups of a collective, as lists of devices (``{{0,1,2,3},{4,5,6,7}}``),
+    whichever of its two forms XLA prints (``[2,4]<=[8]``: an iota reshaped, maybe transposed)."""
+    m = re.search(r"replica_groups=(\{\{[^=]*?\}\}|\[[^\]]*\]<=\[[^\]]*\](?:T\([\d,]+\))?|\{\})", attrs)
+    if not m:
+        return ""
+    iota = _IOTA.fullmatch(m.group(1))
+    if iota is None:
+        return m.group(1)
+    shape, dims, perm = ([int(x) for x in g.split(",")] if g else None for g in iota.groups())
+    ids = np.arange(math.prod(dims)).reshape(dims)  # type: ignore[arg-type]
+    if perm is not None:
+        ids = ids.transpose(perm)
+    groups = ids.reshape(shape).reshape(-1, shape[-1])  # type: ignore[index]
+    return "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in groups) + "}"
 
 
 def _fmt(v: float | None) -> str:
@@ -405,12 +473,13 @@ def _rows(cost: Cost, depth: int | None) -> Iterator[tuple[str, CallCost]]:
 
 
 def _table(cost: Cost, depth: int | None) -> str:
-    rows = [("call", "type", "FLOPs", "transc.", "bytes", "own FLOPs", "collectives")]
-    extra = [("", cost.unattributed)] if cost.unattributed is not None and cost.unattributed.instructions else []
+    rows = [("call", "type", "FLOPs", "transc.", "bytes", "own FLOPs", "coll. bytes", "own collectives")]
+    u = cost.unattributed
+    extra = [("", u)] if u is not None and any(v != 0 for v in u.own.values()) else []
     for key, c in [*_rows(cost, depth), *extra]:
         coll = ", ".join(f"{x.kind}×{x.runs if x.runs is not None else '?'} {_fmt(x.bytes)}B" for x in c.collectives)
         rows.append((c.path or ("(root)" if key != "" or c.type else "(not attributed†)"), c.type, _fmt(c.total["flops"]), _fmt(c.total["transcendentals"]),
-                     _fmt(c.total["bytes_accessed"]), _fmt(c.own["flops"]), coll))
+                     _fmt(c.total["bytes_accessed"]), _fmt(c.own["flops"]), _fmt(c.total["collective_bytes"]), coll))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     x = cost.xla
@@ -433,13 +502,18 @@ def _table(cost: Cost, depth: int | None) -> str:
 
 
 def _equal(cost: Cost) -> bool:
+    """Whether the recount is XLA's total, up to XLA's rounding: it adds its counts in float32
+    (exact to 2**24), an instruction at a time, so ``n`` instructions round by ``n·2**-24`` at most."""
     if cost.counted is None:
         return False
+    n = sum(len(instrs) for instrs in _hlo.Program(cost.text).computations.values()) if cost.text else 1
     pairs = [("flops", "flops"), ("transcendentals", "transcendentals"), ("bytes_accessed", "bytes accessed")]
-    return all(abs(cost.counted[a] - cost.xla.get(b, 0.0)) <= 1e-6 * max(1.0, abs(cost.xla.get(b, 0.0)))
+    return all(abs(cost.counted[a] - cost.xla.get(b, 0.0)) <= n * 2.0 ** -24 * abs(cost.xla.get(b, 0.0))
                for a, b in pairs)
 
 
 def _type(node: Mox) -> str:
     t = node.info.type
-    return t.__name__ if isinstance(t, type) else node.name
+    name = t.__name__ if isinstance(t, type) else node.name
+    method = node.info.method
+    return name + (f"·{method}" if method not in (None, "__call__", node.name) else "")

@@ -107,6 +107,7 @@ class Instruction:
     called: list[str]
     computation: str
     root: bool = False
+    number: int = -1  # a parameter's
 
     def dims(self, key: str) -> list[int]:
         m = re.search(key + _DIMS, self.attrs)
@@ -177,6 +178,29 @@ class Program:
         if not self.entry:
             raise ValueError("no ENTRY computation in the HLO text")
         self._users: dict[str, dict[str, list[Instruction]]] = {}
+
+    def users(self, i: Instruction) -> list[Instruction]:
+        """The instructions that read ``i``: in its computation (where a fusion, a call or a loop
+        reads it, the parameter of the computation it runs that receives it), and, for the root of
+        a computation, the instructions that run that computation."""
+        if not hasattr(self, "_readers"):
+            readers: dict[str, list[Instruction]] = {}
+            callers: dict[str, list[Instruction]] = {}
+            for instrs in self.computations.values():
+                for j in instrs:
+                    for o in dict.fromkeys(j.operands):
+                        readers.setdefault(o, []).append(j)
+                    for c in j.called:
+                        callers.setdefault(c, []).append(j)
+            self._readers, self._callers = readers, callers
+        out: list[Instruction] = []
+        for j in self._readers.get(i.name, []):
+            if j.opcode in ("fusion", "call", "while"):
+                ks = [k for k, o in enumerate(j.operands) if o == i.name]
+                out += [p for c in j.called for p in self.computations[c] if p.opcode == "parameter" and p.number in ks]
+            else:
+                out.append(j)
+        return out + (self._callers.get(i.computation, []) if i.root else [])
 
     def operand_shape(self, i: Instruction, k: int) -> str:
         return self.by_name[i.operands[k]].shape
@@ -392,8 +416,9 @@ def _parse(line: str, computation: str) -> Instruction | None:
     called: list[str] = []
     for _, v in _CALLED.findall(attrs):
         called += re.findall(r"%?([\w.\-]+)", v.strip("{}"))
+    number = int(rest[:k - 1]) if opcode == "parameter" and rest[:k - 1].isdigit() else -1
     return Instruction(name, shape, opcode, operands, attrs, meta.group(1) if meta else "", called, computation,
-                       bool(root))
+                       bool(root), number)
 
 
 def _conv_flops(lhs: tuple[int, ...], rhs: tuple[int, ...], out: tuple[int, ...], attrs: str) -> float:
