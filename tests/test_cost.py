@@ -217,3 +217,73 @@ def test_a_parameter_gathered_whole_every_run_is_named():
     assert (g.path, g.name, g.split) == ("_Gathering", "kernel", 32 * 16 * 4), c.table()
     assert any(x.kind.startswith("all-gather") and x.shape == (32, 16) for x in c["_Gathering"].collectives)
     assert "all-gathers the whole of its parameter `kernel`" in c.table()
+
+
+def test_layers_unrolled_get_a_note_and_each_call_counts_its_equations():
+    class Deep(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            for _ in range(5):
+                x = nn.Dense(8)(x)
+            return x
+
+    m, x = Deep(), jnp.ones((2, 8))
+    v = m.init(KEY, x)
+    mox = yax.make_mox(m.apply)(v, x)
+    c = yax.cost(mox, v, x)
+    assert c.unrolled == [("Deep/Dense_0", "Deep/Dense_4", 5)]
+    assert "5 identical calls, unrolled: XLA compiles each one; a scan over them" in c.table()
+    dense = yax.query('//module_call[@path="Deep/Dense_0"]', mox)[0]
+    assert c["Deep/Dense_0"].equations == sum(isinstance(n, yax.Equation) for n in dense.walk()) > 0
+    assert c.calls[""].equations == sum(isinstance(n, yax.Equation) for n in mox.walk())
+    # the program's memory as XLA states it (per module it is not attributed, and the table says so)
+    assert c.memory["argument"] == 5 * (8 * 8 + 8) * 4 + 2 * 8 * 4 and c.memory["output"] == 2 * 8 * 4
+    assert "not attributed (XLA's buffer assignment is not public)" in c.table()
+    scanned = Transformer(scan=True, num_layers=4)
+    ids = jnp.arange(16).reshape(2, 8) % 64
+    sv = scanned.init(KEY, ids)
+    assert not yax.cost(yax.make_mox(scanned.apply)(sv, ids), sv, ids).unrolled  # a scan: nothing to say
+
+
+_CACHED = '''
+import jax, jax.numpy as jnp, flax.linen as nn, yax
+
+class Inner(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.relu(nn.Dense(8, name="d")(x))
+
+class Wrapped(nn.Module):  # the same program as Flat, its calls numbered otherwise
+    @nn.compact
+    def __call__(self, x):
+        return Inner(name="inner")(x)
+
+class Flat(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.relu(nn.Dense(8, name="d")(x))
+
+x = jnp.ones((2, 8))
+for m in (Wrapped(), Flat()):
+    v = m.init(jax.random.key(0), x)
+    c = yax.cost(yax.make_mox(m.apply)(v, x), v, x)
+    print({cc.path: cc.own["flops"] for cc in c.calls.values()})
+'''
+
+
+def test_a_persistent_compilation_cache_does_not_mix_up_the_modules(tmp_path):
+    """JAX's persistent cache keys a program without its metadata: a program cached under the
+    same name with its calls numbered otherwise came back naming the wrong calls (everything fell
+    to the root). Run in a fresh interpreter: the cache is chosen at the first compile."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+    out = subprocess.run([sys.executable, "-c", _CACHED], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    wrapped, flat = (eval(line) for line in out.stdout.strip().splitlines()[-2:])
+    assert wrapped["Wrapped/inner/d"] == flat["Flat/d"] == 2 * 2 * 8 * 8 + 2 * 8
+    assert wrapped["Wrapped/inner/relu"] == flat["Flat/relu"] == 2 * 8
+    assert flat[""] == wrapped[""] == 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import functools
 import math
 import re
@@ -31,6 +32,7 @@ from jax.sharding import NamedSharding
 
 from . import _calls, _hlo
 from ._eval import Hooks, bind, flatten_inputs, run
+from ._fold import runs, structure_keys
 from ._ir import CALL_KINDS, Equation, Kind, Mox
 from ._sharding import _labels, _reads, spec_text
 from ._view import View, view
@@ -101,6 +103,7 @@ class CallCost:
     collectives: list[Collective]
     instructions: int
     why: str = ""
+    equations: int = 0  #: of the traced program under it (a nested computation's once): what XLA compiles
 
     @property
     def flops(self) -> float | None:
@@ -128,6 +131,11 @@ class Cost:
     replicated: list[Replicated] = dataclasses.field(default_factory=list)
     #: instructions XLA made without saying from what (no metadata): in the root's total, in no call's
     unattributed: CallCost | None = None
+    #: ``compiled.memory_analysis()`` per device (arguments, outputs, temporaries, code), when XLA gives it;
+    #: what each module holds live at the peak is not attributed (XLA's buffer assignment is not public)
+    memory: dict[str, int] | None = None
+    #: runs of identical sibling calls that are not scanned: ``(first path, last path, how many)``
+    unrolled: list[tuple[str, str, int]] = dataclasses.field(default_factory=list)
     text: str = dataclasses.field(repr=False, default="")
 
     mox: Mox | None = dataclasses.field(default=None, repr=False)
@@ -238,6 +246,10 @@ def cost(mox: Mox, *args: Any, **kwargs: Any) -> Cost:
     def program(xs: list[Any]) -> list[Any]:
         return run(mox, xs, hooks=hooks)
 
+    # JAX's persistent compilation cache keys a program without its metadata: under one name, a
+    # program laid out in other calls would come back with their names (tests/test_cost.py)
+    program.__name__ = program.__qualname__ = _program_name(index)
+
     t0 = time.perf_counter()
     traced = jax.jit(program).trace(flat)
     t1 = time.perf_counter()
@@ -256,13 +268,43 @@ def cost(mox: Mox, *args: Any, **kwargs: Any) -> Cost:
     in_shardings = jax.tree_util.tree_leaves(compiled.input_shardings[0])
     if len(in_shardings) == len(flat):
         found.replicated = _replicated(mox, in_shardings, found)
+    found.memory = _memory(compiled)
+    found.unrolled = _unrolled(mox)
     return found
 
 
+def _memory(compiled: Any) -> dict[str, int] | None:
+    try:
+        m = compiled.memory_analysis()
+    except Exception:  # a backend without it
+        return None
+    if m is None:
+        return None
+    names = ("argument_size_in_bytes", "output_size_in_bytes", "alias_size_in_bytes", "temp_size_in_bytes",
+             "generated_code_size_in_bytes")
+    return {n.removesuffix("_size_in_bytes"): int(getattr(m, n)) for n in names if hasattr(m, n)}
+
+
+#: Identical sibling calls from this many on, not scanned, get a note (`Cost.unrolled`).
+UNROLLED = 4
+
+
+def _unrolled(mox: Mox) -> list[tuple[str, str, int]]:
+    """Runs of `UNROLLED` or more identical sibling calls (`yax._fold`): each is compiled on its
+    own, where a scan over them compiles one."""
+    keys = structure_keys(mox)
+    out = []
+    for n in _calls.index(mox).nodes:
+        if isinstance(n, Mox) and n.calls:
+            out += [(r[0].path, r[-1].path, len(r)) for r in runs(n.calls, keys) if len(r) >= UNROLLED]
+    return out
+
+
 def _replicated(mox: Mox, shardings: list[Any], found: Cost) -> list[Replicated]:
-    """Parameters held whole along a mesh axis along which the same parameter of most calls
-    alike is split (the calls whose paths differ in their numbers only: ``Block_2`` and
-    ``Block_0``), and parameters all-gathered whole every run (see `Replicated`)."""
+    """Parameters held whole along a mesh axis along which the same parameter (its name and
+    shape) of most calls alike is split (the calls whose paths differ in their numbers only:
+    ``Block_2/Dense_0`` and ``Block_0/Dense_0``), and parameters all-gathered whole every run
+    (see `Replicated`)."""
     paths = dict(zip(mox.invars, mox.in_paths))
     params = {v: s for v, s in zip(mox.invars, shardings)
               if paths.get(v, "").startswith("[0][0]") and isinstance(s, NamedSharding) and s.mesh.size > 1}
@@ -271,9 +313,9 @@ def _replicated(mox: Mox, shardings: list[Any], found: Cost) -> list[Replicated]
     read: list[tuple[Mox, Any, str]] = []  # (call, parameter, its label)
     for call, vs in _reads(mox, params).items():
         read += [(call, v, label) for v, label in zip(vs, _labels([paths[v] for v in vs]))]
-    alike: dict[tuple[str, str], list[tuple[Mox, Any]]] = {}
+    alike: dict[tuple[str, str, tuple[int, ...]], list[tuple[Mox, Any]]] = {}
     for call, v, label in read:
-        alike.setdefault((_alike(call.path), label), []).append((call, v))
+        alike.setdefault((_alike(call.path), label, tuple(v.shape)), []).append((call, v))
     out: list[Replicated] = []
     seen: set[tuple[str, str, bool]] = set()
     by_path = {c.path: c for c in found.calls.values()}
@@ -282,7 +324,7 @@ def _replicated(mox: Mox, shardings: list[Any], found: Cost) -> list[Replicated]
         whole = math.prod(v.shape) * np.dtype(v.dtype).itemsize
         mine = set(_axes(s.spec))
         per_device = whole // math.prod(s.mesh.shape[a] for a in mine)
-        peers = [(c, params[w]) for c, w in alike[(_alike(call.path), label)] if w is not v]
+        peers = [(c, params[w]) for c, w in alike[(_alike(call.path), label, tuple(v.shape))] if w is not v]
         split = {a for _, p in peers for a in _axes(p.spec)}
         missing = tuple(sorted(a for a in split if a not in mine and s.mesh.shape[a] > 1
                                and 2 * sum(a in _axes(p.spec) for _, p in peers) > len(peers)))
@@ -300,10 +342,10 @@ def _replicated(mox: Mox, shardings: list[Any], found: Cost) -> list[Replicated]
 
 
 def _alike(path: str) -> str:
-    """What calls alike share: their paths but for the numbers of the calls around them
-    (``Block_2/Dense_0`` -> ``Block_#/Dense_0``, ``layers/3/mlp`` -> ``layers/#/mlp``)."""
-    *up, last = path.split("/")
-    return "/".join([*(re.sub(r"\d+", "#", p) for p in up), last])
+    """What calls alike share: their paths but for the numbers in them (``Block_2/Dense_0`` ->
+    ``Block_#/Dense_#``, ``layers/3/mlp`` -> ``layers/#/mlp``); with a parameter of the same
+    name and shape, they are calls alike (`_replicated`)."""
+    return re.sub(r"\d+", "#", path)
 
 
 def _axes(spec: Any) -> list[str]:
@@ -313,6 +355,16 @@ def _axes(spec: Any) -> list[str]:
             continue
         out += list(e) if isinstance(e, tuple) else [e]
     return out
+
+
+def _program_name(index: _calls.Index) -> str:
+    """A name for the compiled program that differs wherever the scopes do: a digest of every
+    node's kind and place (what decides which scope each instruction gets)."""
+    h = hashlib.sha256()
+    for num, n in enumerate(index.nodes):
+        what = n.name if isinstance(n, Equation) else n.kind
+        h.update(f"{index.parents[num]}:{index.callers[num]}:{what};".encode())
+    return "yax_cost_" + h.hexdigest()[:20]
 
 
 def _holding_calls(index: _calls.Index) -> set[int]:
@@ -419,13 +471,21 @@ def _attribute(mox: Mox, index: _calls.Index, program: _hlo.Program, xla: dict[s
             if up == -1:
                 break
             c = index.callers[up]
+    equations: dict[int, int] = dict.fromkeys(numbers, 0)
+    for num, n in enumerate(index.nodes):
+        if isinstance(n, Equation):
+            c = index.callers[num]
+            while c >= 0:
+                equations[c] += 1
+                c = index.callers[c]
+            equations[-1] += 1
     calls: dict[str, CallCost] = {}
     for k in numbers:
         node = mox if k < 0 else index.nodes[k]
         assert isinstance(node, Mox)
         key = "" if k < 0 else index.keys[id(node)]
         calls[key] = CallCost(_path(index, k), _type(node) if k >= 0 else mox.name or "root",
-                              own[k], totals[k], colls[k], counts[k], whys.get(k, ""))
+                              own[k], totals[k], colls[k], counts[k], whys.get(k, ""), equations[k])
     counted = None if known_total is None else {q: getattr(known_total, q) for q in QUANTITIES[:3]}
     nobody = CallCost("", "", own[_NOBODY], own[_NOBODY], colls[_NOBODY], counts[_NOBODY], whys.get(_NOBODY, ""))
     return Cost(calls, {k: float(v) for k, v in xla.items() if not re.search(r"\d|\{", k)}, counted, unknown,
@@ -495,6 +555,14 @@ def _table(cost: Cost, depth: int | None) -> str:
     if extra:
         lines.append(f"† {cost.unattributed.instructions} instruction(s) XLA made without naming what they came "  # type: ignore[union-attr]
                      "from (no metadata): in the root's total, in no call's.")
+    for first, last, n in cost.unrolled:
+        lines.append(f"i `{first}` … `{last}`: {n} identical calls, unrolled: XLA compiles each one; a scan over "
+                     f"them (`nn.scan`, `jax.lax.scan`) compiles one, and compiles faster")
+    if cost.memory:
+        m = cost.memory
+        lines.append(f"memory per device (XLA): arguments {_fmt(m.get('argument'))}B, outputs {_fmt(m.get('output'))}B, "
+                     f"temporaries {_fmt(m.get('temp'))}B; what each module holds at the peak is not attributed "
+                     "(XLA's buffer assignment is not public)")
     s = cost.seconds
     lines.append(f"per device, {cost.devices} device(s); trace {s['trace']:.2f} s, lower {s['lower']:.2f} s, "
                  f"compile {s['compile']:.2f} s")
