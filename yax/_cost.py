@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import functools
+import hashlib
 import math
 import re
 import time
