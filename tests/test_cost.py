@@ -161,6 +161,8 @@ def test_on_a_mesh_collectives_are_named_by_their_module():
     assert ar.kind.startswith("all-reduce") and ar.runs == 1 and ar.bytes == 4 * 4 * 32
     assert ar.groups == "{{0,1,2,3},{4,5,6,7}}"
     assert c["_MLP/down"].total["collective_bytes"] == 4 * 4 * 32
+    assert c["_MLP/up"].parameters == {"kernel": "P(None,'model')", "bias": "P('model')"}
+    assert c["_MLP/plain"].parameters == {"kernel": "P('model',None)", "bias": "P()"}
     got = {n.path for n in c.query("//module_call[@collectives > 0]")}
     assert "_MLP/down" in got and got == {cc.path for cc in c.calls.values() if cc.collectives}
     assert not c.replicated  # `plain` has no calls alike to compare with

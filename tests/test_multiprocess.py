@@ -22,6 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.core,
 
 HERE = pathlib.Path(__file__).parent
 WORKER = HERE / "multiprocess_worker.py"
+FOLLOW = HERE / "follow_worker.py"
 
 
 def _free_port() -> int:
@@ -30,12 +31,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def processes(tmp_path_factory):
-    out = tmp_path_factory.mktemp("multiprocess")
+def _job(worker: pathlib.Path, out: pathlib.Path) -> None:
+    """Run ``worker`` as the 2 processes of a job; fail with their output if one fails."""
     port = str(_free_port())
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the worker asks for 4 devices
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(i), port, str(out)], cwd=HERE, env=env,
+    procs = [subprocess.Popen([sys.executable, str(worker), str(i), port, str(out)], cwd=HERE, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
     logs = []
     for p in procs:
@@ -48,6 +48,12 @@ def processes(tmp_path_factory):
     for i, (p, log) in enumerate(zip(procs, logs)):
         tail = "\n".join(line for line in log.splitlines() if "[Gloo]" not in line)[-6000:]
         assert p.returncode == 0, f"process {i} failed (exit {p.returncode}):\n{tail}"
+
+
+@pytest.fixture(scope="module")
+def processes(tmp_path_factory):
+    out = tmp_path_factory.mktemp("multiprocess")
+    _job(WORKER, out)
     return [(dict(np.load(out / f"{i}.npz")), json.loads((out / f"{i}.json").read_text())) for i in range(2)]
 
 
@@ -79,3 +85,44 @@ def test_every_process_finds_the_same_nan_compares_and_costs_alike(processes, on
         assert got["compare"].keys() == want["compare"].keys(), i
         for k, stats in want["compare"].items():
             np.testing.assert_allclose(got["compare"][k], stats, rtol=1e-5, atol=1e-6, err_msg=f"process {i}: {k}")
+
+
+def test_the_explorer_in_process_0_leads_and_shows_the_single_process_numbers(tmp_path):
+    """yax_widget.follow: process 0's explorer substitutes, compares, shows a row's values and
+    colours the rows (by the values' norm, by compiled FLOPs), process 1 follows every request;
+    what process 0 shows equals what one process with 8 devices shows."""
+    from follow_worker import opened, run
+
+    from yax_widget import Session
+
+    _job(FOLLOW, tmp_path)
+    led = json.loads((tmp_path / "leader.json").read_text())
+    m, v, x = opened(Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model")))
+    s = Session(m, v, x, warm=False)
+    try:
+        from yax_widget._protocol import answer
+
+        alone = json.loads(json.dumps(run(s, lambda r: answer(s, r)), default=lambda o: None))
+    finally:
+        s.close()
+    assert [step["reply"] for step in led] == [["ok", ""]] * len(alone)
+    assert led[0]["comparison"][2] and led[1]["values"] and led[2]["overlay"] and led[3]["overlay"]
+    assert led[0]["comparison"][0] is False  # GELU -> ReLU changes the output
+    for i, (a, b) in enumerate(zip(led, alone)):
+        _close(a, b, f"step {i}")
+
+
+def _close(a, b, where):
+    """``a`` equals ``b``, floats to 1e-5 (gloo's sums and XLA's may round apart)."""
+    if isinstance(b, float) and isinstance(a, (int, float)):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6), where
+    elif isinstance(b, dict):
+        assert isinstance(a, dict) and a.keys() == b.keys(), where
+        for k in b:
+            _close(a[k], b[k], f"{where}/{k}")
+    elif isinstance(b, list):
+        assert isinstance(a, list) and len(a) == len(b), where
+        for k, (x, y) in enumerate(zip(a, b)):
+            _close(x, y, f"{where}[{k}]")
+    else:
+        assert a == b, where

@@ -24,7 +24,7 @@ from ._eval import eval_mox, flatten_inputs, run
 from ._ir import FN_KINDS, Equation, Kind, Mox
 from ._jit import model_jit
 from ._reference import Reference
-from ._sharding import any_spread, subnormal
+from ._sharding import any_spread, subnormal, to_host
 from ._vocab import type_str
 from ._weights import key_of
 from .errors import NotARootMox, WrongType, YaxInputError
@@ -494,7 +494,7 @@ def _spread_stats(pairs: list[tuple[list[Any], list[Any]]], leads: tuple[int, ..
     tol = np.array([rtol, atol])  # in the values' type on the devices (float32: as jnp.float32 rounds them)
     out = []
     for (xs, ys), lead in zip(pairs, leads):
-        ints, floats = jax.device_get(_row_sums_jit(xs, ys, lead, tol))
+        ints, floats = to_host(_row_sums_jit(xs, ys, lead, tol))
         if ints[:, 4].any():
             out.append(_on_host(xs, ys, lead, rtol, atol))
         else:
@@ -721,7 +721,7 @@ def _to_host(m: Measured, mox: Mox) -> Measured:
     when compared)."""
     if m.shaped:
         return m
-    outs, taps = jax.device_get((m.outs, m.taps))
+    outs, taps = to_host((m.outs, m.taps))
     if taps:
         idx = _calls.index(mox)
         stacks = [idx.positions[id(idx.calls[k])].stack for k in taps]
@@ -977,7 +977,7 @@ def compare_gradients(original: Mox, modified: Mox, args: tuple[Any, ...], args_
         g = jax.jit(jax.grad(f))([leaves[i] for i in where])
         if any_spread(g):  # a sharded model's gradients stay where they are: only statistics cross
             return {jax.tree_util.keystr(flat[i][0]): _measured(v) for i, v in zip(where, g)}
-        return {jax.tree_util.keystr(flat[i][0]): np.ravel(_measured(v)) for i, v in zip(where, jax.device_get(g))}
+        return {jax.tree_util.keystr(flat[i][0]): np.ravel(_measured(v)) for i, v in zip(where, to_host(g))}
 
     ga, gb = grads(original, args), grads(modified, args_b)
     keys = [k for k, v in ga.items() if k in gb and np.size(gb[k]) == np.size(v)]

@@ -104,6 +104,8 @@ class CallCost:
     instructions: int
     why: str = ""
     equations: int = 0  #: of the traced program under it (a nested computation's once): what XLA compiles
+    #: the parameters its own equations read, laid out as compiled (on a mesh): name -> ``P(None,'model')``
+    parameters: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def flops(self) -> float | None:
@@ -318,9 +320,11 @@ def _replicated(mox: Mox, shardings: list[Any], found: Cost) -> list[Replicated]
         alike.setdefault((_alike(call.path), label, tuple(v.shape)), []).append((call, v))
     out: list[Replicated] = []
     seen: set[tuple[str, str, bool]] = set()
-    by_path = {c.path: c for c in found.calls.values()}
+    by_path = {c.path: c for c in found.calls.values() if c.path}
     for call, v, label in read:
         s = params[v]
+        if call.path in by_path:
+            by_path[call.path].parameters[label] = spec_text(s.spec)
         whole = math.prod(v.shape) * np.dtype(v.dtype).itemsize
         mine = set(_axes(s.spec))
         per_device = whole // math.prod(s.mesh.shape[a] for a in mine)
@@ -385,34 +389,73 @@ def _holding_calls(index: _calls.Index) -> set[int]:
 
 def _owners(program: _hlo.Program) -> dict[str, int]:
     """Instruction name -> the number of the call it came from: its innermost scope (-1: the
-    root). An instruction XLA made without metadata (rewriting a product as another, adding a
-    conversion for its reader) is named after the one call all its readers come from, when they
-    agree: it exists to compute what that call reads; otherwise `_NOBODY`, not attributed. One
-    that XLA gave its loop's metadata (moving it while rewriting the loop) is named so too, or
-    after the call around the loop."""
+    root), or `_NOBODY` (not attributed). XLA's passes make some instructions without metadata,
+    or give them their loop's. Such an instruction is named after its readers in two cases only:
+    it moves or converts data (a conversion, a copy, a broadcast: XLA adds these for their
+    reader), and the calls of all its readers agree; or it computes a value whose readers all
+    pass it on unchanged (a bitcast, a reshape) under one call's metadata, which XLA kept there
+    when it rewrote that call's operation (a product rewritten as another and reshaped back).
+    Anything else is not attributed, never guessed."""
     named: dict[str, int] = {}
-    vague: set[str] = set()
+    loops: set[str] = set()  # with a loop's metadata: the loop's plumbing, or moved out of it by XLA
     for instrs in program.computations.values():
         for i in instrs:
             if i.op_name:
                 found = _SCOPE.findall(i.op_name)
                 named[i.name] = int(found[-1]) if found else -1
-                if i.op_name.rsplit("/", 1)[-1] in _LOOPS and i.opcode not in _PLUMBING:
-                    vague.add(i.name)  # a loop's metadata on what is not the loop
+                if i.op_name.rsplit("/", 1)[-1] in _LOOPS:
+                    loops.add(i.name)
+    vague = {n for n in loops if program.by_name[n].opcode not in _PLUMBING}  # what is not the loop's plumbing
     out: dict[str, int] = {k: v for k, v in named.items() if k not in vague}
+
+    def carried(u: _hlo.Instruction, seen: set[str]) -> set[int] | None:
+        """The calls whose metadata the readers passing a value on unchanged carry; None when
+        a reader computes something."""
+        if u.opcode not in _LAYOUT:
+            return None
+        if u.name in named and u.name not in loops:
+            return {named[u.name]}
+        if u.name in seen:
+            return set()
+        seen.add(u.name)
+        found: set[int] = set()
+        for w in program.users(u):
+            got = carried(w, seen)
+            if got is None:
+                return None
+            found |= got
+        return found
 
     def resolve(i: _hlo.Instruction, seen: set[str]) -> int:
         if i.name in out:
             return out[i.name]
         seen.add(i.name)
-        readers = {resolve(u, seen) for u in program.users(i) if u.name not in seen}
-        out[i.name] = k = readers.pop() if len(readers) == 1 else named.get(i.name, _NOBODY)
+        readers = [u for u in program.users(i) if u.name not in seen]
+        owners: set[int] | None
+        if i.opcode in _FEEDING:
+            owners = {resolve(u, seen) for u in readers}
+        else:
+            owners = set()
+            for u in readers:
+                got = carried(u, set(seen))
+                if got is None:
+                    owners = None
+                    break
+                owners |= got
+        out[i.name] = k = owners.pop() if owners and len(owners) == 1 else named.get(i.name, _NOBODY)
         return k
 
     for instrs in program.computations.values():
         for i in instrs:
             resolve(i, set())
     return out
+
+
+#: Instructions that pass a value on unchanged (a fused computation's parameter included).
+_LAYOUT = frozenset({"bitcast", "reshape", "transpose", "copy", "tuple", "get-tuple-element", "parameter"})
+#: Instructions that move or convert data, which XLA adds for their reader.
+_FEEDING = _LAYOUT | {"convert", "broadcast", "bitcast-convert", "slice", "dynamic-slice", "pad", "concatenate",
+                      "reverse", "constant", "iota"}
 
 
 #: The last name of a loop's op_name (``jit(f)/__yax3__/while``), and what a loop carries its values in.

@@ -67,6 +67,20 @@ def spread(x: Any) -> bool:
     return s is not None and len(s.device_set) > 1
 
 
+def to_host(tree: Any) -> Any:
+    """``jax.device_get`` of ``tree``, also in a job of several processes (``jax.distributed``):
+    an array split over devices of other processes is gathered whole first. That is a
+    collective: every process must make the same call, as they make every other."""
+    def local(x: Any) -> Any:
+        if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
+            from jax.experimental import multihost_utils
+
+            return multihost_utils.process_allgather(x, tiled=True)
+        return x
+
+    return jax.device_get(jax.tree_util.tree_map(local, tree))
+
+
 def any_spread(values: Iterable[Any]) -> bool:
     return any(spread(x) for x in jax.tree_util.tree_leaves(values))
 

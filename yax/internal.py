@@ -91,6 +91,7 @@ from ._sharding import reduced_stats as reduced_stats
 from ._sharding import spec_of as spec_of
 from ._sharding import spec_text as spec_text
 from ._sharding import spread as spread
+from ._sharding import to_host as to_host
 from ._source import Location as Location
 from ._source import lines_around as lines_around
 from ._summary import all_flops as all_flops

@@ -12,7 +12,7 @@ from typing import Any
 from ._session import Change as Change
 from ._session import Session as Session
 
-__all__ = ["Change", "Explorer", "Session", "load_ipython_extension"]
+__all__ = ["Change", "Explorer", "Session", "follow", "load_ipython_extension"]
 
 
 def __getattr__(name: str) -> Any:
@@ -21,6 +21,10 @@ def __getattr__(name: str) -> Any:
         from ._explorer import Explorer
 
         return Explorer
+    if name == "follow":
+        from ._follow import follow
+
+        return follow
     if name == "load_ipython_extension":
         from ._magic import load_ipython_extension
 

@@ -13,11 +13,13 @@ import pathlib
 from typing import Any
 
 import anywidget
+import jax
 import traitlets
 
 import yax
 
 from . import _protocol
+from ._follow import Leader
 from ._session import Change, Session
 from ._targets import caller_names
 
@@ -117,11 +119,16 @@ class Explorer(anywidget.AnyWidget):
                  batches: Any = None, grad_of: Any = None, static_argnums: Any = None,
                  static_argnames: Any = None, **kwargs: Any):
         super().__init__()
+        self.leader: Leader | None = None
         try:
             #: Everything the explorer does, without the widget (`yax_widget.Session`).
-            self.session = Session(target, *args, key=key, warm=in_kernel() if warm is None else warm,
+            several = jax.process_count() > 1  # a multi-process job: the other processes follow (`_follow`)
+            self.session = Session(target, *args, key=key,
+                                   warm=False if several else in_kernel() if warm is None else warm,
                                    batches=batches, grad_of=grad_of, on_change=self._mirror,
                                    static_argnums=static_argnums, static_argnames=static_argnames, **kwargs)
+            if several:  # what broadcasts each request to the processes that `follow`
+                self.leader = Leader(self.session)
             self._mirror(self.session.state)
         except BaseException:
             # the widget (and its layout) registered itself and opened its comm: an explorer that failed
@@ -146,7 +153,8 @@ class Explorer(anywidget.AnyWidget):
                 setattr(self, "_" + name, value)
 
     def _on_msg(self, _widget: Any, content: Any, _buffers: Any) -> None:
-        self.send(_protocol.answer(self.session, content))
+        leader = self.leader
+        self.send(_protocol.answer(self.session, content) if leader is None else leader.answer(content))
 
     # -- the Python API: the session's ------------------------------------------------------
 
@@ -369,6 +377,9 @@ class Explorer(anywidget.AnyWidget):
         session = getattr(self, "session", None)  # None when opening it failed (then `__del__` closes it again)
         if session is not None:
             session.close()
+        leader = getattr(self, "leader", None)
+        if leader is not None:
+            leader.close()  # the processes that follow stop
         layout = getattr(self, "layout", None)  # made with the widget, and registered like it
         if layout is not None:
             layout.close()

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import yax
-from yax.internal import capturable_calls, capture_keys, model_jit, node_ids, type_str
+from yax.internal import capturable_calls, capture_keys, model_jit, node_ids, to_host, type_str
 
 from ._payloads import number
 from ._reduce import MAX_OUTPUTS, Light, Static, entry_of, output_arrays, rebuilt, squared_norms
@@ -195,7 +195,7 @@ class Gradients:
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
         self.grads, squares, dots, chosen, value = prog.run([leaves[i] for i in mox.dyn_in],
                                                             Static(leaves, tree, mox))
-        squares, self.dots, chosen, value = jax.device_get((squares, dots, chosen, value))
+        squares, self.dots, chosen, value = to_host((squares, dots, chosen, value))
         self.light = Light(self.grads, squares)
         self.program, self.scalar, self.batch = prog, scalar, batch
         self.index = int(chosen)

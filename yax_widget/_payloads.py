@@ -39,6 +39,7 @@ from yax.internal import (
     spec_of,
     spec_text,
     structure_keys,
+    to_host,
     type_str,
     value_str,
 )
@@ -390,7 +391,7 @@ _diff_summary_jit = jax.jit(_diff_summary)
 
 def _on_devices(name: str, stats: yax.Stats, x: Any, y: Any) -> dict:
     """`_output` of a sharded model's outputs, left on their devices: `_diff_summary` there."""
-    lo, hi, counts, n, heat = jax.device_get(_diff_summary_jit(jnp.asarray(x), jnp.asarray(y)))
+    lo, hi, counts, n, heat = to_host(_diff_summary_jit(jnp.asarray(x), jnp.asarray(y)))
     shown = None
     if heat:
         _, info = heat_slice(np.broadcast_to(np.zeros((), np.int8), x.shape), name)  # what was cut, from the shape

@@ -149,6 +149,9 @@ class Cost(RowData):
             split = ("all its own" if mine == v else f"its own {'unknown' if mine is None else _n(round(mine))}, "
                      f"the rest in the calls it makes")
             rows.append([label, _n(round(v)), f"every run, as XLA counts{' (elementwise work included)' if q == 'flops' else ''}; {split}"])
+        if c.parameters:
+            rows.append(["parameters as compiled", " ".join(f"{k}={v}" for k, v in c.parameters.items()),
+                         f"over {cost.devices} devices"])
         if c.collectives:
             kinds = ", ".join(f"{x.kind} ×{x.runs if x.runs is not None else '?'} ({_n(x.bytes)} bytes)"
                               for x in c.collectives)

@@ -28,6 +28,7 @@ from yax.internal import (
     node_ids,
     reduced_stats,
     results_of,
+    to_host,
     type_str,
 )
 
@@ -108,7 +109,7 @@ class Light:
         if s == 0 and self.zeros(i) == x.size:
             return 0.0, 0
         if i not in self._full:
-            counts, stats = jax.device_get(_summarize(x))[:2]
+            counts, stats = to_host(_summarize(x))[:2]
             self._full[i] = (float(stats[4]), int(counts[1] + counts[2] + counts[3]))
         return self._full[i]
 
@@ -130,7 +131,7 @@ _summarize = jax.jit(_reduced)  # one output summarised on the device: compiled 
 def entry_of(name: str, type_: str, shape: tuple, steps: tuple, x: Any) -> dict:
     """The values pane's entry for the output ``x``: summarised on the device (`_reduced`),
     only the summary crossing to the host (`_payloads.value_entry`)."""
-    return value_entry(name, type_, shape, steps, *jax.device_get(_summarize(x)))
+    return value_entry(name, type_, shape, steps, *to_host(_summarize(x)))
 
 
 def rebuilt(mox: yax.Mox, dyn: list, template: tuple) -> tuple[tuple, dict]:
@@ -237,7 +238,7 @@ class Boundaries:
             prog = _programs[mox] = _Program(mox)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
         outs, squares = prog.capture([leaves[i] for i in mox.dyn_in], Static(leaves, tree, mox))
-        return cls(prog.where, prog.more, outs, jax.device_get(squares))
+        return cls(prog.where, prog.more, outs, to_host(squares))
 
     @classmethod
     def measured(cls, mox: yax.Mox, taps: dict[str, np.ndarray]) -> Boundaries | None:

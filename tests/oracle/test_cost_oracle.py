@@ -129,8 +129,11 @@ def test_compiled_cost_per_call_equals_xla_on_the_hand_written_model(spec: Spec)
     """(iii) `yax.cost`: (a) its instructions, recounted by XLA's rules, add up to XLA's own
     ``cost_analysis()`` of the program; (b) the whole model's FLOPs and transcendentals per run
     equal XLA's for the hand-written model (`reference`: plain JAX, its scans unrolled, so XLA
-    counts every step); (c) each dense call's FLOPs per run equal XLA's for the hand-written
-    dense layer on the same shapes, times its scan's steps."""
+    counts every step; FLOPs of floating-point values, as a scan's loop also counts its steps);
+    (c) each dense call's FLOPs per run are XLA's for the hand-written dense layer on the same
+    shapes, times its scan's steps: exactly, or more where XLA computes the product again in
+    several fusions; never less (its work given to another call) beyond what yax says it did not
+    attribute."""
     from .gen import _dense, reference
 
     b = build(spec)
@@ -154,19 +157,23 @@ def test_compiled_cost_per_call_equals_xla_on_the_hand_written_model(spec: Spec)
     calls = yax.query(f'//module_call[@type="{dense}"]', mox)
     dense_sites = [s for s in sites(spec) if s.kind == "dense"]
     assert len(calls) == len(dense_sites)
-    if c.unattributed is not None and c.unattributed.own["flops"]:
-        # XLA made an instruction without metadata (rewriting a tiny product): yax names no
-        # module for it, and says so; per-call counts would then be a guess, so none is checked
+    unattributed = c.unattributed.own["flops"] if c.unattributed is not None else 0.0
+    if unattributed:  # XLA made a product without metadata (rewriting a tiny one): said, never guessed
         assert "not attributed" in c.table()
-        COUNTS["compiled models with unattributed instructions"] += 1
-        return
+        COUNTS["compiled models with unattributed FLOPs"] += 1
     rows = math.prod(spec.shape[:-1])
     keys = {id(n): k for k, n in call_keys(mox).items()}
+    short = 0.0
     for node, site in zip(calls, dense_sites):
         w = W[site.block]
         one = w if not site.steps else {k: v[0] for k, v in w.items()}
         h = np.zeros((rows, np.shape(one["kernel"])[0]), np.float32)
-        per_step = _xla(_dense, one, h)["flops"]
+        want = _xla(_dense, one, h)["flops"] * (site.steps or 1)
         got = c.calls[keys[id(node)]].own["flops"]
-        assert got == per_step * (site.steps or 1), (node.path, got, per_step, site, c.table())
+        # XLA may compute a product again in each fusion that reads it (more, never less); a call
+        # given less than its own work lost it to another call, or to "not attributed"
+        short += max(0.0, want - got)
+        COUNTS["compiled dense calls exact" if got == want else "compiled dense calls recomputed by XLA"] += (
+            got >= want)
+    assert short <= unattributed, (short, unattributed, c.table())
     COUNTS["compiled dense calls"] += len(calls)

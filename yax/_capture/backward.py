@@ -44,6 +44,7 @@ from .. import _calls, errors
 from .._eval import Hooks, bind, run
 from .._ir import Equation, Literal, Mox
 from .._jit import model_jit
+from .._sharding import to_host
 from ..errors import LossNotAFunction, YaxCaptureError
 from .stats import NonFinite, ValueStats
 
@@ -316,7 +317,7 @@ class Search:
             if self.switched is None:
                 self.switched = self.program(self.switchable)
             got = self.switched(flat, zero, ss, out_ss)
-        (level, outs), grads = jax.device_get(got)
+        (level, outs), grads = to_host(got)
         return _Pass(level, [bool(b) for b in outs], [bool(b) for b in grads])
 
 
@@ -526,7 +527,7 @@ def _origin(mox: Mox, flat: list[Any], search: Search, grad_of: Callable[[Any], 
     call = _innermost_call(mox, eqn)
     nodes = [eqn] if call is None else [eqn, call]
     plan = cached_plan(nodes, mox, "first_nonfinite")
-    _, got, cts = jax.device_get(program_for(mox, nodes, plan, "grad", inputs=True, repl=grad_of)(flat, {}, None))
+    _, got, cts = to_host(program_for(mox, nodes, plan, "grad", inputs=True, repl=grad_of)(flat, {}, None))
 
     def at(x: Any) -> Any:
         return np.asarray(x)[step] if step else np.asarray(x)

@@ -15,7 +15,7 @@ from .._calls import formals, how, index
 from .._eval import Hooks, bind, flatten_inputs, run
 from .._ir import Equation, Mox
 from .._jit import model_jit
-from .._sharding import any_spread, spread
+from .._sharding import any_spread, spread, to_host
 from .backward import first_backward
 from .plan import how_reached
 from .programs import cached_plan, check_root, program_for
@@ -177,7 +177,7 @@ def _bad_argument(mox: Mox, i: int, value: Any, name: str) -> NonFinite:
     if scan is not None:
         n = value.shape[0]
         # which layers hold them: one flag per layer crosses to the host (a sharded stack stays where it is)
-        bad = jax.device_get(_bad_layers(value)) if spread(value) else \
+        bad = to_host(_bad_layers(value)) if spread(value) else \
             ~np.isfinite(np.asarray(value).reshape(n, -1)).all(axis=1)
         order = range(n - 1, -1, -1) if scan.params.get("reverse", False) else range(n)
         step = (next(s for s in order if bad[s]),)
@@ -283,7 +283,7 @@ def _forward(mox: Mox, flat: list[Any], args: tuple[Any, ...], kwargs: dict[str,
     search = _searches.get(mox)
     if search is None:
         search = _searches[mox] = _Search(mox)
-    arg_flags, level = jax.device_get(search.jitted(flat))
+    arg_flags, level = to_host(search.jitted(flat))
     if arg_flags.any():
         i = search.args[int(np.argmax(arg_flags))]
         keypath = jax.tree_util.tree_flatten_with_path((args, kwargs))[0][mox.dyn_in[i]][0]
@@ -298,7 +298,7 @@ def _forward(mox: Mox, flat: list[Any], args: tuple[Any, ...], kwargs: dict[str,
     prog = program_for(mox, nodes, plan, "capture", inputs=True, forward_only=True)
     _, got = prog(flat, {}, None)
     if not any_spread(got):
-        got = jax.device_get(got)
+        got = to_host(got)
 
     def at(x: Any) -> Any:
         """The value at the scan step: a sharded one indexed where it is (`ValueStats` reduces it there)."""

@@ -5,12 +5,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .._ir import Equation, Mox
-from .._sharding import reduced_stats, spread, subnormal_count
+from .._sharding import reduced_stats, spread, subnormal_count, to_host
 from .._vocab import type_str
 
 
@@ -45,7 +44,7 @@ class ValueStats:
         if not (jnp.issubdtype(dtype, jnp.number) or dtype == np.bool_):  # jnp's knows bfloat16 and float8
             return cls(type_str(x), np.nan, np.nan, np.nan, np.nan, 0, 0, 0, 0, size)
         if spread(x) and not int(subnormal_count(x)):
-            stats, counts = jax.device_get(reduced_stats(x))
+            stats, counts = to_host(reduced_stats(x))
             n, nan, posinf, neginf, zeros = (int(c) for c in counts)
             lo, hi, mean, std = (float(v) if n else float("nan") for v in stats)
             return cls(type_str(x), lo, hi, mean, std, nan, posinf, neginf, zeros, size)
