@@ -48,8 +48,9 @@ QUANTITIES = ("flops", "transcendentals", "bytes_accessed", "collective_bytes")
 
 @dataclasses.dataclass(frozen=True)
 class Collective:
-    """One collective XLA put into the program: its opcode, the bytes of its result,
-    its replica groups as XLA prints them, and how many times it runs per run."""
+    """One collective XLA put into the program: its opcode, the bytes of its result (and
+    its shape), its replica groups as lists of devices (``{{0,1,2,3},{4,5,6,7}}``), and how
+    many times it runs per run of the program (``None``: known only when it runs)."""
 
     kind: str
     bytes: int
@@ -118,11 +119,16 @@ class CallCost:
 
 @dataclasses.dataclass
 class Cost:
-    """What `cost` found: ``calls`` (key -> `CallCost`, in program order; ``""``: the
-    root), ``xla`` (``compiled.cost_analysis()`` as XLA gives it), ``counted`` (XLA's
-    way of adding up the instructions, recomputed: equal to ``xla`` unless XLA
-    does not know an instruction's cost), ``unknown`` (such instructions, by call
-    path and opcode) and ``seconds`` (trace, lower and compile times)."""
+    """What `cost` found.
+
+    ``calls``: call key (as `yax.capture` names calls) -> `CallCost`, in program order, ``""``
+    the root (all of the program). ``xla``: ``compiled.cost_analysis()`` as XLA gives it (a loop
+    body once). ``counted``: the instructions added up XLA's way, recounted (`agrees`), or None
+    where XLA does not know an instruction's cost; ``unknown``: those, by call path and opcode.
+    ``unattributed``: what XLA made without saying from what. ``replicated``: parameters held
+    whole along a mesh axis where their alike are split, or gathered whole. ``memory``: XLA's
+    memory analysis; ``unrolled``: identical layers not scanned; ``seconds``: trace, lower and
+    compile; ``devices``: how many the program runs on (numbers are per device)."""
 
     calls: dict[str, CallCost]
     xla: dict[str, float]
@@ -182,6 +188,8 @@ class Cost:
         return query(xpath, self.view)  # type: ignore[arg-type]  # a view is what `query` runs on
 
     def __getitem__(self, path: str) -> CallCost:
+        """The first call at ``path`` (``cost["Net/Dense_0"]``; a module called twice: its first
+        call, `calls` has both), or the call of key ``path``."""
         for c in self.calls.values():
             if c.path == path:
                 return c
