@@ -395,7 +395,7 @@ def _holding_calls(index: _calls.Index) -> set[int]:
     return out
 
 
-def _owners(program: _hlo.Program) -> dict[str, int]:
+def _owners(program: _hlo.Program, index: _calls.Index) -> dict[str, int]:
     """Instruction name -> the number of the call it came from: its innermost scope (-1: the
     root), or `_NOBODY` (not attributed). XLA's passes make some instructions without metadata,
     or give them their loop's. Such an instruction is named after its readers in two cases only:
@@ -416,15 +416,22 @@ def _owners(program: _hlo.Program) -> dict[str, int]:
     vague = {n for n in loops if program.by_name[n].opcode not in _PLUMBING}  # what is not the loop's plumbing
     out: dict[str, int] = {k: v for k, v in named.items() if k not in vague}
 
+    def feeding(i: _hlo.Instruction) -> bool:
+        """Whether ``i`` only moves or converts data (a fusion: of such instructions only)."""
+        if i.opcode == "fusion":
+            return all(feeding(j) for c in i.called for j in program.computations[c])
+        return i.opcode in _FEEDING
+
     def carried(u: _hlo.Instruction, seen: set[str]) -> set[int] | None:
-        """The calls whose metadata the readers passing a value on unchanged carry; None when
-        a reader computes something."""
-        if u.opcode not in _LAYOUT:
+        """The calls whose metadata the readers passing a value on unchanged (or converted)
+        carry; None when a reader computes something else. A fusion or call among the readers
+        is the one running the computation whose result the value is: it passes it on."""
+        if u.opcode not in _CARRIERS:
             return None
         if u.name in named and u.name not in loops:
             return {named[u.name]}
-        if u.name in seen:
-            return set()
+        if u.name in seen or u.opcode == "convert":  # an unnamed conversion carries no name
+            return set() if u.name in seen else None
         seen.add(u.name)
         found: set[int] = set()
         for w in program.users(u):
@@ -438,29 +445,89 @@ def _owners(program: _hlo.Program) -> dict[str, int]:
         if i.name in out:
             return out[i.name]
         seen.add(i.name)
-        readers = [u for u in program.users(i) if u.name not in seen]
         owners: set[int] | None
-        if i.opcode in _FEEDING:
-            owners = {resolve(u, seen) for u in readers}
+        if i.opcode in ("fusion", "call") and not feeding(i):  # as its result's instruction is named
+            roots = [j for c in i.called for j in program.computations[c] if j.root]
+            owners = {resolve(j, seen) for j in roots if j.name not in seen}
+        elif feeding(i):
+            owners = {resolve(u, seen) for u in program.users(i) if u.name not in seen}
         else:
             owners = set()
-            for u in readers:
+            for u in program.users(i):
                 got = carried(u, set(seen))
                 if got is None:
                     owners = None
                     break
                 owners |= got
+        owners = None if owners is None else owners - {_NOBODY}
         out[i.name] = k = owners.pop() if owners and len(owners) == 1 else named.get(i.name, _NOBODY)
         return k
 
     for instrs in program.computations.values():
         for i in instrs:
             resolve(i, set())
+    _around(program, index, out)
     return out
+
+
+def _around(program: _hlo.Program, index: _calls.Index, out: dict[str, int]) -> None:
+    """Name the instructions still unnamed after what is around them. Unnamed instructions that
+    read one another form a region; what the region computes runs after everything it reads and
+    before everything that reads it, and calls run one inside another: so inside the innermost
+    call around all of those (maybe in a call within it). A region reading or read by something
+    itself unknown stays unnamed."""
+    unknown = {n for n, k in out.items() if k == _NOBODY}
+    done: set[str] = set()
+    for start in sorted(unknown):
+        if start in done:
+            continue
+        region, todo, ends = {start}, [start], set()
+        while todo:
+            i = program.by_name[todo.pop()]
+            for e in [program.producer(program.by_name[o]) for o in i.operands] + program.users(i):
+                if _input(program, e):
+                    continue  # the program's inputs: no call computes them
+                if e.name in unknown:
+                    if e.name not in region:
+                        region.add(e.name)
+                        todo.append(e.name)
+                else:
+                    ends.add(out[e.name])
+        done |= region
+        if ends:
+            k = _innermost(index, ends)
+            for n in region:
+                out[n] = k
+
+
+def _input(program: _hlo.Program, e: _hlo.Instruction) -> bool:
+    """Whether ``e`` is the program's input as it came (a parameter, a constant, or a view of
+    one, which XLA names after the argument: ``xs[2]``)."""
+    if e.opcode in ("parameter", "constant", "iota") and e.computation == program.entry:
+        return True
+    return bool(e.op_name) and "/" not in e.op_name and e.opcode in _FEEDING
+
+
+def _innermost(index: _calls.Index, calls: set[int]) -> int:
+    """The innermost call (a number; -1: the root) holding every call of ``calls``."""
+    chains = []
+    for k in calls:
+        chain = [k]
+        while chain[-1] >= 0:
+            chain.append(index.callers[chain[-1]])
+        chains.append(chain[::-1])  # from the root
+    common = -1
+    for level in zip(*chains):
+        if len(set(level)) != 1:
+            break
+        common = level[0]
+    return common
 
 
 #: Instructions that pass a value on unchanged (a fused computation's parameter included).
 _LAYOUT = frozenset({"bitcast", "reshape", "transpose", "copy", "tuple", "get-tuple-element", "parameter"})
+#: Readers that pass a value on: unchanged, converted, or as the result of the fusion or call computing it.
+_CARRIERS = _LAYOUT | {"convert", "fusion", "call"}
 #: Instructions that move or convert data, which XLA adds for their reader.
 _FEEDING = _LAYOUT | {"convert", "broadcast", "bitcast-convert", "slice", "dynamic-slice", "pad", "concatenate",
                       "reverse", "constant", "iota"}
@@ -481,7 +548,7 @@ def _attribute(mox: Mox, index: _calls.Index, program: _hlo.Program, xla: dict[s
     colls: dict[int, list[Collective]] = {k: [] for k in (*numbers, _NOBODY)}
     unknown: list[tuple[str, str]] = []
     known_total = program.totals()
-    owners = _owners(program)
+    owners = _owners(program, index)
     for placed in program.costs():
         i = placed.instr
         k = owners[i.name]

@@ -202,6 +202,17 @@ class Program:
                 out.append(j)
         return out + (self._callers.get(i.computation, []) if i.root else [])
 
+    def producer(self, i: Instruction) -> Instruction:
+        """What a fused computation's parameter receives (the operand of the fusion running it),
+        followed out of nested fusions; any other instruction itself."""
+        while i.opcode == "parameter" and i.computation != self.entry:
+            self.users(i)  # builds the tables
+            callers = [c for c in self._callers.get(i.computation, []) if c.opcode == "fusion"]
+            if len(callers) != 1 or i.number >= len(callers[0].operands):
+                return i
+            i = self.by_name[callers[0].operands[i.number]]
+        return i
+
     def operand_shape(self, i: Instruction, k: int) -> str:
         return self.by_name[i.operands[k]].shape
 

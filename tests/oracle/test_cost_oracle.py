@@ -108,6 +108,18 @@ def _xla(fn: Any, *args: Any) -> dict[str, float]:
             "float flops": _float_flops(compiled.as_text())}
 
 
+def _enclosing(mox: Any, node: Any) -> list[Any]:
+    """The calls around ``node``, innermost first."""
+    from yax._calls import index
+
+    idx = index(mox)
+    out, i = [], idx.callers[idx.ids[id(node)]]
+    while i >= 0:
+        out.append(idx.nodes[i])
+        i = idx.callers[i]
+    return out
+
+
 def _float_flops(text: str) -> float:
     """FLOPs of the instructions computing floating-point values, each run counted: a scan's
     loop also counts its step (integer adds and compares), which a hand-unrolled model has not."""
@@ -132,8 +144,8 @@ def test_compiled_cost_per_call_equals_xla_on_the_hand_written_model(spec: Spec)
     counts every step; FLOPs of floating-point values, as a scan's loop also counts its steps);
     (c) each dense call's FLOPs per run are XLA's for the hand-written dense layer on the same
     shapes, times its scan's steps: exactly, or more where XLA computes the product again in
-    several fusions; never less (its work given to another call) beyond what yax says it did not
-    attribute."""
+    several fusions; less only by what yax gave a call around it (XLA made the product without
+    metadata) or said it did not attribute, never by what went to another call."""
     from .gen import _dense, reference
 
     b = build(spec)
@@ -163,17 +175,20 @@ def test_compiled_cost_per_call_equals_xla_on_the_hand_written_model(spec: Spec)
         COUNTS["compiled models with unattributed FLOPs"] += 1
     rows = math.prod(spec.shape[:-1])
     keys = {id(n): k for k, n in call_keys(mox).items()}
-    short = 0.0
+    short, above = 0.0, {""}
     for node, site in zip(calls, dense_sites):
         w = W[site.block]
         one = w if not site.steps else {k: v[0] for k, v in w.items()}
         h = np.zeros((rows, np.shape(one["kernel"])[0]), np.float32)
         want = _xla(_dense, one, h)["flops"] * (site.steps or 1)
         got = c.calls[keys[id(node)]].own["flops"]
-        # XLA may compute a product again in each fusion that reads it (more, never less); a call
-        # given less than its own work lost it to another call, or to "not attributed"
-        short += max(0.0, want - got)
-        COUNTS["compiled dense calls exact" if got == want else "compiled dense calls recomputed by XLA"] += (
-            got >= want)
-    assert short <= unattributed, (short, unattributed, c.table())
+        # XLA may compute a product again in each fusion that reads it (more, never less); what
+        # XLA made without metadata goes to the innermost call around what it reads and what reads
+        # it (an enclosing call: coarser, still true) or is "not attributed"; never to another call
+        if got < want:
+            short += want - got
+            above |= {keys[id(a)] for a in _enclosing(mox, node)}
+        COUNTS["compiled dense calls exact" if got == want else "compiled dense calls recomputed by XLA"
+               if got > want else "compiled dense calls named coarsely by XLA"] += 1
+    assert short <= unattributed + sum(c.calls[k].own["flops"] for k in above), (short, unattributed, c.table())
     COUNTS["compiled dense calls"] += len(calls)
