@@ -36,7 +36,8 @@ from models import Transformer  # noqa: E402
 import yax  # noqa: E402
 from bench._report import median_time, report  # noqa: E402
 from yax.internal import capturable_calls, node_ids  # noqa: E402
-from yax_widget import Explorer, _reduce  # noqa: E402
+from yax_widget import Explorer  # noqa: E402
+from yax_widget.internal import Static, programs  # noqa: E402
 
 
 def build(layers: int):
@@ -116,9 +117,9 @@ def capture_rows(layers: int, runs: int) -> list[dict]:
     t = time.perf_counter()
     ex.session.inspector.boundaries()
     compile_sum = time.perf_counter() - t
-    prog = _reduce._programs[mox]
+    prog = programs[mox]
     leaves, tree = jax.tree_util.tree_flatten((ex.session.call_args()[0], {}))
-    static = _reduce.Static(leaves, tree, mox)
+    static = Static(leaves, tree, mox)
     summary = median_time(lambda: prog.capture([leaves[i] for i in mox.dyn_in], static), runs)
     ids_ = node_ids(mox)
     assert len(prog.where) == len(calls) and all(ids_[id(c)] in prog.where for c in calls)

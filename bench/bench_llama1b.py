@@ -106,8 +106,8 @@ BASELINE = """g = jax.jit(yax.to_function(lora[0]))  # the modified model compil
 t2 = time.time(); cm = g.lower(lora[1], ids, mask, pos).compile(); t3 = time.time()
 jax.block_until_ready(cm(lora[1], ids, mask, pos)); t4 = time.time()
 print("MODCOMPILE", t3 - t2, "MODRUN", t4 - t3)
-from yax_widget import _reduce
-t5 = time.time(); b = _reduce.Boundaries.run(lora[0], (lora[1], ids, mask, pos), {}); b.stats("norm")
+from yax_widget.internal import Boundaries
+t5 = time.time(); b = Boundaries.run(lora[0], (lora[1], ids, mask, pos), {}); b.stats("norm")
 print("PROGPAINT", time.time() - t5)"""
 
 

@@ -125,3 +125,23 @@ def test_the_graph_is_read_as_python_runs_it():
 ])
 def test_a_low_module_imports_nothing_above_it(low, above):
     assert not import_graph("yax", "yax_widget")[low] & above
+
+
+def test_the_benches_import_no_private_module():
+    """bench/ uses the public API and the semi-public `yax.internal`/`yax_widget.internal` only:
+    a private module's rename breaks no bench."""
+    import ast
+    import pathlib
+
+    bench = pathlib.Path(__file__).resolve().parents[1] / "bench"
+    private = []
+    for f in sorted(bench.glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+                if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            for n in names:
+                parts = n.split(".")
+                if parts[0] in ("yax", "yax_widget") and any(p.startswith("_") for p in parts[1:]):
+                    private.append(f"{f.name}: {n}")
+    assert not private, private
