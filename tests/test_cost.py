@@ -237,6 +237,10 @@ def test_layers_unrolled_get_a_note_and_each_call_counts_its_equations():
     assert "5 identical calls, unrolled: XLA compiles each one; a scan over them" in c.table()
     dense = yax.query('//module_call[@path="Deep/Dense_0"]', mox)[0]
     assert c["Deep/Dense_0"].equations == sum(isinstance(n, yax.Equation) for n in dense.walk()) > 0
+    # how long make_mox took to trace each call: the calls inside it are part of it
+    deep = c["Deep"]
+    assert deep.trace_seconds is not None and 0 < c["Deep/Dense_0"].trace_seconds <= deep.trace_seconds
+    assert sum(c[f"Deep/Dense_{i}"].trace_seconds for i in range(5)) <= deep.trace_seconds
     assert c.calls[""].equations == sum(isinstance(n, yax.Equation) for n in mox.walk())
     # the program's memory as XLA states it (per module it is not attributed, and the table says so)
     assert c.memory["argument"] == 5 * (8 * 8 + 8) * 4 + 2 * 8 * 4 and c.memory["output"] == 2 * 8 * 4

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from collections.abc import Mapping
 from typing import Any
@@ -184,7 +185,7 @@ class _Converter:
                         outputs=tuple(self.var(v) for v in eqn.outvars[:n]),
                         path=info.path,
                         name=info.name,
-                        info=info.info,
+                        info=info.info if info.seconds is None else dataclasses.replace(info.info, seconds=info.seconds),
                         sig=info.sig,
                         source_info=entry,  # its traceback runs through the caller's line (`yax._source`)
                     )

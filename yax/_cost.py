@@ -107,6 +107,8 @@ class CallCost:
     equations: int = 0  #: of the traced program under it (a nested computation's once): what XLA compiles
     #: the parameters its own equations read, laid out as compiled (on a mesh): name -> ``P(None,'model')``
     parameters: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: the seconds `make_mox` spent tracing it, its calls included (``None``: a rewrite made it)
+    trace_seconds: float | None = None
 
     @property
     def flops(self) -> float | None:
@@ -603,7 +605,8 @@ def _attribute(mox: Mox, index: _calls.Index, program: _hlo.Program, xla: dict[s
         assert isinstance(node, Mox)
         key = "" if k < 0 else index.keys[id(node)]
         calls[key] = CallCost(_path(index, k), _type(node) if k >= 0 else mox.name or "root",
-                              own[k], totals[k], colls[k], counts[k], whys.get(k, ""), equations[k])
+                              own[k], totals[k], colls[k], counts[k], whys.get(k, ""), equations[k],
+                              trace_seconds=node.info.seconds if k >= 0 else None)
     counted = None if known_total is None else {q: getattr(known_total, q) for q in QUANTITIES[:3]}
     nobody = CallCost("", "", own[_NOBODY], own[_NOBODY], colls[_NOBODY], counts[_NOBODY], whys.get(_NOBODY, ""))
     return Cost(calls, {k: float(v) for k, v in xla.items() if not re.search(r"\d|\{", k)}, counted, unknown,

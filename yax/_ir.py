@@ -223,6 +223,8 @@ class ModuleInfo:
       seen: the shapes of its traced inputs and outputs as the module saw
         them, ``(ins, outs)``: one instance's inside ``nn.vmap``, where the
         node's ``inputs``/``outputs`` carry the mapped axis (``None``: not recorded).
+      seconds: the wall seconds `make_mox` spent tracing the call (its Python code, the
+        calls it made included; ``None``: not traced, a rewrite made it).
     """
 
     type: type | None = None
@@ -234,6 +236,7 @@ class ModuleInfo:
     scope: tuple[str, ...] | None = None
     frontend: str | None = None
     seen: tuple[Any, ...] | None = dataclasses.field(default=None, repr=False, compare=False)
+    seconds: float | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Frozen is not enough: a dict field can still be changed in place (a decider setting

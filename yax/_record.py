@@ -30,6 +30,7 @@ import gc
 import itertools
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -55,6 +56,8 @@ class CallInfo:
     module: Any = dataclasses.field(default=None, repr=False)  # the module object, while it runs
     #: shapes of the traced inputs and outputs as the call saw them (one instance's inside `nn.vmap`)
     seen: tuple[Any, ...] | None = None
+    #: wall seconds its Python code took to trace, the calls it made included
+    seconds: float | None = None
 
 
 #: Marker ids, unique in the process, not per trace: a function JAX keeps in its trace cache (a
@@ -163,6 +166,7 @@ def marked_call(call: CallInfo, fn: Callable[..., Any], args: tuple[Any, ...], k
         args, kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
     rec.calls[cid] = call
     rec.stack.append((cid, call.module))
+    started = time.perf_counter()
     try:
         out = fn(*args, **kwargs)
     except BaseException:
@@ -172,6 +176,7 @@ def marked_call(call: CallInfo, fn: Callable[..., Any], args: tuple[Any, ...], k
         raise
     finally:
         rec.stack.pop()
+    call.seconds = time.perf_counter() - started
     leaves, treedef = jax.tree_util.tree_flatten(out, is_leaf=is_leaf)
     outs, _ = Packing.from_leaves(treedef, leaves, is_traced)
     call.sig = Signature(ins, outs)

@@ -149,6 +149,8 @@ class Cost(RowData):
             split = ("all its own" if mine == v else f"its own {'unknown' if mine is None else _n(round(mine))}, "
                      f"the rest in the calls it makes")
             rows.append([label, _n(round(v)), f"every run, as XLA counts{' (elementwise work included)' if q == 'flops' else ''}; {split}"])
+        rows.append(["equations (XLA compiles)", _n(c.equations), "under it, a nested computation's once"
+                     + ("" if c.trace_seconds is None else f"; traced in {c.trace_seconds:.3f} s, its calls included")])
         if c.parameters:
             rows.append(["parameters as compiled", " ".join(f"{k}={v}" for k, v in c.parameters.items()),
                          f"over {cost.devices} devices"])
