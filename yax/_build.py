@@ -185,7 +185,7 @@ class _Converter:
                         outputs=tuple(self.var(v) for v in eqn.outvars[:n]),
                         path=info.path,
                         name=info.name,
-                        info=info.info if info.seconds is None else dataclasses.replace(info.info, seconds=info.seconds),
+                        info=_timed(info),
                         sig=info.sig,
                         source_info=entry,  # its traceback runs through the caller's line (`yax._source`)
                     )
@@ -255,3 +255,11 @@ def _block(kind: Kind, constvars: tuple[Any, ...], invars: tuple[Any, ...], chil
     return Mox(kind=kind, children=tuple(children), inputs=invars, invars=invars, outvars=outvars,
                outputs=tuple(a for a in outvars if isinstance(a, Var)), constvars=constvars, consts=consts,
                **fields)
+
+
+def _timed(call: CallInfo) -> ModuleInfo:
+    """The call's `ModuleInfo` with the seconds its trace took. The call keeps the very object
+    the node holds (a frontend's `settle` finds a node's call by it)."""
+    if call.seconds is not None and call.info.seconds != call.seconds:
+        call.info = dataclasses.replace(call.info, seconds=call.seconds)
+    return call.info
