@@ -54,7 +54,7 @@ def check_compiled_cost(mox, *args, **kwargs):
     keys = {id(n): k for k, n in call_keys(mox).items()}
     children: dict[str, list[str]] = {k: [] for k in c.calls}
     for k, n in call_keys(mox).items():
-        up = next((keys[id(a)] for a in _callers(mox, n)), "")
+        up = next((keys[id(a)] for a in calls_around(mox, n)), "")
         children[up].append(k)
     for k, cc in c.calls.items():
         parts = [cc.own["flops"], *(c.calls[x].total["flops"] for x in children[k])]
@@ -67,7 +67,7 @@ def check_compiled_cost(mox, *args, **kwargs):
     return c
 
 
-def _callers(mox, node):
+def calls_around(mox, node):
     """The calls around ``node``, innermost first."""
     from yax._calls import index
 

@@ -12,27 +12,29 @@ import os
 import sys
 
 
-def case(mesh):
-    """The model, its sharded variables and batch, and what yax gives of them, as host data."""
+def opened(mesh, planted_nan=False):
+    """The model, its variables laid out over ``mesh`` (Megatron-style: ``up`` by columns, ``down``
+    by rows) and its batch split along ``data``; with ``planted_nan``, the log of the head's
+    output, NaN where it is negative."""
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from jax.experimental import multihost_utils
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    import yax
-
     class Net(nn.Module):
+        log: bool
+
         @nn.compact
         def __call__(self, x):
             for i in range(2):
                 h = nn.gelu(nn.Dense(32, name=f"up_{i}")(x))
                 x = x + nn.Dense(16, name=f"down_{i}")(h)
-            return jnp.log(nn.Dense(4, name="head")(x))  # NaN where the head's output is negative
+            out = nn.Dense(4, name="head")(x)
+            return jnp.log(out) if self.log else out
 
-    m = Net()
+    m = Net(planted_nan)
     x_host = np.linspace(-1.0, 1.0, 8 * 16, dtype=np.float32).reshape(8, 16)
     v_host = jax.tree_util.tree_map(np.asarray, m.init(jax.random.key(0), jnp.asarray(x_host)))
 
@@ -48,7 +50,33 @@ def case(mesh):
         return jax.make_array_from_callback(a.shape, NamedSharding(mesh, s), lambda idx: a[idx])
 
     v = jax.tree_util.tree_map(put, v_host, jax.tree_util.tree_map_with_path(spec, v_host))
-    x = put(x_host, P("data"))
+    return m, v, put(x_host, P("data"))
+
+
+def join(process, port):
+    """Join the 2-process job on localhost as ``process`` (CPU collectives over gloo, 4 devices a
+    process): the 2 × 4 mesh (``data`` × ``model``) of all 8 devices. Before anything imports jax."""
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process)
+    assert jax.process_count() == 2 and jax.device_count() == 8 and jax.local_device_count() == 4
+    return Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
+
+
+def case(mesh):
+    """The model with its planted NaN (`opened`), and what yax gives of it, as host data."""
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    import yax
+
+    m, v, x = opened(mesh, planted_nan=True)
     mox = yax.make_mox(m.apply)(v, x)
 
     def host(a):
@@ -79,17 +107,10 @@ def case(mesh):
 
 def main() -> None:
     process, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-    os.environ["JAX_PLATFORMS"] = "cpu"
+    mesh = join(process, port)
     import jax
-
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=process)
     import numpy as np
-    from jax.sharding import Mesh
 
-    assert jax.process_count() == 2 and jax.device_count() == 8 and jax.local_device_count() == 4
-    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
     got, facts = case(mesh)
     np.savez(os.path.join(out, f"{process}.npz"), **got)
     with open(os.path.join(out, f"{process}.json"), "w") as f:

@@ -91,7 +91,8 @@ def test_the_explorer_in_process_0_leads_and_shows_the_single_process_numbers(tm
     """yax_widget.follow: process 0's explorer substitutes, compares, shows a row's values and
     colours the rows (by the values' norm, by compiled FLOPs), process 1 follows every request;
     what process 0 shows equals what one process with 8 devices shows."""
-    from follow_worker import opened, run
+    from follow_worker import run
+    from multiprocess_worker import opened
 
     from yax_widget import Session
 

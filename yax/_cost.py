@@ -115,6 +115,12 @@ class CallCost:
         return self.total["flops"]
 
     @property
+    def collective_runs(self) -> int | None:
+        """How many collectives it runs itself per run (``None``: known only when it runs)."""
+        runs = [x.runs for x in self.collectives]
+        return None if None in runs else sum(runs)  # type: ignore[arg-type]
+
+    @property
     def bytes_accessed(self) -> float | None:
         return self.total["bytes_accessed"]
 
@@ -150,6 +156,11 @@ class Cost:
 
     mox: Mox | None = dataclasses.field(default=None, repr=False)
 
+    def node(self, key: str) -> Mox:
+        """The call node of ``key`` in `calls` (``""``: the MoX itself)."""
+        assert self.mox is not None
+        return self.mox if key == "" else _calls.calls(self.mox)[key]
+
     @functools.cached_property
     def view(self) -> View:
         """The MoX's XML view with each call's cost as attributes, per run and per device: ``flops``,
@@ -163,16 +174,14 @@ class Cost:
         by_id = {id(n): i for i, n in enumerate(base.nodes)}
         elements = {int(el.get("id")): el for el in tree.getroot().iter() if isinstance(el.tag, str)}
         for key, c in self.calls.items():
-            node = self.mox if key == "" else _calls.calls(self.mox)[key]
-            el = elements[by_id[id(node)]]
+            el = elements[by_id[id(self.node(key))]]
             for attr, v in (("flops", c.total["flops"]), ("own_flops", c.own["flops"]),
                             ("transcendentals", c.total["transcendentals"]), ("bytes", c.total["bytes_accessed"]),
                             ("own_bytes", c.own["bytes_accessed"])):
                 if v is not None:
                     el.set(attr, f"{v:.0f}")
-            runs = [x.runs for x in c.collectives if x.runs is not None]
-            if len(runs) == len(c.collectives):
-                el.set("collectives", str(sum(runs)))
+            if c.collective_runs is not None:
+                el.set("collectives", str(c.collective_runs))
             if c.total["collective_bytes"] is not None:
                 el.set("collective_bytes", f"{c.total['collective_bytes']:.0f}")
             if c.why:
@@ -405,7 +414,8 @@ def _owners(program: _hlo.Program, index: _calls.Index) -> dict[str, int]:
     reader), and the calls of all its readers agree; or it computes a value whose readers all
     pass it on unchanged (a bitcast, a reshape) under one call's metadata, which XLA kept there
     when it rewrote that call's operation (a product rewritten as another and reshaped back).
-    Anything else is not attributed, never guessed."""
+    The rest goes to the call around what it reads and what reads it (`_around`), or stays
+    unattributed: never guessed."""
     named: dict[str, int] = {}
     loops: set[str] = set()  # with a loop's metadata: the loop's plumbing, or moved out of it by XLA
     for instrs in program.computations.values():
@@ -448,10 +458,11 @@ def _owners(program: _hlo.Program, index: _calls.Index) -> dict[str, int]:
             return out[i.name]
         seen.add(i.name)
         owners: set[int] | None
-        if i.opcode in ("fusion", "call") and not feeding(i):  # as its result's instruction is named
+        moves = feeding(i)
+        if i.opcode in ("fusion", "call") and not moves:  # as its result's instruction is named
             roots = [j for c in i.called for j in program.computations[c] if j.root]
             owners = {resolve(j, seen) for j in roots if j.name not in seen}
-        elif feeding(i):
+        elif moves:
             owners = {resolve(u, seen) for u in program.users(i) if u.name not in seen}
         else:
             owners = set()
@@ -558,7 +569,7 @@ def _attribute(mox: Mox, index: _calls.Index, program: _hlo.Program, xla: dict[s
             k = -1
         counts[k] += 1
         mine = own[k]
-        if program.own(i) is None:
+        if placed.cost is None:
             unknown.append((_path(index, k), i.opcode))
             for q in QUANTITIES:
                 mine[q] = None
@@ -646,20 +657,17 @@ def _fmt(v: float | None) -> str:
     return f"{v:g}"
 
 
-def _rows(cost: Cost, depth: int | None) -> Iterator[tuple[str, CallCost]]:
-    for key, c in cost.calls.items():
-        if depth is not None and c.path.count("/") >= depth:
-            continue
-        yield key, c
+def _rows(cost: Cost, depth: int | None) -> Iterator[CallCost]:
+    return (c for c in cost.calls.values() if depth is None or c.path.count("/") < depth)
 
 
 def _table(cost: Cost, depth: int | None) -> str:
     rows = [("call", "type", "FLOPs", "transc.", "bytes", "own FLOPs", "coll. bytes", "own collectives")]
     u = cost.unattributed
-    extra = [("", u)] if u is not None and any(v != 0 for v in u.own.values()) else []
-    for key, c in [*_rows(cost, depth), *extra]:
+    extra = [("(not attributed†)", u)] if u is not None and any(v != 0 for v in u.own.values()) else []
+    for label, c in [*((c.path or "(root)", c) for c in _rows(cost, depth)), *extra]:
         coll = ", ".join(f"{x.kind}×{x.runs if x.runs is not None else '?'} {_fmt(x.bytes)}B" for x in c.collectives)
-        rows.append((c.path or ("(root)" if key != "" or c.type else "(not attributed†)"), c.type, _fmt(c.total["flops"]), _fmt(c.total["transcendentals"]),
+        rows.append((label, c.type, _fmt(c.total["flops"]), _fmt(c.total["transcendentals"]),
                      _fmt(c.total["bytes_accessed"]), _fmt(c.own["flops"]), _fmt(c.total["collective_bytes"]), coll))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
@@ -695,7 +703,7 @@ def _equal(cost: Cost) -> bool:
     (exact to 2**24), an instruction at a time, so ``n`` instructions round by ``n·2**-24`` at most."""
     if cost.counted is None:
         return False
-    n = sum(len(instrs) for instrs in _hlo.Program(cost.text).computations.values()) if cost.text else 1
+    n = sum(c.instructions for c in cost.calls.values()) + (cost.unattributed.instructions if cost.unattributed else 0)
     pairs = [("flops", "flops"), ("transcendentals", "transcendentals"), ("bytes_accessed", "bytes accessed")]
     return all(abs(cost.counted[a] - cost.xla.get(b, 0.0)) <= n * 2.0 ** -24 * abs(cost.xla.get(b, 0.0))
                for a, b in pairs)

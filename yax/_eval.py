@@ -69,7 +69,7 @@ def bind(c: Equation, vals: list[Any], hooks: Hooks | None = None) -> list[Any]:
     ``hooks``, its nested computations are traced again from their MoX with
     those hooks (not cached), so the hooks see the calls inside them."""
     try:
-        params, lifted = _bind_params(c) if hooks is None else _retrace(c, hooks)
+        params, lifted = _bind_params(c, hooks)
         vals = [*lifted, *vals]
         if isinstance(params, tuple):  # older JAX: (subfuns, params)
             subfuns, params = params
@@ -120,22 +120,19 @@ def _exec(children: Sequence[Any], env: dict[Symbol, Any], taps: list[Any] | Non
             stack.append((iter(c.children), c))
 
 
-def _bind_params(eqn: Equation) -> tuple[Any, tuple[Any, ...]]:
+def _bind_params(eqn: Equation, hooks: Hooks | None = None) -> tuple[Any, tuple[Any, ...]]:
     """The params to bind ``eqn`` with, and the values to put before its inputs
-    (constants a rewrite put into a body that cannot hold them, see `_to_jaxpr`)."""
-    subs = eqn.subs
-    if not subs:
+    (constants a rewrite put into a body that cannot hold them, see `_to_jaxpr`).
+    With ``hooks``, every nested computation is traced again under them (not cached)."""
+    if not eqn.subs:
         return eqn.primitive.get_bind_params(eqn.params), ()
-    cached = _retraced.get(eqn)
-    if cached is None:
-        cached = _retraced[eqn] = _jaxprs(eqn, None)
-    jaxprs, lifted = cached
-    return eqn.primitive.get_bind_params({**eqn.params, **jaxprs}), lifted
-
-
-def _retrace(eqn: Equation, hooks: Hooks) -> tuple[Any, tuple[Any, ...]]:
-    """`_bind_params` with every nested computation traced again under ``hooks``."""
-    jaxprs, lifted = _jaxprs(eqn, hooks)
+    if hooks is not None:
+        jaxprs, lifted = _jaxprs(eqn, hooks)
+    else:
+        cached = _retraced.get(eqn)
+        if cached is None:
+            cached = _retraced[eqn] = _jaxprs(eqn, None)
+        jaxprs, lifted = cached
     return eqn.primitive.get_bind_params({**eqn.params, **jaxprs}), lifted
 
 

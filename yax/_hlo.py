@@ -139,12 +139,12 @@ class Counts:
 @dataclasses.dataclass
 class Placed:
     """An instruction with its own cost (the cost of the instructions it runs not
-    included) and how many times it runs per run of the program: ``None`` where that
-    is known only when it runs (a ``while`` without a known trip count, a
-    ``conditional``'s branch), with ``why``."""
+    included; ``None`` where XLA does not know it) and how many times it runs per run of
+    the program: ``None`` where that is known only when it runs (a ``while`` without a
+    known trip count, a ``conditional``'s branch), with ``why``."""
 
     instr: Instruction
-    cost: Counts
+    cost: Counts | None
     runs: int | None
     why: str = ""
 
@@ -177,22 +177,21 @@ class Program:
                 self.by_name[i.name] = i
         if not self.entry:
             raise ValueError("no ENTRY computation in the HLO text")
-        self._users: dict[str, dict[str, list[Instruction]]] = {}
+        #: instruction name -> the instructions with it among their operands (each once), and
+        #: computation -> the instructions that run it (names are unique in a module)
+        self._readers: dict[str, list[Instruction]] = {}
+        self._callers: dict[str, list[Instruction]] = {}
+        for instrs in self.computations.values():
+            for j in instrs:
+                for o in dict.fromkeys(j.operands):
+                    self._readers.setdefault(o, []).append(j)
+                for c in j.called:
+                    self._callers.setdefault(c, []).append(j)
 
     def users(self, i: Instruction) -> list[Instruction]:
         """The instructions that read ``i``: in its computation (where a fusion, a call or a loop
         reads it, the parameter of the computation it runs that receives it), and, for the root of
         a computation, the instructions that run that computation."""
-        if not hasattr(self, "_readers"):
-            readers: dict[str, list[Instruction]] = {}
-            callers: dict[str, list[Instruction]] = {}
-            for instrs in self.computations.values():
-                for j in instrs:
-                    for o in dict.fromkeys(j.operands):
-                        readers.setdefault(o, []).append(j)
-                    for c in j.called:
-                        callers.setdefault(c, []).append(j)
-            self._readers, self._callers = readers, callers
         out: list[Instruction] = []
         for j in self._readers.get(i.name, []):
             if j.opcode in ("fusion", "call", "while"):
@@ -206,7 +205,6 @@ class Program:
         """What a fused computation's parameter receives (the operand of the fusion running it),
         followed out of nested fusions; any other instruction itself."""
         while i.opcode == "parameter" and i.computation != self.entry:
-            self.users(i)  # builds the tables
             callers = [c for c in self._callers.get(i.computation, []) if c.opcode == "fusion"]
             if len(callers) != 1 or i.number >= len(callers[0].operands):
                 return i
@@ -285,14 +283,7 @@ class Program:
         return nbytes(i.shape) + sum(nbytes(self.operand_shape(i, k)) for k in range(len(i.operands)))
 
     def _fusion_bytes(self, i: Instruction) -> float:
-        body = i.called[0]
-        users = self._users.get(body)
-        if users is None:
-            users = self._users[body] = {}
-            for j in self.computations[body]:
-                for o in j.operands:
-                    users.setdefault(o, []).append(j)
-        instrs = self.computations[body]
+        instrs = self.computations[i.called[0]]
         root = next((j for j in instrs if j.root), instrs[-1])
         if root.opcode == "dynamic-update-slice":
             out = nbytes(self.operand_shape(root, 1))
@@ -303,14 +294,14 @@ class Program:
                 out += nbytes(self.operand_shape(j, 1)) if j.opcode == "dynamic-update-slice" else nbytes(j.shape)
         else:
             out = nbytes(i.shape)
-        read = sum(self._param_read(j, users) for j in instrs if j.opcode == "parameter")
+        read = sum(self._param_read(j) for j in instrs if j.opcode == "parameter")
         return out + read
 
-    def _param_read(self, p: Instruction, users: dict[str, list[Instruction]]) -> float:
+    def _param_read(self, p: Instruction) -> float:
         """XLA's ``FusionParameterReadBytes``: what a fused computation reads of a parameter."""
         size = 0.0
         seen = False
-        for u in users.get(p.name, []):
+        for u in self._readers.get(p.name, []):
             op = u.opcode
             if op == "slice":
                 size += nbytes(u.shape)
@@ -371,7 +362,7 @@ class Program:
             if own is not None and fused:
                 own = own.without_bytes()  # what a fusion reads and writes is the fusion's
             if own is None:
-                yield Placed(i, Counts(), runs, why)  # cost unknown: `unknown` lists it
+                yield Placed(i, None, runs, why)
                 continue
             if i.opcode in _APPLYING:
                 # the applied computation's cost belongs to this instruction
@@ -393,13 +384,6 @@ class Program:
             elif i.opcode in _CALLING:
                 for c in i.called:
                     yield from self._placed(c, runs, why, fused or i.opcode == "fusion")
-
-    def unknown(self) -> list[Instruction]:
-        """Instructions whose cost XLA does not know (custom calls)."""
-        return [i for comp in self.computations.values() for i in comp if self.own(i) is None]
-
-    def collectives(self) -> list[Instruction]:
-        return [i for comp in self.computations.values() for i in comp if i.opcode in COLLECTIVES]
 
 
 def _while_parts(i: Instruction) -> tuple[str, str]:

@@ -165,14 +165,11 @@ def _compiled(mox: Mox, cost: Any) -> dict[int, tuple[str, str, str]]:
     if getattr(cost, "mox", None) is not mox:
         raise YaxInputError("`summary` was given the `yax.Cost` of another MoX; pass "
                        "`yax.cost(mox, *args)` of this one.")
-    keys = _calls.index(mox).keys
     out: dict[int, tuple[str, str, str]] = {}
     for key, c in cost.calls.items():
-        node = mox if key == "" else _calls.calls(mox)[key]
-        runs = [x.runs for x in c.collectives]
-        colls = "unknown*" if None in runs else str(sum(runs)) if runs else ""
-        out[id(node)] = (_count(c.total["flops"]), _count(c.total["bytes_accessed"]), colls)
-    assert all(id(n) in out for n in _calls.calls(mox).values()), keys
+        runs = c.collective_runs
+        colls = "unknown*" if runs is None else str(runs) if c.collectives else ""
+        out[id(cost.node(key))] = (_count(c.total["flops"]), _count(c.total["bytes_accessed"]), colls)
     return out
 
 

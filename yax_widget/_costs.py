@@ -63,15 +63,13 @@ class Costs:
         the value every run of it takes (its calls' included), or why it is not known."""
         t = time.perf_counter()
         cost = self.current()
-        mox = self._session.mox
-        ids = node_ids(mox)
-        calls = yax.internal.call_keys(mox)
+        ids = node_ids(self._session.mox)
         values: dict[str, float | None] = {}
         why: dict[str, str] = {}
         for key, c in cost.calls.items():
             if not key:
                 continue
-            rid = str(ids[id(calls[key])])
+            rid = str(ids[id(cost.node(key))])
             values[rid] = v = c.total[_QUANTITY[stat]]
             if v is None:
                 why[rid] = c.why

@@ -33,7 +33,7 @@ import jax
 import numpy as np
 
 import yax
-from yax.internal import CALL_KINDS, all_flops, call_keys, flops_unknown_why, how, node_index, param_copies
+from yax.internal import CALL_KINDS, all_flops, flops_unknown_why, how, node_index, param_copies
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -117,11 +117,13 @@ class Cost(RowData):
                              f"{_n(sum(_bytes(a.shape, a.dtype) for a in leaves) * copies)} bytes ({', '.join(tree)})"
                              + (f", {copies} layers of a scanned stack" if copies > 1 else "")])
             eqs = sum(isinstance(n, yax.Equation) for n in node.walk())
-            rows.append(["equations inside", _n(eqs), "nested computations counted once"])
+            traced = node.info.seconds
+            rows.append(["equations inside", _n(eqs), "nested computations counted once" + (
+                "" if traced is None else f"; traced in {traced:.3f} s, its calls included")])
         out = sum(_bytes(tuple(v.shape), v.dtype) for v in node.outputs)
         rows.append(["outputs", f"{_n(out)} bytes", "what one run returns"])
         compiled = session.costs.cached() if session is not None else None
-        rows += self._compiled(mox, node, compiled)
+        rows += self._compiled(idx, node, compiled)
         kind = "equation" if isinstance(node, yax.Equation) else node.kind
         name = node.name if isinstance(node, yax.Equation) else node.path or node.name
         note = "Counted from the traced program, before XLA compiles it (which may fuse or drop work)"
@@ -131,14 +133,14 @@ class Cost(RowData):
         return Details(f"{kind} {name}", ["", "", ""], rows, note + ".")
 
     @staticmethod
-    def _compiled(mox: yax.Mox, node: Any, cost: yax.Cost | None) -> list[list[str]]:
+    def _compiled(idx: Any, node: Any, cost: yax.Cost | None) -> list[list[str]]:
         """The compiled program's rows for a call (`yax.cost`), or how to get them."""
         if not isinstance(node, yax.Mox) or node.kind not in CALL_KINDS:
             return []
         if cost is None:
             return [["compiled (XLA)", "not compiled yet",
                      "colour the rows by FLOPs, bytes or collectives (compiled) to compile the model"]]
-        c = cost.calls[next(k for k, n in call_keys(mox).items() if n is node)]
+        c = cost.calls[idx.keys[id(node)]]
         why = c.why or "known only when it runs"
         rows = []
         for label, q in (("FLOPs (XLA)", "flops"), ("bytes accessed (XLA)", "bytes_accessed")):
@@ -149,8 +151,6 @@ class Cost(RowData):
             split = ("all its own" if mine == v else f"its own {'unknown' if mine is None else _n(round(mine))}, "
                      f"the rest in the calls it makes")
             rows.append([label, _n(round(v)), f"every run, as XLA counts{' (elementwise work included)' if q == 'flops' else ''}; {split}"])
-        rows.append(["equations (XLA compiles)", _n(c.equations), "under it, a nested computation's once"
-                     + ("" if c.trace_seconds is None else f"; traced in {c.trace_seconds:.3f} s, its calls included")])
         if c.parameters:
             rows.append(["parameters as compiled", " ".join(f"{k}={v}" for k, v in c.parameters.items()),
                          f"over {cost.devices} devices"])

@@ -20,6 +20,7 @@ import math
 from typing import Any
 
 import numpy as np
+from helpers import calls_around
 from hypothesis import given
 
 import yax
@@ -108,18 +109,6 @@ def _xla(fn: Any, *args: Any) -> dict[str, float]:
             "float flops": _float_flops(compiled.as_text())}
 
 
-def _enclosing(mox: Any, node: Any) -> list[Any]:
-    """The calls around ``node``, innermost first."""
-    from yax._calls import index
-
-    idx = index(mox)
-    out, i = [], idx.callers[idx.ids[id(node)]]
-    while i >= 0:
-        out.append(idx.nodes[i])
-        i = idx.callers[i]
-    return out
-
-
 def _float_flops(text: str) -> float:
     """FLOPs of the instructions computing floating-point values, each run counted: a scan's
     loop also counts its step (integer adds and compares), which a hand-unrolled model has not."""
@@ -129,7 +118,7 @@ def _float_flops(text: str) -> float:
     total = 0.0
     for p in program.costs():
         shapes = [p.instr.shape, *(program.by_name[o].shape for o in p.instr.operands)]
-        if p.cost.flops and any(d in ("f16", "bf16", "f32", "f64") for s in shapes for d, _ in arrays(s)):
+        if p.cost is not None and p.cost.flops and any(d in ("f16", "bf16", "f32", "f64") for s in shapes for d, _ in arrays(s)):
             assert p.runs is not None
             total += p.cost.flops * p.runs
     return total
@@ -187,7 +176,7 @@ def test_compiled_cost_per_call_equals_xla_on_the_hand_written_model(spec: Spec)
         # it (an enclosing call: coarser, still true) or is "not attributed"; never to another call
         if got < want:
             short += want - got
-            above |= {keys[id(a)] for a in _enclosing(mox, node)}
+            above |= {keys[id(a)] for a in calls_around(mox, node)}
         COUNTS["compiled dense calls exact" if got == want else "compiled dense calls recomputed by XLA"
                if got > want else "compiled dense calls named coarsely by XLA"] += 1
     assert short <= unattributed + sum(c.calls[k].own["flops"] for k in above), (short, unattributed, c.table())

@@ -52,7 +52,7 @@ def test_rows_coloured_by_compiled_flops_and_bytes_are_yax_cost():
         rows = _cost_rows(s, rid)  # the Cost tab now has the compiled numbers
         assert rows["FLOPs (XLA)"][0] == f"{3 * (2 * 2 * 6 * 6 + 2 * 6):,}".replace(",", "_")
         eqs = sum(isinstance(n, yax.Equation) for n in layer.walk())
-        assert rows["equations (XLA compiles)"][0] == str(eqs) and "traced in " in rows["equations (XLA compiles)"][1]
+        assert rows["equations inside"][0] == str(eqs) and "traced in " in rows["equations inside"][1]
         # a substitution makes another model: its colouring is compiled again
         relu = yax.query('//activation[@name="relu"]', s.mox)[0]
         reply = answer(s, {"type": "substitute", "rid": 3, "target": node_ids(s.mox)[id(relu)], "name": "GELU (tanh)"})
