@@ -63,6 +63,22 @@ BUILT = {
     "DocumentTooLarge": lambda: errors.DocumentTooLarge("max_bytes", 1000, 2000, unread=True),
     "NotWellFormed": lambda: errors.NotWellFormed("mismatched tag: line 1, column 17"),
     "BadPolicy": lambda: errors.BadPolicy("compute=bf17", "compute=bf17", "The policy has 'compute=bf17'."),
+    "CouldNotTrace": lambda: errors.CouldNotTrace("f", TypeError("cannot reshape"), static=True),
+    "InvalidXPath": lambda: errors.InvalidXPath("//x[", "syntax", "XPathSyntaxError: Invalid expression",
+                                                "Check the brackets."),
+    "Timeout": lambda: errors.Timeout("The layout", 0.5, "Draw less."),
+    "QueryTimeout": lambda: errors.QueryTimeout("//*[count(//*) > 1]", 0.5),
+    "RenderTimeout": lambda: errors.RenderTimeout(0.001),
+    "MissingDependency": lambda: errors.MissingDependency("`save_weights` and `load_weights`",
+                                                          "the `safetensors` package", "`pip install safetensors`"),
+    "CannotRead": lambda: errors.CannotRead("open", "No such file or directory", "<mox/>", looks_like_xml=True),
+    "BadLimit": lambda: errors.BadLimit("max_bytes", -1),
+    "CannotSaveLeaves": lambda: errors.CannotSaveLeaves("params", "not arrays", ["n"], "`n` is not an array."),
+    "BadWeightsFile": lambda: errors.BadWeightsFile("w.safetensors", "changed", "", "`w.safetensors` changed."),
+    "CannotCompare": lambda: errors.CannotCompare("compare", "two references", "Two references were given."),
+    "NnxCannotReplace": lambda: errors.NnxCannotReplace("stacked", "It runs inside `nnx.scan`.", NODE),
+    "PolicyNotApplied": lambda: errors.PolicyNotApplied("output", "The policy asks for bfloat16.", "Model/Dense_0",
+                                                        "output=bfloat16", "bfloat16", "float32"),
 }
 
 
@@ -125,3 +141,34 @@ def test_fields_are_set():
     assert (e.kind, e.name, e.known) == ("batch", "dirty", ["clean"])
     e = BUILT["DoesNotFit"]()
     assert (e.node, e.index, e.found, e.expected) == (NODE, 0, "f32[2,8]", "f32[2,16]")
+
+
+def test_the_wording_of_the_families_of_issue_42():
+    e = BUILT["CouldNotTrace"]()
+    assert str(e).startswith("JAX could not trace `f`: TypeError: cannot reshape\n") and "static_argnums=(i,)" in str(e)
+    assert (e.function, e.static) == ("f", True) and isinstance(e.error, TypeError)
+    e = BUILT["InvalidXPath"]()
+    assert errors.message(e) == ("The XPath `//x[` is invalid: lxml reported XPathSyntaxError: Invalid expression. "
+                                 "Check the brackets.")
+    assert (e.xpath, e.kind, e.hint) == ("//x[", "syntax", "Check the brackets.")
+    assert errors.message(errors.InvalidXPath("re:test(a, '(')", "regex", "missing )")).startswith(
+        "A regular expression in the XPath `re:test(a, '(')` is invalid: missing ). ")
+    e = BUILT["QueryTimeout"]()
+    assert isinstance(e, errors.Timeout) and isinstance(e, yax.YaxQueryError) and not isinstance(e, yax.YaxRenderError)
+    assert errors.message(e).startswith("The XPath `//*[count(//*) > 1]` took longer than 0.5 s and was stopped. ")
+    assert (e.xpath, e.seconds) == ("//*[count(//*) > 1]", 0.5)
+    e = BUILT["RenderTimeout"]()
+    assert isinstance(e, errors.Timeout) and isinstance(e, yax.YaxRenderError) and e.seconds == 0.001
+    assert errors.message(e).startswith("Graphviz's layout of the graph took longer than 0.001 s and was stopped. ")
+    e = BUILT["MissingDependency"]()
+    assert isinstance(e, yax.YaxDependencyError) and isinstance(e, ImportError)
+    assert errors.message(e) == ("`save_weights` and `load_weights` need the `safetensors` package, which is not "
+                                 "installed. Install it with `pip install safetensors`.")
+    e = BUILT["CannotRead"]()
+    assert errors.message(e) == ("`load_xml` could not open the file `<mox/>`: No such file or directory. The string "
+                                 "looks like XML text rather than a path: pass `text.encode()` or `io.StringIO(text)`.")
+    assert errors.message(BUILT["BadLimit"]()) == "`max_bytes` must be a non-negative number of bytes, but got -1."
+    for name in ("CannotSaveLeaves", "BadWeightsFile", "CannotCompare"):
+        assert isinstance(BUILT[name](), yax.YaxInputError)
+    for name in ("NnxCannotReplace", "PolicyNotApplied"):
+        assert isinstance(BUILT[name](), yax.YaxRewriteError)

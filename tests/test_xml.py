@@ -56,8 +56,9 @@ def test_load_xml_refuses_billion_laughs_and_external_entities(tmp_path):
     with pytest.raises(yax.errors.NotWellFormed) as e:
         yax.load_xml(b"<mox><unclosed></mox>")
     assert "line 1" in e.value.detail
-    with pytest.raises(yax.YaxXMLError, match="looks like XML text"):  # a str is a path
+    with pytest.raises(yax.errors.CannotRead) as e:  # a str is a path
         yax.load_xml("<mox/>")
+    assert (e.value.problem, e.value.path, e.value.looks_like_xml) == ("open", "<mox/>", True)
 
 
 def test_dump_of_rewritten_mox_roundtrips():

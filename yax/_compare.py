@@ -27,7 +27,7 @@ from ._reference import Reference
 from ._sharding import any_spread, subnormal, to_host
 from ._vocab import type_str
 from ._weights import key_of
-from .errors import NotARootMox, WrongType, YaxInputError
+from .errors import CannotCompare, NotARootMox, WrongType, YaxInputError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -898,11 +898,14 @@ def compare(original: Mox | Reference, modified: Mox | Reference, *args: Any, ne
     """
     if isinstance(original, Reference) or isinstance(modified, Reference):
         if new_params is not None or grad_of is not None or not boundaries:
-            raise YaxInputError("`compare` with a `Reference` takes the model's inputs, `names`, `rtol` and `atol`; "
-                                "`new_params`, `grad_of` and `boundaries` are for two MoXes.")
+            given = [k for k, v in (("new_params", new_params is not None), ("grad_of", grad_of is not None),
+                                    ("boundaries", not boundaries)) if v]
+            raise CannotCompare("compare", "options", "`compare` with a `Reference` takes the model's inputs, "
+                                "`names`, `rtol` and `atol`; `new_params`, `grad_of` and `boundaries` are for two "
+                                "MoXes.", given)
         if isinstance(original, Reference) and isinstance(modified, Reference):
-            raise YaxInputError("`compare` takes two MoXes, or a MoX and a `Reference`, but got two references: "
-                                "compare a model with each of them.")
+            raise CannotCompare("compare", "two references", "`compare` takes two MoXes, or a MoX and a `Reference`, "
+                                "but got two references: compare a model with each of them.")
         ref, mox = (original, modified) if isinstance(original, Reference) else (modified, original)
         return compare_reference(cast(Reference, ref), cast(Mox, mox), *args, names=names, rtol=rtol, atol=atol,
                                  **kwargs)
@@ -1318,8 +1321,8 @@ def compare_all(models: Any, *args: Any, names: _reference.Names = None, rtol: f
     else:
         raise WrongType("models", "a dict or a list of models", models)
     if len(named) < 2 or len({n for n, _ in named}) != len(named):
-        raise YaxInputError(f"`compare_all` compares two or more models with distinct names; got "
-                            f"{[n for n, _ in named]}.")
+        raise CannotCompare("compare_all", "names", f"`compare_all` compares two or more models with distinct "
+                            f"names; got {[n for n, _ in named]}.", [n for n, _ in named])
 
     def split(v: Any, what: str) -> tuple[Any, tuple[Any, ...]]:
         if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], Mox):
@@ -1338,7 +1341,8 @@ def compare_all(models: Any, *args: Any, names: _reference.Names = None, rtol: f
         b, args_b = split(v, name)
         if isinstance(a, Reference) or isinstance(b, Reference):
             if isinstance(a, Reference) and isinstance(b, Reference):
-                raise YaxInputError(f"`{first_name}` and `{name}` are both references: compare a model with them.")
+                raise CannotCompare("compare_all", "two references", f"`{first_name}` and `{name}` are both "
+                                    "references: compare a model with them.", [first_name, name])
             out[name] = compare(a, b, *(args_b if isinstance(a, Reference) else args_a), names=names, rtol=rtol,
                                 atol=atol, **kwargs)
         else:

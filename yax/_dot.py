@@ -29,7 +29,7 @@ from ._ir import FN_KINDS, Equation, Kind, Mox, Var
 from ._view import calls_below, view
 from ._vocab import type_str
 from ._xpath import query
-from .errors import YaxDependencyError, YaxQueryError, YaxRenderError
+from .errors import MissingDependency, RenderTimeout, YaxQueryError, YaxRenderError
 
 Producers = frozenset[str]
 
@@ -399,20 +399,14 @@ def to_svg(mox: Mox, *, timeout: float = 60.0, **kwargs: Any) -> str:
     dot = to_dot(mox, **kwargs)
     exe = shutil.which("dot")
     if exe is None:
-        raise YaxDependencyError(
-            "Rendering SVG needs the Graphviz `dot` program, which was not found on PATH. "
-            "Install Graphviz (`apt-get install graphviz`, `brew install graphviz` or `conda install "
-            "graphviz`), or use `yax.to_dot(...)` and render the text elsewhere; the yax widget renders "
-            "graphs in the browser without it."
-        )
+        raise MissingDependency(
+            "`to_svg`", "the Graphviz `dot` program", "`apt-get install graphviz`, `brew install graphviz` or "
+            "`conda install graphviz`", "Or use `yax.to_dot(...)` and render the text elsewhere; the yax widget "
+            "renders graphs in the browser without it.", missing="was not found on PATH")
     try:
         done = subprocess.run([exe, "-Tsvg"], input=dot.encode(), capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise YaxRenderError(
-            f"Graphviz took longer than {timeout:g} s to lay out the graph and was stopped. Draw less "
-            "of it: pass `depth=1`, a `root` XPath selecting one module, or `equations=False`; or raise "
-            "`timeout`."
-        ) from None
+        raise RenderTimeout(timeout) from None
     if done.returncode != 0:
         raise YaxRenderError(f"Graphviz `dot` failed (exit {done.returncode}): {done.stderr.decode().strip()}")
     return done.stdout.decode()

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import WrongType, YaxInputError
+from .errors import CannotCompare, MissingDependency, WrongType, YaxInputError
 
 _META = "yax_reference"
 _VERSION = 1
@@ -117,7 +117,7 @@ class Reference:
         try:
             import torch
         except ImportError as e:  # pragma: no cover - torch is in the dev extras
-            raise YaxInputError("`Reference.from_torch` needs PyTorch: `pip install torch`.") from e
+            raise MissingDependency("`Reference.from_torch`", "PyTorch", "`pip install torch`") from e
         if not isinstance(module, torch.nn.Module):
             raise WrongType("module", "a `torch.nn.Module`", module, "Record other code with `Reference(outputs)`.")
         outs: dict[str, Any] = {}
@@ -287,11 +287,12 @@ def match(model: Sequence[str], reference: Sequence[str], names: Names = None,
         if lost:
             r, n = lost[0]
             close = difflib.get_close_matches(n, list(model), 3)
-            raise YaxInputError(
+            raise CannotCompare(
+                "compare", "unmatched",
                 f"The mapping of names sends the reference's `{r}` to `{n}`, which matches no call of the model"
                 + (f"; the closest keys are {', '.join(f'`{c}`' for c in close)}" if close else "")
                 + ". Give a key as `yax.capture` names calls (`Model/block/0/attn`, `…#2` for a second call, "
-                  "`Model/layers/attn@3` for step 3 of a call inside a scan), or a name in the model's layout.")
+                  "`Model/layers/attn@3` for step 3 of a call inside a scan), or a name in the model's layout.", (r, n))
     order = {k: i for i, k in enumerate(model)}
     return dict(sorted(out.items(), key=lambda kv: order[kv[0]]))
 

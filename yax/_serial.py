@@ -8,7 +8,7 @@ from typing import IO, Any
 from ._ir import Equation, Mox, delegate, holds_mox
 from ._print import Names, key_attrs
 from ._vocab import dtype_str, value_str
-from .errors import YaxDependencyError
+from .errors import MissingDependency
 
 
 def _sym(names: Names, a: Any) -> dict[str, Any]:
@@ -205,9 +205,7 @@ def dump_yson(mox: Mox, fileobj: IO[bytes], *, format: str = "pretty") -> None:
     try:
         import yt.yson as yson
     except ImportError:
-        raise YaxDependencyError(
-            "`dump_yson` needs the YSON library from the `yson` extra, which is not installed. "
-            "Install it with `pip install 'yax[yson]'` (it brings `ytsaurus-client`), or use "
-            "`yax.dump_xml` or `mox.to_json()` instead."
-        ) from None
+        raise MissingDependency("`dump_yson`", "the YSON library from the `yson` extra",
+                                "`pip install 'yax[yson]'` (it brings `ytsaurus-client`)",
+                                "Or use `yax.dump_xml` or `mox.to_json()` instead.") from None
     fileobj.write(b"".join(_write(to_dict(mox), _Yson(yson, format))))

@@ -27,7 +27,7 @@ from ._check import check_if_enabled
 from ._ir import Packing
 from ._record import recording
 from ._sharding import input_specs
-from .errors import YaxTraceError
+from .errors import CouldNotTrace, YaxTraceError
 
 
 def is_dynamic(x: Any) -> bool:
@@ -160,16 +160,7 @@ def _traced_root(target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
                 raise
             except Exception as e:
                 name = getattr(target, "__qualname__", type(target).__name__)
-                static = (
-                    "\nAn argument used as a Python value there (`int(...)`, a shape, an `if`) must be static: "
-                    "pass its position in `static_argnums=(i,)` or its name in `static_argnames=('name',)` "
-                    "to `make_mox` (or to `Explorer`/`%yax`), and give it as a NumPy array or Python value."
-                    if isinstance(e, jax.errors.ConcretizationTypeError) else "")
-                raise YaxTraceError(
-                    f"JAX could not trace `{name}`: {type(e).__name__}: {e}\n"
-                    "The function must be traceable by `jax.make_jaxpr` with these arguments; "
-                    "Python scalars are static (like `train=False`), arrays are traced." + static
-                ) from e
+                raise CouldNotTrace(name, e, isinstance(e, jax.errors.ConcretizationTypeError)) from e
         name = getattr(target, "__name__", None) or type(target).__name__
         mox = build(closed, rec, ins, outs[-1], name=name, frontend=frontend, origin=origin)
         if frontends.settle(mox, rec):  # a path the trace guessed, corrected from the data flow

@@ -35,7 +35,14 @@ import numpy as np
 
 from ._files import check_target, fspath, open_regular, read_into, staged
 from ._vocab import key_name, type_str
-from .errors import WeightsDoNotFit, YaxDependencyError, YaxInputError, _count
+from .errors import (
+    BadWeightsFile,
+    CannotSaveLeaves,
+    MissingDependency,
+    WeightsDoNotFit,
+    YaxInputError,
+    _count,
+)
 
 FORMAT, VERSION = "yax.weights", "1"
 _KEY_ARRAYS = "key_arrays"  # the metadata entry: JSON ``{key: implementation name}`` of the key arrays
@@ -55,10 +62,8 @@ def _safetensors() -> Any:
         import safetensors
         import safetensors.numpy
     except ImportError:
-        raise YaxDependencyError(
-            "`save_weights` and `load_weights` need the `safetensors` package, which is not installed. "
-            "Install it with `pip install safetensors`."
-        ) from None
+        raise MissingDependency("`save_weights` and `load_weights`", "the `safetensors` package",
+                                "`pip install safetensors`") from None
     return safetensors
 
 
@@ -79,13 +84,15 @@ def _flat(tree: Any, arg: str, saved: bool = False) -> tuple[list[tuple[str, Any
     for kp, _ in with_paths:
         k = key_of(kp)
         if saved and k == _RESERVED:
-            raise YaxInputError(
+            raise CannotSaveLeaves(
+                arg, "reserved", [k],
                 f"The leaf `{arg}{jax.tree_util.keystr(kp)}` would be stored under the key `{_RESERVED}`, which "
                 "safetensors reserves for a file's metadata: the file would hold two entries of that name, and no "
                 "reader could open it. Nothing was written. Try renaming it (`metadata`), or nesting it under "
                 "another key.")
         if k in seen:
-            raise YaxInputError(
+            raise CannotSaveLeaves(
+                arg, "same key", [f"{arg}{jax.tree_util.keystr(seen[k])}", f"{arg}{jax.tree_util.keystr(kp)}"],
                 f"Two leaves of `{arg}`, `{arg}{jax.tree_util.keystr(seen[k])}` and "
                 f"`{arg}{jax.tree_util.keystr(kp)}`, have the same key `{k}` (a leaf's key is its path "
                 "joined with `/`, so a dict key holding `/` can collide with a nested path). Try renaming "
@@ -143,15 +150,19 @@ def save_weights(params: Any, path: str | os.PathLike[str]) -> None:
     safetensors = _safetensors()
     where = fspath(path, "`save_weights`", '`yax.save_weights(params, "weights.safetensors")`', YaxInputError)
     flat, _ = _flat(params, "params", saved=True)
-    not_arrays = [f"`{k}` ({_kind(x)})" for k, x in flat if not isinstance(x, (jax.Array, np.ndarray, np.generic))]
+    odd = [k for k, x in flat if not isinstance(x, (jax.Array, np.ndarray, np.generic))]
+    not_arrays = [f"`{k}` ({_kind(x)})" for k, x in flat if k in odd]
     if not_arrays:
-        raise YaxInputError(
+        raise CannotSaveLeaves(
+            "params", "not arrays", odd,
             f"`save_weights` stores arrays, but {_count(len(not_arrays), 'leaf', 'leaves')} of `params` "
             f"{'is not an array' if len(not_arrays) == 1 else 'are not arrays'}: "
             f"{', '.join(not_arrays)}. Try converting them with `jnp.asarray`, or saving a tree without them.")
-    unstorable = [f"`{k}` ({type_str(x)})" for k, x in flat if not _is_key(x) and np.dtype(x.dtype).name not in _CODES]
+    odd = [k for k, x in flat if not _is_key(x) and np.dtype(x.dtype).name not in _CODES]
+    unstorable = [f"`{k}` ({type_str(x)})" for k, x in flat if k in odd]
     if unstorable:
-        raise YaxInputError(
+        raise CannotSaveLeaves(
+            "params", "dtype", odd,
             f"safetensors cannot store the dtype of {_count(len(unstorable), 'leaf', 'leaves')} of `params`: "
             f"{', '.join(unstorable)}. It stores {', '.join(_CODES)}. Try casting them (`x.astype(jnp.float32)`) before saving.")
     check_target(where, "the weights", YaxInputError, replace=True, inside="weights.safetensors")
@@ -234,10 +245,11 @@ def load_weights(path: str | os.PathLike[str], *, like: Any) -> Any:
     safetensors = _safetensors()
     where = fspath(path, "`load_weights`", '`yax.load_weights("weights.safetensors", like=params)`', YaxInputError)
     flat, treedef = _flat(like, "like")
-    not_arrays = [f"`{k}` ({_kind(x)})" for k, x in flat
-                  if not isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))]
+    odd = [k for k, x in flat if not isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))]
+    not_arrays = [f"`{k}` ({_kind(x)})" for k, x in flat if k in odd]
     if not_arrays:
-        raise YaxInputError(
+        raise CannotSaveLeaves(
+            "like", "not arrays", odd,
             f"`like` should hold arrays or `jax.ShapeDtypeStruct`s, but {_count(len(not_arrays), 'leaf', 'leaves')} "
             f"of it {'is' if len(not_arrays) == 1 else 'are'} neither: {', '.join(not_arrays)}. Try passing the "
             "parameters of the model the weights were saved from, or `jax.eval_shape` of its `init`.")
@@ -250,11 +262,13 @@ def load_weights(path: str | os.PathLike[str], *, like: Any) -> Any:
                 codes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
                 shapes = {k: tuple(f.get_slice(k).get_shape()) for k in codes}
         except (safetensors.SafetensorError, OSError) as e:
-            raise YaxInputError(
+            raise BadWeightsFile(
+                where, "not safetensors", str(e),
                 f"`{where}` could not be read as a safetensors file: {e}. Try a file written by `yax.save_weights` "
                 "(or another safetensors writer).") from e
         if meta.get("format") == FORMAT and meta.get("version") != VERSION:
-            raise YaxInputError(
+            raise BadWeightsFile(
+                where, "version", repr(meta.get("version")),
                 f"`{where}` holds yax weights of format version {meta.get('version')!r}, but this yax reads "
                 f"version {VERSION!r}. Try loading it with the version of yax that saved it.")
         impls = _key_arrays(meta, where, codes)
@@ -293,7 +307,8 @@ def _key_arrays(meta: dict[str, str], where: str, codes: dict[str, str]) -> dict
         return {}
 
     def refused(found: str) -> YaxInputError:
-        return YaxInputError(
+        return BadWeightsFile(
+            where, "key arrays", found,
             f"The metadata of `{where}` lists its PRNG key arrays under `{_KEY_ARRAYS}`, which should be a JSON "
             f"object giving each one's implementation (such as `{{\"rngs/key\": \"threefry2x32\"}}`), but {found}. "
             "Nothing was loaded. Try a file written by `yax.save_weights`: this one was not, or was changed since.")
@@ -321,8 +336,8 @@ def _read(fh: Any, where: str, codes: dict[str, str], shapes: dict[str, tuple[in
     """Each entry of the file ``fh`` as a NumPy array, read once, straight into it (float8 and
     bfloat16 too: safetensors' NumPy loader has no such dtypes). The header is read again from
     ``fh``: it is what safetensors checked, unless the file was replaced meanwhile (refused)."""
-    changed = YaxInputError(f"`{where}` changed while it was being read. Nothing was loaded. Try again once "
-                            "nothing writes to it.")
+    changed = BadWeightsFile(where, "changed", "", f"`{where}` changed while it was being read. Nothing was "
+                             "loaded. Try again once nothing writes to it.")
     try:
         fh.seek(0)
         size = int.from_bytes(fh.read(8), "little")
@@ -345,7 +360,8 @@ def _read(fh: Any, where: str, codes: dict[str, str], shapes: dict[str, tuple[in
             try:
                 whole = read_into(fh, start, a.reshape(-1).view(np.uint8))
             except OSError as e:
-                raise YaxInputError(f"`{where}` could not be read: {e.strerror or e}. Nothing was loaded. Try "
+                raise BadWeightsFile(where, "unreadable", str(e.strerror or e),
+                                     f"`{where}` could not be read: {e.strerror or e}. Nothing was loaded. Try "
                                     "again, or copy the file to a disk that reads.") from e
             if not whole:
                 raise changed

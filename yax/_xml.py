@@ -17,7 +17,16 @@ from lxml import etree
 
 from ._ir import Mox
 from ._view import SOURCE_ATTRS, Queryable, view
-from .errors import DeclaresDTD, DocumentTooLarge, NotWellFormed, YaxError, YaxXMLError, unexpected
+from .errors import (
+    BadLimit,
+    CannotRead,
+    DeclaresDTD,
+    DocumentTooLarge,
+    NotWellFormed,
+    YaxError,
+    YaxXMLError,
+    unexpected,
+)
 
 MAX_BYTES = 256 * 2**20
 #: What `load_xml` allows the parsed tree per byte of ``max_bytes`` when no
@@ -181,10 +190,7 @@ class _Source:
             if st is not None and stat.S_ISREG(st.st_mode):
                 self._check_size(st.st_size - (self.start or 0))
         else:
-            raise YaxXMLError(
-                f"`load_xml` expected a file object, a path (`str` or `pathlib.Path`) or `bytes`, but got a "
-                f"`{type(source).__name__}`. Open the file (`open(path, 'rb')`) or pass its contents as bytes."
-            )
+            raise CannotRead("source", type(source).__name__)
 
     def _check_size(self, n: int) -> None:
         if n > self.max_bytes:
@@ -197,11 +203,7 @@ class _Source:
             size = os.stat(path).st_size
         except OSError as e:
             looks_like_xml = isinstance(source, str) and source.lstrip().startswith("<")
-            hint = (" The string looks like XML text rather than a path: pass `text.encode()` or "
-                    "`io.StringIO(text)`." if looks_like_xml else "")
-            raise YaxXMLError(
-                f"`load_xml` could not open the file `{_short(path)}`: {e.strerror or e}.{hint}"
-            ) from None
+            raise CannotRead("open", str(e.strerror or e), _short(path), looks_like_xml) from None
         if os.path.isfile(path):
             self._check_size(size)
 
@@ -209,7 +211,7 @@ class _Source:
         total = 0
         for chunk in self._raw():
             if not isinstance(chunk, (bytes, bytearray, memoryview, str)):
-                raise YaxXMLError(f"The file object's `read` returned a `{type(chunk).__name__}`, not bytes or str.")
+                raise CannotRead("chunk", type(chunk).__name__)
             total += len(chunk) if not isinstance(chunk, str) else len(chunk.encode("utf-8", "surrogatepass"))
             if total > self.max_bytes:
                 raise DocumentTooLarge("max_bytes", self.max_bytes, total)
@@ -225,7 +227,7 @@ class _Source:
                     while chunk := f.read(CHUNK):
                         yield chunk
             except OSError as e:
-                raise YaxXMLError(f"`load_xml` could not read `{_short(self.path)}`: {e.strerror or e}.") from None
+                raise CannotRead("read", str(e.strerror or e), _short(self.path)) from None
         else:
             while True:
                 chunk = self.file.read(CHUNK)
@@ -455,7 +457,7 @@ def load_xml(source: IO[Any] | bytes | str | os.PathLike[str], *, max_bytes: int
     """
     for name, v in (("max_bytes", max_bytes), ("max_memory", max_memory)):
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-            raise YaxXMLError(f"`{name}` must be a non-negative number of bytes, but got {v!r}.")
+            raise BadLimit(name, v)
     src = _Source(source, max_bytes)
     limit = MEMORY_PER_BYTE * max_bytes if max_memory is None else max_memory
     etree.clear_error_log()  # the log of this thread: from here on, this parse's errors
@@ -467,10 +469,7 @@ def load_xml(source: IO[Any] | bytes | str | os.PathLike[str], *, max_bytes: int
                           if x.level_name == "FATAL"), str(e))  # the cause: `e` may say "no element found"
             raise NotWellFormed(first) from None
         if not src.again():
-            raise YaxXMLError(
-                "The document is nested more than 2048 levels deep, which needs a second reading that this "
-                "file object cannot give (it cannot seek). Pass the path or the bytes instead."
-            ) from None
+            raise CannotRead("seek") from None
         root = _parse_expat(src, _Budget(limit))
     except (ValueError, TypeError) as e:  # lxml's checks of names and text, beyond libxml2's
         raise NotWellFormed(str(e)) from None

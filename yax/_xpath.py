@@ -32,7 +32,7 @@ from lxml import etree
 from . import _xpath_worker as worker
 from ._ir import Equation, Mox, delegate
 from ._view import NOT_XML_CHAR, Queryable, View, target_of, to_xml_text
-from .errors import YaxError, YaxQueryError, unexpected
+from .errors import InvalidXPath, QueryTimeout, YaxError, YaxQueryError, unexpected
 
 NS = worker.NS
 #: Seconds a query may run (`query`'s ``timeout``) before it is stopped.
@@ -106,9 +106,7 @@ def _compile(xpath: str) -> str:
         try:
             _compiled[xpath] = etree.XPath(normalise(xpath), namespaces=NS, smart_strings=False)
         except Exception as e:  # XPathSyntaxError; ValueError for text XML cannot hold (NUL, lone surrogates)
-            raise YaxQueryError(
-                f"The XPath `{_shown(xpath)}` is invalid: lxml reported {type(e).__name__}: {e}. {_hint(xpath)}"
-            ) from None
+            raise InvalidXPath(xpath, "syntax", f"{type(e).__name__}: {e}", _hint(xpath)) from None
         if len(_compiled) > 512:
             _compiled.clear()
     return normalise(xpath)
@@ -256,22 +254,9 @@ atexit.register(_evaluator.stop)
 
 
 def _failed(xpath: str, kind: str, detail: str) -> YaxQueryError:
-    q = _shown(xpath)
-    if kind == "regex":
-        return YaxQueryError(
-            f"A regular expression in the XPath `{q}` is invalid: {detail}. The `re:` functions take Python "
-            "regular expressions; escape a special character such as `(` as `\\(`."
-        )
-    if kind == "call":
-        return YaxQueryError(
-            f"A function in the XPath `{q}` was called with the wrong arguments ({detail}). The EXSLT ones are "
-            "`re:test(string, pattern[, flags])`, `re:match(string, pattern[, flags])` and "
-            "`re:replace(string, pattern, flags, replacement)`."
-        )
-    if kind == "memory":
-        return YaxQueryError(f"The XPath `{q}` ran out of memory while being evaluated. Narrow it, e.g. "
-                             'start from `//module_call[@type="Dense"]` rather than `//*`.')
-    return YaxQueryError(f"The XPath `{q}` could not be evaluated: lxml reported {detail}. {_hint(xpath)}")
+    if kind in ("regex", "call", "memory"):
+        return InvalidXPath(xpath, kind, detail)
+    return InvalidXPath(xpath, "evaluation", detail, _hint(xpath))
 
 
 @delegate("query")
@@ -325,12 +310,7 @@ def _query(xpath: str, mox: Mox, timeout: float | None) -> Any:
     except _Stopped as e:
         code = e.args[0] if e.args else None
         if code is None:
-            raise YaxQueryError(
-                f"The XPath `{_shown(xpath)}` took longer than {limit:g} s and was stopped. A regular expression "
-                "that backtracks (`re:test(@path, \"(a+)+$\")`) or a predicate that searches the whole document "
-                "for every node (`//*[count(//*) > 1]`) can run for hours. Simplify the query, or pass a larger "
-                "`timeout` if it is only slow."
-            ) from None
+            raise QueryTimeout(xpath, limit) from None
         raise YaxQueryError(
             f"The process evaluating the XPath `{_shown(xpath)}` stopped unexpectedly (exit code {code}); most "
             "likely the query needed more memory than there is. Narrow the query; the next one starts a new "

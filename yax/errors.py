@@ -1097,3 +1097,281 @@ class BadPolicy(YaxRewriteError):
     def __init__(self, policy: object, part: str | None, message: str):
         self.policy, self.part = policy, part
         super().__init__(message)
+
+
+# -- more families (issue 42, point 6): traces, queries, time limits, dependencies, files, comparisons ----
+
+class CouldNotTrace(YaxTraceError):
+    """JAX failed while tracing the function given to `make_mox` (``function``: its name);
+    ``error`` is what JAX or the function raised (also chained as ``__cause__``). With
+    ``static``, the failure is JAX needing a concrete value (`jax.errors.ConcretizationTypeError`),
+    and the message says how to make that argument static.
+
+    Example::
+
+        yax.make_mox(lambda x: x.reshape(7))(jnp.ones(3))       # CouldNotTrace: TypeError from reshape
+        yax.make_mox(lambda x: x.reshape(3, 1))(jnp.ones(3))
+    """
+
+    def __init__(self, function: str, error: BaseException, static: bool = False):
+        self.function, self.error, self.static = function, error, static
+        hint = ("\nAn argument used as a Python value there (`int(...)`, a shape, an `if`) must be static: "
+                "pass its position in `static_argnums=(i,)` or its name in `static_argnames=('name',)` "
+                "to `make_mox` (or to `Explorer`/`%yax`), and give it as a NumPy array or Python value."
+                if static else "")
+        super().__init__(
+            f"JAX could not trace `{function}`: {type(error).__name__}: {error}\n"
+            "The function must be traceable by `jax.make_jaxpr` with these arguments; "
+            "Python scalars are static (like `train=False`), arrays are traced." + hint)
+
+
+class InvalidXPath(YaxQueryError):
+    """An XPath given to `query` (or `sub`, `capture`, the explorer) is invalid or failed
+    while being evaluated. ``xpath`` is the query, ``kind`` what went wrong:
+
+    - ``"syntax"``: lxml could not compile it (``detail``: lxml's error);
+    - ``"regex"``: a regular expression in an ``re:`` function is invalid;
+    - ``"call"``: a function was called with the wrong arguments;
+    - ``"evaluation"``: lxml could not evaluate it (an unknown function or variable);
+    - ``"memory"``: it ran out of memory while being evaluated.
+
+    ``hint`` is what the message suggests for a syntax or evaluation error (such as
+    quoting a string value), or "".
+
+    Example::
+
+        yax.query("//module_call[", mox)                   # InvalidXPath: kind "syntax"
+        yax.query("//module_call[@type='Dense']", mox)
+    """
+
+    def __init__(self, xpath: str, kind: str, detail: str = "", hint: str = ""):
+        self.xpath, self.kind, self.detail, self.hint = xpath, kind, detail, hint
+        q = xpath if len(xpath) <= 300 else xpath[:299] + "…"
+        if kind == "regex":
+            text = (f"A regular expression in the XPath `{q}` is invalid: {detail}. The `re:` functions take Python "
+                    "regular expressions; escape a special character such as `(` as `\\(`.")
+        elif kind == "call":
+            text = (f"A function in the XPath `{q}` was called with the wrong arguments ({detail}). The EXSLT ones "
+                    "are `re:test(string, pattern[, flags])`, `re:match(string, pattern[, flags])` and "
+                    "`re:replace(string, pattern, flags, replacement)`.")
+        elif kind == "memory":
+            text = (f"The XPath `{q}` ran out of memory while being evaluated. Narrow it, e.g. "
+                    'start from `//module_call[@type="Dense"]` rather than `//*`.')
+        elif kind == "syntax":
+            text = f"The XPath `{q}` is invalid: lxml reported {detail}. {hint}"
+        else:
+            text = f"The XPath `{q}` could not be evaluated: lxml reported {detail}. {hint}"
+        super().__init__(text.rstrip())
+
+
+class Timeout(YaxError):
+    """Something yax runs in another process (``what``: an XPath query, Graphviz's layout)
+    took longer than its limit, ``seconds``, and was stopped. `QueryTimeout` and
+    `RenderTimeout` are the two kinds; catch this class for either.
+
+    Example::
+
+        yax.query(slow_xpath, mox, timeout=0.5)            # QueryTimeout (a Timeout)
+        yax.to_svg(mox, timeout=0.001)                     # RenderTimeout (a Timeout)
+    """
+
+    def __init__(self, what: str, seconds: float, hint: str):
+        self.what, self.seconds = what, seconds
+        super().__init__(f"{what} took longer than {seconds:g} s and was stopped. {hint}")
+
+
+class QueryTimeout(Timeout, YaxQueryError):
+    """An XPath query (``xpath``) ran past its ``timeout`` (``seconds``); its process was
+    stopped, and the next query starts a new one.
+
+    Example::
+
+        yax.query('//*[count(//*) > 1]', mox, timeout=0.5)  # QueryTimeout: every node searches the whole document
+        yax.query('//module_call[@type="Dense"]', mox)
+    """
+
+    def __init__(self, xpath: str, seconds: float):
+        self.xpath = xpath
+        q = xpath if len(xpath) <= 300 else xpath[:299] + "…"
+        super().__init__(
+            f"The XPath `{q}`", seconds,
+            "A regular expression that backtracks (`re:test(@path, \"(a+)+$\")`) or a predicate that searches "
+            "the whole document for every node (`//*[count(//*) > 1]`) can run for hours. Simplify the query, "
+            "or pass a larger `timeout` if it is only slow.")
+
+
+class RenderTimeout(Timeout, YaxRenderError):
+    """Graphviz's ``dot`` took longer than ``timeout`` (``seconds``) to lay out a graph
+    (`to_svg`) and was stopped.
+
+    Example::
+
+        yax.to_svg(mox, equations=True, timeout=0.001)     # RenderTimeout
+        yax.to_svg(mox, depth=1)                           # draw less of it
+    """
+
+    def __init__(self, seconds: float):
+        super().__init__(
+            "Graphviz's layout of the graph", seconds,
+            "Draw less of it: pass `depth=1`, a `root` XPath selecting one module, or `equations=False`; or "
+            "raise `timeout`.")
+
+
+class MissingDependency(YaxDependencyError):
+    """``needs`` (a yax function) needs ``package`` (a Python package or a program), which
+    is not installed; ``install`` says how to get it.
+
+    Example::
+
+        yax.save_weights(params, "w.safetensors")  # MissingDependency: package "safetensors"
+        # pip install safetensors
+    """
+
+    def __init__(self, needs: str, package: str, install: str, hint: str = "", missing: str = "is not installed"):
+        self.needs, self.package, self.install = needs, package, install
+        verb = "need" if " and " in needs else "needs"
+        super().__init__(f"{needs} {verb} {package}, which {missing}. Install it with {install}."
+                         + (f" {hint}" if hint else ""))
+
+
+class CannotRead(YaxXMLError):
+    """`load_xml` could not read its source: ``problem`` is ``"source"`` (not a file object,
+    a path or bytes; ``detail``: its type), ``"open"`` or ``"read"`` (the file at ``path``;
+    ``detail``: the system's reason), ``"chunk"`` (a file object's ``read`` returned something
+    else than bytes or str) or ``"seek"`` (a document nested too deep for one reading, from a
+    file object that cannot be read again).
+
+    Example::
+
+        yax.load_xml("<mox/>")                   # CannotRead: a str is a path; this one looks like XML text
+        yax.load_xml(b"<mox/>")
+    """
+
+    def __init__(self, problem: str, detail: str = "", path: str | None = None, looks_like_xml: bool = False):
+        self.problem, self.detail, self.path, self.looks_like_xml = problem, detail, path, looks_like_xml
+        if problem == "source":
+            text = (f"`load_xml` expected a file object, a path (`str` or `pathlib.Path`) or `bytes`, but got a "
+                    f"`{detail}`. Open the file (`open(path, 'rb')`) or pass its contents as bytes.")
+        elif problem == "open":
+            hint = (" The string looks like XML text rather than a path: pass `text.encode()` or "
+                    "`io.StringIO(text)`." if looks_like_xml else "")
+            text = f"`load_xml` could not open the file `{path}`: {detail}.{hint}"
+        elif problem == "read":
+            text = f"`load_xml` could not read `{path}`: {detail}."
+        elif problem == "chunk":
+            text = f"The file object's `read` returned a `{detail}`, not bytes or str."
+        else:
+            text = ("The document is nested more than 2048 levels deep, which needs a second reading that this "
+                    "file object cannot give (it cannot seek). Pass the path or the bytes instead.")
+        super().__init__(text)
+
+
+class BadLimit(YaxXMLError):
+    """A limit given to `load_xml` (``argument``: ``max_bytes`` or ``max_memory``) is not a
+    non-negative whole number of bytes; ``value`` is what was given.
+
+    Example::
+
+        yax.load_xml(data, max_bytes=-1)         # BadLimit
+        yax.load_xml(data, max_bytes=50_000_000)
+    """
+
+    def __init__(self, argument: str, value: object):
+        self.argument, self.value = argument, value
+        super().__init__(f"`{argument}` must be a non-negative number of bytes, but got {value!r}.")
+
+
+class CannotSaveLeaves(YaxInputError):
+    """`save_weights` (``argument``: ``params``) or `load_weights` (``like``) was given a tree
+    whose leaves cannot go to or come from a safetensors file: ``problem`` is ``"not arrays"``,
+    ``"dtype"`` (a dtype safetensors cannot store), ``"same key"`` (two leaves whose paths
+    joined with ``/`` are one key) or ``"reserved"`` (the key safetensors keeps for metadata);
+    ``leaves`` lists them (as keys, or as paths for ``"same key"``).
+
+    Example::
+
+        yax.save_weights({"n": 3}, "w.safetensors")            # CannotSaveLeaves: `n` is not an array
+        yax.save_weights({"n": jnp.asarray(3)}, "w.safetensors")
+    """
+
+    def __init__(self, argument: str, problem: str, leaves: list[str], text: str):
+        self.argument, self.problem, self.leaves = argument, problem, list(leaves)
+        super().__init__(text)
+
+
+class BadWeightsFile(YaxInputError):
+    """`load_weights` refused the file at ``path``: ``problem`` is ``"not safetensors"``
+    (``detail``: the reader's error), ``"version"`` (yax weights of another format version),
+    ``"key arrays"`` (its metadata's list of PRNG key arrays is not what `save_weights`
+    writes; ``detail`` says what it is), ``"changed"`` (it changed while being read) or
+    ``"unreadable"`` (the system could not read it; ``detail``: why). Nothing was loaded.
+
+    Example::
+
+        yax.load_weights("notes.txt", like=params)          # BadWeightsFile: not a safetensors file
+        yax.load_weights("w.safetensors", like=params)      # one written by `yax.save_weights`
+    """
+
+    def __init__(self, path: str, problem: str, detail: str, text: str):
+        self.path, self.problem, self.detail = path, problem, detail
+        super().__init__(text)
+
+
+class CannotCompare(YaxInputError):
+    """`compare`, `compare_all` or the explorer's references (``tool``) were given models or
+    options that cannot be compared: ``problem`` is ``"two references"`` (two references and
+    no model), ``"options"`` (options for two MoXes given with a `Reference`), ``"names"``
+    (fewer than two models, or names that repeat: ``found``), ``"reserved name"`` (a reference
+    named like a state of the history: ``found``) or ``"unmatched"`` (the mapping of names
+    sends the reference's ``found[0]`` to ``found[1]``, which matches no call of the model).
+
+    Example::
+
+        yax.compare(ref, ref, params, x)          # CannotCompare: two references, no model
+        yax.compare(ref, mox, params, x)
+    """
+
+    def __init__(self, tool: str, problem: str, text: str, found: Any = None):
+        self.tool, self.problem, self.found = tool, problem, found
+        super().__init__(text)
+
+
+class NnxCannotReplace(YaxRewriteError):
+    """An nnx module cannot be put in for a call (`sub` with an nnx module, `replace_modules`):
+    ``problem`` is ``"stacked"`` (the call runs inside `nnx.scan`/`nnx.vmap` over stacked
+    layers), ``"not a module"`` (a factory returned something else: ``found``), ``"not held"``
+    (no attribute of the model holds the module: something builds it on each call),
+    ``"graphdef gone"`` (functions were put in before, so no nnx model computes the MoX),
+    ``"updates"`` (the replacement updates its variable ``found[0]`` inside the transform ``found[1]``),
+    ``"no method"`` (the replacement lacks the method the model calls: ``found``) or
+    ``"keep"`` (`keep=` was given). ``node`` is the call (None when there is none).
+
+    Example::
+
+        new = yax.sub("//activation", jax.nn.gelu, mox, params=state)
+        yax.sub(fc, nnx.Linear(4, 4, rngs=rngs), new, params=state)   # NnxCannotReplace: "graphdef gone"
+        yax.sub(fc, nnx.Linear(4, 4, rngs=rngs), mox, params=state)   # modules first, then functions
+    """
+
+    def __init__(self, problem: str, text: str, node: object = None, found: Any = None):
+        self.problem, self.node, self.found = problem, node, found
+        super().__init__(text)
+
+
+class PolicyNotApplied(YaxRewriteError):
+    """`mixed_precision` could not apply its policy (``policy``) to the layer at ``path``:
+    ``problem`` is ``"output"`` (the policy asks for ``expected`` outputs where the layers
+    after it were traced with ``found``), ``"dtype"`` (the layer's own ``dtype`` could not be
+    set: ``cause`` says why) or ``"rewrite"`` (rebuilding the layers was refused: ``cause``).
+
+    Example::
+
+        yax.mixed_precision(mox, {"//module_call": "compute=bfloat16,output=bfloat16"})  # PolicyNotApplied
+        yax.mixed_precision(mox, {"//module_call": "compute=bfloat16"})
+    """
+
+    def __init__(self, problem: str, text: str, path: str | None = None, policy: object = None,
+                 expected: Any = None, found: Any = None, cause: BaseException | None = None):
+        self.problem, self.path, self.policy = problem, path, policy
+        self.expected, self.found, self.cause = expected, found, cause
+        super().__init__(text)

@@ -30,7 +30,7 @@ import jax
 
 import yax
 from yax import Equation, Mox
-from yax.errors import LossNotAFunction, NotARootMox, UnknownName, WrongType
+from yax.errors import CannotCompare, LossNotAFunction, NotARootMox, UnknownName, WrongType
 from yax.internal import CALL_KINDS, node_ids, node_index, trace_target, variables_argument
 
 from . import _payloads
@@ -395,8 +395,8 @@ class Session:
                             "`Reference.load`)", reference)
         name = str(name or reference.source or "reference")
         if name in ("original", "previous"):
-            raise yax.YaxInputError(f"A reference cannot be called \"{name}\": that names a state of the history. "
-                                    f"Pass another `name`.")
+            raise CannotCompare("Explorer.add_reference", "reserved name", f"A reference cannot be called \"{name}\": "
+                                "that names a state of the history. Pass another `name`.", name)
         self.worker.references[name] = (reference, names)
         self._set(references=list(self.worker.references))
         return name

@@ -82,8 +82,9 @@ def test_refusals_change_nothing():
     with pytest.raises(yax.errors.WrongType) as e:
         s.add_reference({"0": np.ones(2)})
     assert (e.value.argument, e.value.found) == ("reference", "dict")
-    with pytest.raises(yax.YaxInputError, match='cannot be called "previous"'):
+    with pytest.raises(yax.errors.CannotCompare) as e:
         s.add_reference(ref, "previous")
+    assert (e.value.problem, e.value.found) == ("reserved name", "previous")
     reply = answer(s, {"rid": 1, "type": "compare_base", "base": "nope"})
     assert reply["type"] == "error" and "no state to compare with named 'nope'" in reply["message"]
     assert s.state == before

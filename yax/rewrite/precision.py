@@ -24,7 +24,7 @@ from .._ir import Kind, Mox
 from .._precision import PARAM_RULES, Policy, precisions
 from .._vocab import key_name
 from .._xpath import query
-from ..errors import BadPolicy, NeedsParams, WrongNodeKind, YaxRewriteError, said
+from ..errors import BadPolicy, NeedsParams, PolicyNotApplied, WrongNodeKind, YaxRewriteError, said
 from . import module_of, sub
 
 #: The layers whose math is matrix products or convolutions, by type, in linen, nnx and Hugging Face's GPT-2.
@@ -92,11 +92,13 @@ def mixed_precision(mox: Mox, policy: Mapping[str, Any] | None = None, params: A
     for path, (n, pol) in chosen.items():
         has = now[id(n)]
         if pol.output is not None and has.output is not None and pol.output != has.output:
-            raise YaxRewriteError(
+            raise PolicyNotApplied(
+                "output",
                 f"The policy {str(pol)!r} asks the `{n.type}` at {path!r} for {pol.output} outputs, but the "
                 f"calls after it were traced with its {has.output} outputs, and a rewrite changes a call, not "
                 f"what its neighbours receive. Use output={has.output} (the value is computed in the compute "
-                f"dtype either way), or trace the model with {pol.output} inputs.")
+                f"dtype either way), or trace the model with {pol.output} inputs.",
+                path, str(pol), pol.output, has.output)
         changes: dict[str, Any] = {}
         if pol.compute is not None and has.compute != pol.compute:
             changes["dtype"] = jnp.dtype(pol.compute).type
@@ -119,10 +121,12 @@ def mixed_precision(mox: Mox, policy: Mapping[str, Any] | None = None, params: A
             try:
                 return module_of(node, **changes)
             except YaxRewriteError as e:
-                raise YaxRewriteError(
+                raise PolicyNotApplied(
+                    "dtype",
                     f"The policy sets the compute dtype of the `{node.type}` at {node.path!r} through its own "
                     f"`dtype`, which yax could not set: {_said(e)} Give the policy to the layers inside it "
-                    f"instead (`//module_call[@path=\"{node.path}\"]//module_call[...]`).") from None
+                    f"instead (`//module_call[@path=\"{node.path}\"]//module_call[...]`).", node.path,
+                    cause=e) from None
 
         targets = [n for n in new.modules() if n.path in level]
         try:
@@ -139,8 +143,12 @@ def mixed_precision(mox: Mox, policy: Mapping[str, Any] | None = None, params: A
             raise NeedsParams(f"`mixed_precision` rebuilds the layers its policy matches. {_said(e)}",
                               "mixed_precision") from None
         except YaxRewriteError as e:
-            raise YaxRewriteError(f"{_said(e)} To leave a layer out of the policy, map a query for it to None: "
-                          "`{**policy, '//module_call[@path=\"...\"]': None}`.") from None
+            inner = e if isinstance(e, PolicyNotApplied) else None  # the layer's own dtype: keep what it says
+            raise PolicyNotApplied(
+                inner.problem if inner else "rewrite", f"{_said(e)} To leave a layer out of the policy, map a query "
+                "for it to None: `{**policy, '//module_call[@path=\"...\"]': None}`.",
+                inner.path if inner else getattr(getattr(e, "node", None), "path", None),
+                cause=inner.cause if inner else e) from None
     return check_if_enabled(new if params is None else (new, new_params))
 
 

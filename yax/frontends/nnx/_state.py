@@ -91,10 +91,10 @@ def _check_fits(new: Any, node: Mox) -> None:
     nnx = flax_nnx()
     method = node.method or "__call__"
     if not callable(getattr(new, method, None)):
-        raise YaxRewriteError(
+        raise errors.NnxCannotReplace(
+            "no method",
             f"The replacement `{_what(new)}` for {where(node)} has no method `{method}`, which the model "
-            "calls. Give a module with that method, or replace only the calls of `__call__`."
-        )
+            "calls. Give a module with that method, or replace only the calls of `__call__`.", node, method)
     avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in node.inputs]
 
     def call(m: Any, *dyn: Any) -> Any:
@@ -209,19 +209,19 @@ def _surgery_plan(mox: Mox, targets: list[Mox], copy: Any, repl: Any) -> list[tu
         done.add(n.scope)
         old = _get(copy, n.scope)
         if _stacked(n, old):
-            raise YaxRewriteError(
+            raise errors.NnxCannotReplace(
+                "stacked",
                 f"{where(n, start=True)} runs inside a transform over stacked layers (`nnx.scan` or "
                 "`nnx.vmap`): the module there holds every layer's variables at once. Replace it by "
-                "rebuilding the stack (e.g. with `nnx.vmap` of a factory), not per layer."
-            )
+                "rebuilding the stack (e.g. with `nnx.vmap` of a factory), not per layer.", n)
         new = nnx.clone(repl) if is_module(repl) else repl(n.path, old)
         if new is old:
             continue
         if not is_module(new):
-            raise YaxRewriteError(
+            raise errors.NnxCannotReplace(
+                "not a module",
                 f"The factory returned a `{_what(new)}` for {where(n)}; it must return an `nnx.Module` "
-                "(or the module it was given, to keep it)."
-            )
+                "(or the module it was given, to keep it).", n, _what(new))
         for call in calls.get(n.scope, [n]):  # every call of the module, matched or not
             _check_fits(new, call)
         plan.append((old, new))
@@ -250,10 +250,10 @@ class StateVariables(Variables):
     def place(self, sites: list[Any], key: Any, keep: Any = None) -> dict[int, dict[Var, Var]]:
         """One set of variables per replaced module (calls of one module share it)."""
         if keep is not None:
-            raise YaxRewriteError(
+            raise errors.NnxCannotReplace(
+                "keep",
                 "`keep=` maps variables of linen modules; an nnx replacement keeps the leaves of the same "
-                "attribute path, variable type, shape and dtype. Build the replacement with those names."
-            )
+                "attribute path, variable type, shape and dtype. Build the replacement with those names.")
         ours = [s for s in sites if s.traced.frontend == NAME]
         for s in sites:
             if s.traced.module is not None and s.traced.frontend != NAME:
@@ -297,11 +297,12 @@ class StateVariables(Variables):
                 try:
                     _get(model, s.node.scope)
                 except AttributeError:
-                    raise YaxRewriteError(
-                        f"The replaced call, {where(s.node)}, is an nnx module the model does not hold as an attribute: something "
-                        "builds it on each call (a `bridge.ToLinen` inside a linen module), so there is no "
-                        "module to swap. Replace the module that builds it, or its activations and "
-                        "equations with functions.") from None
+                    raise errors.NnxCannotReplace(
+                        "not held",
+                        f"The replaced call, {where(s.node)}, is an nnx module the model does not hold as an "
+                        "attribute: something builds it on each call (a `bridge.ToLinen` inside a linen module), so "
+                        "there is no module to swap. Replace the module that builds it, or its activations and "
+                        "equations with functions.", s.node) from None
 
     def _assign(self, s: Any, old_in: dict[tuple[str, ...], tuple[type, Any]],
                 values: dict[tuple[str, ...], Any], key: Any) -> dict[Var, Var]:
@@ -330,12 +331,13 @@ class StateVariables(Variables):
         vm = {tv: c[rel] for rel, tv in zip(paths, t.root.invars) if c[rel] is not tv}
         for rel, v, tv in zip(paths, t.state_out, t.root.invars):  # the last call's updates win
             if s.chain and v is not tv:
-                raise YaxRewriteError(
+                raise errors.NnxCannotReplace(
+                    "updates",
                     f"The replacement `{_what(t.module)}` for {where(s.node)} updates its variable "
                     f"`{'/'.join(rel)}` (batch statistics, an RNG count), but the call runs inside "
                     f"`{s.chain[-1][0].name}`, whose updates yax cannot carry out to the state yet. Replace it "
-                    "with a module that only reads its variables, or with a function."
-                )
+                    "with a module that only reads its variables, or with a function.", s.node,
+                    ("/".join(rel), s.chain[-1][0].name))
             self.final[scope + rel] = vm.get(v, v) if isinstance(v, Var) else v
         return vm
 
@@ -354,11 +356,11 @@ class StateVariables(Variables):
         every attribute holding it; its state and the root's signature."""
         nnx = flax_nnx()
         if self.root.graphdef is None:
-            raise YaxRewriteError(
+            raise errors.NnxCannotReplace(
+                "graphdef gone",
                 "This MoX already holds replacements that are not nnx modules, so no nnx model computes it "
                 "and nnx modules cannot be put in any more. Put the nnx module replacements in first, then "
-                "the functions; save the result with `yax.to_function` and `jax.export`."
-            )
+                "the functions; save the result with `yax.to_function` and `jax.export`.")
         model = nnx.merge(self.root.graphdef, self.params)
         refs = _references(model)
         for scope, r in self.modules.items():
