@@ -70,10 +70,12 @@ def test_dot_depth_and_params(tf):
 
 
 def test_dot_root_must_select_one_call(tf):
-    with pytest.raises(yax.YaxQueryError, match="selected 2 nodes"):
+    with pytest.raises(yax.errors.NotOneNode) as e:
         yax.to_dot(tf, root='//module_call[@type="Block"]')
-    with pytest.raises(yax.YaxQueryError, match="selected no module call"):
+    assert isinstance(e.value, yax.YaxQueryError) and (e.value.tool, e.value.count) == ("to_dot", 2)
+    with pytest.raises(yax.errors.NotOneNode) as e:
         yax.to_dot(tf, root='//module_call[@type="Nope"]')
+    assert (e.value.xpath, e.value.count) == ('//module_call[@type="Nope"]', 0)
 
 
 def test_dot_is_valid_graphviz_and_renders_svg(tf):

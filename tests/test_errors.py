@@ -79,6 +79,19 @@ BUILT = {
     "NnxCannotReplace": lambda: errors.NnxCannotReplace("stacked", "It runs inside `nnx.scan`.", NODE),
     "PolicyNotApplied": lambda: errors.PolicyNotApplied("output", "The policy asks for bfloat16.", "Model/Dense_0",
                                                         "output=bfloat16", "bfloat16", "float32"),
+    "BadValue": lambda: errors.BadValue("timeout", "a positive number of seconds", 0),
+    "BadArgument": lambda: errors.BadArgument("name", "a non-empty string of at most 80 characters", "",
+                                              "A batch name"),
+    "BadQueryArgument": lambda: errors.BadQueryArgument("timeout", "a positive number of seconds", 0),
+    "NotOneNode": lambda: errors.NotOneNode("to_dot", '//module_call[@type="Block"]', 2),
+    "ParamDtypeDiffers": lambda: errors.ParamDtypeDiffers("keep", "Dense", "params/kernel", "float32", "bfloat16",
+                                                          NODE),
+    "AbstractParams": lambda: errors.AbstractParams("export"),
+    "Unmappable": lambda: errors.Unmappable(NODE, "with variables stacked along axis 1", "nn.vmap", 1),
+    "CannotComeOut": lambda: errors.CannotComeOut("capture", "//while//add", NODE, "while", "Model",
+                                                  "a `while` loop keeps no values of its steps"),
+    "BadArgnums": lambda: errors.BadArgnums("range", 2, 2),
+    "NotQueryable": lambda: errors.NotQueryable("query", 3),
 }
 
 
@@ -172,3 +185,47 @@ def test_the_wording_of_the_families_of_issue_42():
         assert isinstance(BUILT[name](), yax.YaxInputError)
     for name in ("NnxCannotReplace", "PolicyNotApplied"):
         assert isinstance(BUILT[name](), yax.YaxRewriteError)
+
+
+def test_the_wording_of_the_families_of_issue_42_continued():
+    e = BUILT["BadQueryArgument"]()
+    assert isinstance(e, errors.BadValue) and isinstance(e, yax.YaxQueryError) and not isinstance(e, yax.YaxInputError)
+    assert errors.message(e) == "`timeout` must be a positive number of seconds, but got 0."
+    assert (e.argument, e.expected, e.value) == ("timeout", "a positive number of seconds", 0)
+    e = BUILT["BadArgument"]()
+    assert isinstance(e, errors.BadValue) and isinstance(e, yax.YaxInputError)
+    assert errors.message(e) == "A batch name must be a non-empty string of at most 80 characters, but got ''."
+    e = BUILT["BadLimit"]()
+    assert isinstance(e, errors.BadValue) and isinstance(e, yax.YaxXMLError) and e.expected.endswith("bytes")
+    e = errors.BadLimit("indent", 65, "a number of spaces from 0 to 64")
+    assert errors.message(e) == "`indent` must be a number of spaces from 0 to 64, but got 65."
+    e = BUILT["NotOneNode"]()
+    assert isinstance(e, yax.YaxQueryError) and isinstance(e, yax.YaxInputError)
+    assert errors.message(e).startswith("`to_dot` expected `root` to select exactly one module call, but "
+                                        '`//module_call[@type="Block"]` selected 2 nodes. ')
+    assert "selected no module call" in str(errors.NotOneNode("to_dot", "//x", 0))
+    assert errors.message(errors.NotOneNode("values", "//x", 3)).startswith("`values` shows one node, but `//x` "
+                                                                           "selects 3. ")
+    e = BUILT["ParamDtypeDiffers"]()
+    assert "would keep the model's `params/kernel`, a float32 array, but declares it bfloat16" in str(e)
+    assert "(`param_dtype=`)" in str(e) and "without `params=`" not in str(e)
+    e = errors.ParamDtypeDiffers("merge", "gemma.Einsum", "T/q", "bfloat16")
+    assert "holds its parameters as bfloat16 and its class has no field for their dtype" in str(e)
+    assert e.declared is None
+    assert errors.message(errors.AbstractParams("values")) == errors.NO_VALUES
+    assert errors.message(BUILT["AbstractParams"]()).startswith("Export writes the model's parameters")
+    e = BUILT["Unmappable"]()
+    assert errors.message(e).startswith("The module_call `Dense_0` at `Model/Dense_0` runs inside `nn.vmap`, with "
+                                        "variables stacked along axis 1. ")
+    e = BUILT["CannotComeOut"]()
+    assert isinstance(e, yax.YaxCaptureError) and "(`//while`), whose outputs `capture` can use" in str(e)
+    assert errors.message(BUILT["BadArgnums"]()).startswith(
+        "`argnums` names positional arguments to differentiate, like `jax.grad`'s, but 2 is not one of the 2 given.")
+    assert "`args[0]`, `args[2]` (`argnums`)" in str(errors.BadArgnums("not floating", [0, 2]))
+    e = errors.LossNotScalar("compare", "f32[3]")
+    assert isinstance(e, yax.YaxInputError) and isinstance(e, yax.YaxCaptureError)
+    e = BUILT["NotQueryable"]()
+    assert errors.message(e) == "`query` expected a MoX or a Document from `yax.load_xml`, but got a `int`."
+    assert (e.tool, e.found) == ("query", "int")
+    e = errors.DoesNotFit("f", NODE, 0, "f32[2]", "bf16[2]", "Pass `cast=True`.")
+    assert e.hint == "Pass `cast=True`." and str(e).count("Pass `cast=True`.") == 1

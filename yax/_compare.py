@@ -27,7 +27,7 @@ from ._reference import Reference
 from ._sharding import any_spread, subnormal, to_host
 from ._vocab import type_str
 from ._weights import key_of
-from .errors import CannotCompare, NotARootMox, WrongType, YaxInputError
+from .errors import CannotCompare, LossNotScalar, NotARootMox, WrongType, YaxInputError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -974,7 +974,7 @@ def compare_gradients(original: Mox, modified: Mox, args: tuple[Any, ...], args_
                 full[i] = w
             out = loss(eval_mox(mox, jax.tree_util.tree_unflatten(tree, full), *a[1:], **kwargs))
             if jnp.shape(out) != ():
-                raise YaxInputError(f"`grad_of` must return a scalar, but returned an array of shape {jnp.shape(out)}.")
+                raise LossNotScalar("compare", type_str(out))
             return out
 
         g = jax.jit(jax.grad(f))([leaves[i] for i in where])

@@ -29,7 +29,7 @@ from ._ir import FN_KINDS, Equation, Kind, Mox, Var
 from ._view import calls_below, view
 from ._vocab import type_str
 from ._xpath import query
-from .errors import MissingDependency, RenderTimeout, YaxQueryError, YaxRenderError
+from .errors import MissingDependency, NotOneNode, RenderTimeout, YaxRenderError
 
 Producers = frozenset[str]
 
@@ -305,11 +305,7 @@ def _select(mox: Mox, root: Any) -> Mox:
         return root
     found = [n for n in query(root, mox) if isinstance(n, Mox)] if isinstance(root, str) else []
     if len(found) != 1:
-        what = f"{len(found)} nodes" if found else "no module call"
-        raise YaxQueryError(
-            f"`to_dot` expected `root` to select exactly one module call, but `{root}` selected {what}. "
-            'Narrow the query, e.g. `(//module_call[@type="Block"])[1]`.'
-        )
+        raise NotOneNode("to_dot", str(root), len(found))
     return found[0]
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CannotCompare, MissingDependency, WrongType, YaxInputError
+from .errors import BadArgument, CannotCompare, MissingDependency, WrongType, YaxInputError
 
 _META = "yax_reference"
 _VERSION = 1
@@ -173,8 +173,7 @@ class Reference:
             files: dict[str, Any] = {**tensors, _META: np.array(json.dumps(meta))}
             np.savez(path, **files)
         else:
-            raise YaxInputError(f"`Reference.save` writes `.safetensors` or `.npz` files, but the path `{path}` "
-                                f"ends in `{path.suffix}`.")
+            raise BadArgument("path", "a `.safetensors` or `.npz` file", str(path), "The path `Reference.save` writes")
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Reference:

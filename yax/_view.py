@@ -43,7 +43,7 @@ from ._print import pprint, shown_params
 from ._sharding import call_specs
 from ._source import location
 from ._vocab import dtype_str, type_str, value_str
-from .errors import YaxQueryError
+from .errors import NotQueryable
 
 #: The attributes saying where the user's code made a node (only the view has them; `dump_xml` on request).
 SOURCE_ATTRS = ("file", "line")
@@ -275,8 +275,7 @@ def target_of(x: Any, caller: str) -> Queryable:
         return view(x)
     if isinstance(x, Queryable) and isinstance(getattr(x, "tree", None), etree._ElementTree):
         return x
-    raise YaxQueryError(f"`{caller}` expected a MoX or a Document from `yax.load_xml`, but got a "
-                        f"`{type(x).__name__}`.")
+    raise NotQueryable(caller, x)
 
 
 def tree_of(x: Any, caller: str) -> tuple[etree._ElementTree, View | None]:

@@ -77,8 +77,7 @@ def to_xml(mox: Mox, indent: int | bool = True, *, source: bool = False) -> str:
     if indent is None:  # as before: on one line
         indent = False
     if not isinstance(indent, int) or not 0 <= indent <= MAX_INDENT:
-        raise YaxXMLError(f"`indent` must be a number of spaces from 0 to {MAX_INDENT} (or True for 2, False for "
-                          f"none), but got {indent!r}.")
+        raise BadLimit("indent", indent, f"a number of spaces from 0 to {MAX_INDENT} (or True for 2, False for none)")
     if not isinstance(source, bool):
         raise YaxXMLError(f"`source` must be True or False, but got {source!r}.")
     try:

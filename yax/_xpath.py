@@ -32,7 +32,7 @@ from lxml import etree
 from . import _xpath_worker as worker
 from ._ir import Equation, Mox, delegate
 from ._view import NOT_XML_CHAR, Queryable, View, target_of, to_xml_text
-from .errors import InvalidXPath, QueryTimeout, YaxError, YaxQueryError, unexpected
+from .errors import BadQueryArgument, InvalidXPath, QueryTimeout, YaxError, YaxQueryError, unexpected
 
 NS = worker.NS
 #: Seconds a query may run (`query`'s ``timeout``) before it is stopped.
@@ -304,7 +304,7 @@ def _query(xpath: str, mox: Mox, timeout: float | None) -> Any:
     target = target_of(mox, "query")
     limit = TIMEOUT if timeout is None else timeout
     if not isinstance(limit, (int, float)) or isinstance(limit, bool) or not limit > 0:
-        raise YaxQueryError(f"`timeout` must be a positive number of seconds, but got {timeout!r}.")
+        raise BadQueryArgument("timeout", "a positive number of seconds", timeout)
     try:
         reply = _evaluator.evaluate(target, std, float(limit))
     except _Stopped as e:

@@ -277,7 +277,8 @@ class NotTraceable(YaxRewriteError):
 
 
 class DoesNotFit(YaxRewriteError):
-    """A replacement's output ``i`` has another type than the node's.
+    """A replacement's output ``i`` (``index``) has another type (``found``) than the node's
+    (``expected``); ``hint`` is what the message suggests (``cast=True``, mapping), or "".
 
     Example::
 
@@ -287,6 +288,7 @@ class DoesNotFit(YaxRewriteError):
 
     def __init__(self, what: str, node: object, i: int, found: str, expected: str, hint: str = ""):
         self.what, self.node, self.index, self.found, self.expected = what, node, i, found, expected
+        self.hint = hint
         super().__init__(
             f"The replacement `{what}` for {where(node)} does not fit: its output {i} is {found} but the "
             f"node's is {expected}. {hint}".rstrip())
@@ -370,9 +372,9 @@ class NothingToRewrite(NothingMatched, YaxRewriteError):
                          ", or pass `must_match=False` to accept a rewrite that changes nothing.")
 
 
-class LossNotScalar(YaxCaptureError):
-    """``grad_of`` of `capture` or `first_nonfinite` (``tool``) returned something other
-    than a real floating scalar, so there is no single gradient to take.
+class LossNotScalar(YaxCaptureError, YaxInputError):
+    """``grad_of`` of `capture`, `first_nonfinite` or `compare` (``tool``) returned something
+    other than a real floating scalar (``found``), so there is no single gradient to take.
 
     Example::
 
@@ -600,7 +602,7 @@ class MoxReadsUnnamed(YaxRewriteError):
     """
 
     def __init__(self, call: object, types: str, what: str):
-        self.call = call
+        self.call, self.types, self.what = call, types, what
         super().__init__(
             f"The MoX replacement (the {_call_of(call)}) reads {types}, {what}. yax can give a replacement only "
             "its inputs and its module's variables. Try tracing the module's `apply` with its variables as the "
@@ -1266,21 +1268,6 @@ class CannotRead(YaxXMLError):
         super().__init__(text)
 
 
-class BadLimit(YaxXMLError):
-    """A limit given to `load_xml` (``argument``: ``max_bytes`` or ``max_memory``) is not a
-    non-negative whole number of bytes; ``value`` is what was given.
-
-    Example::
-
-        yax.load_xml(data, max_bytes=-1)         # BadLimit
-        yax.load_xml(data, max_bytes=50_000_000)
-    """
-
-    def __init__(self, argument: str, value: object):
-        self.argument, self.value = argument, value
-        super().__init__(f"`{argument}` must be a non-negative number of bytes, but got {value!r}.")
-
-
 class CannotSaveLeaves(YaxInputError):
     """`save_weights` (``argument``: ``params``) or `load_weights` (``like``) was given a tree
     whose leaves cannot go to or come from a safetensors file: ``problem`` is ``"not arrays"``,
@@ -1375,3 +1362,228 @@ class PolicyNotApplied(YaxRewriteError):
         self.problem, self.path, self.policy = problem, path, policy
         self.expected, self.found, self.cause = expected, found, cause
         super().__init__(text)
+
+
+# -- more families (issue 42, point 6, continued): values out of range, selections, dtypes, maps, taps ----
+
+class BadValue(YaxError):
+    """An argument (``argument``) is of a type the function takes but has a value it does
+    not: out of range, empty, too long. ``expected`` says what it takes, ``value`` is what
+    was given. Catch this class for any; each kind is also of its function's category:
+    `BadArgument` (`YaxInputError`), `BadQueryArgument` (`YaxQueryError`) and `BadLimit`
+    (`YaxXMLError`).
+
+    Example::
+
+        yax.query("//activation", mox, timeout=0)          # BadQueryArgument (a BadValue)
+        yax.query("//activation", mox, timeout=5)
+    """
+
+    def __init__(self, argument: str, expected: str, value: object, subject: str = ""):
+        self.argument, self.expected, self.value = argument, expected, value
+        super().__init__(f"{subject or f'`{argument}`'} must be {expected}, but got {value!r}.")
+
+
+class BadArgument(BadValue, YaxInputError):
+    """A value given to the explorer (``argument``: a batch's or a replacement's name) is
+    not one it takes (``expected``); ``value`` is what was given.
+
+    Example::
+
+        explorer.add_replacement("", jax.nn.relu)         # BadArgument: a name must be a non-empty string
+        explorer.add_replacement("ReLU", jax.nn.relu)
+    """
+
+
+class BadQueryArgument(BadValue, YaxQueryError):
+    """An option of `query` (``argument``: ``timeout``) has a value it does not take
+    (``expected``); ``value`` is what was given.
+
+    Example::
+
+        yax.query("//activation", mox, timeout=0)          # BadQueryArgument: a positive number of seconds
+        yax.query("//activation", mox, timeout=5)
+    """
+
+
+class BadLimit(BadValue, YaxXMLError):
+    """A limit given to `load_xml` (``argument``: ``max_bytes`` or ``max_memory``: a
+    non-negative whole number of bytes) or `dump_xml`/`to_xml` (``indent``: a number of
+    spaces from 0 to 64) is out of its range; ``value`` is what was given, ``expected``
+    what is taken.
+
+    Example::
+
+        yax.load_xml(data, max_bytes=-1)         # BadLimit
+        yax.load_xml(data, max_bytes=50_000_000)
+    """
+
+    def __init__(self, argument: str, value: object, expected: str = "a non-negative number of bytes"):
+        super().__init__(argument, expected, value)
+
+
+class NotOneNode(YaxQueryError, YaxInputError):
+    """An XPath (``xpath``) given where one node is needed (``tool``: `to_dot`'s ``root``,
+    `Explorer.values`) selected ``count`` nodes of the kind it takes, none or several. Narrow
+    the query until it selects exactly one.
+
+    Example::
+
+        yax.to_dot(mox, root='//module_call[@type="Block"]')        # NotOneNode: count 2
+        yax.to_dot(mox, root='(//module_call[@type="Block"])[1]')
+    """
+
+    def __init__(self, tool: str, xpath: str, count: int):
+        self.tool, self.xpath, self.count = tool, xpath, count
+        if tool == "to_dot":
+            what = f"{count} nodes" if count else "no module call"
+            text = (f"`to_dot` expected `root` to select exactly one module call, but `{xpath}` selected {what}. "
+                    'Narrow the query, e.g. `(//module_call[@type="Block"])[1]`.')
+        else:
+            text = (f"`{tool}` shows one node, but `{xpath}` selects {count}. Make the query select exactly one "
+                    "call or equation.")
+        super().__init__(text)
+
+
+class ParamDtypeDiffers(YaxRewriteError):
+    """The model holds a layer's parameters in a dtype (``held``) other than the one a layer
+    built from a class would have, so a rewrite cannot keep them as they are: ``problem`` is
+
+    - ``"keep"``: a replacement (``what``, for ``node``) declares the leaf ``path`` as
+      ``declared``; keeping the model's values would change them, initialising it afresh
+      would lose them (``given``: whether ``params=`` was passed);
+    - ``"merge"``: `merge_lora` would rebuild the layer (``what``: its class) at ``path`` from
+      its class, which has no field for the parameters' dtype (``declared`` is None).
+
+    Example::
+
+        yax.sub(dense, nn.Dense(3, param_dtype=jnp.bfloat16), mox, params=f32_params)  # ParamDtypeDiffers
+        yax.sub(dense, nn.Dense(3), mox, params=f32_params)
+    """
+
+    def __init__(self, problem: str, what: str, path: str, held: Any, declared: Any = None,
+                 node: object = None, given: bool = True):
+        self.problem, self.what, self.path, self.node = problem, what, path, node
+        self.held, self.declared = held, declared
+        if problem == "merge":
+            text = (f"`merge_lora` folds each adapter back into its layer rebuilt from the layer's class, but the "
+                    f"`{what}` at {path!r} holds its parameters as {held} and its class has no field for their "
+                    "dtype (`param_dtype`), so the rebuilt layer would compute in another dtype. Keep the adapted "
+                    "model (it is exact), or fold by hand: weight + (lora_a @ lora_b) * alpha / rank.")
+        else:
+            text = (f"The replacement `{what}` for {where(node)} would keep the model's `{path}`, a {held} array, "
+                    f"but declares it {declared}: keeping it would change its values"
+                    + ("" if given else " (or, without `params=`, their type)") +
+                    ", and initialising it afresh would throw the trained weights away. Give the replacement "
+                    f"parameters of type {held} (`param_dtype=`), or convert the model's parameters first.")
+        super().__init__(text)
+
+
+NO_VALUES = ("Values, colouring, the NaN search and the comparison need concrete parameters: this explorer was "
+             "opened with abstract ones (`jax.ShapeDtypeStruct`), which give the structure only; open it with "
+             "the real weights to see numbers.")
+"""What the explorer says for a model opened with abstract parameters (`AbstractParams`)."""
+
+
+class AbstractParams(YaxInputError):
+    """The explorer was opened with abstract parameters (`jax.ShapeDtypeStruct`: the
+    structure only), so what needs numbers (``tool``: ``"values"`` for values, colouring,
+    the NaN search and the comparison; ``"export"``) cannot run.
+
+    Example::
+
+        ex = Explorer(model, jax.eval_shape(model.init, key, x), x)
+        ex.values("//activation")                          # AbstractParams
+        ex = Explorer(model, model.init(key, x), x)        # the real weights
+    """
+
+    def __init__(self, tool: str):
+        self.tool = tool
+        super().__init__(
+            "Export writes the model's parameters beside its program, but this explorer was opened with abstract "
+            "ones (`jax.ShapeDtypeStruct`); open it with the real weights to export." if tool == "export"
+            else NO_VALUES)
+
+
+class Unmappable(YaxRewriteError):
+    """A replacement module for a call that runs inside a mapping transform (``transform``:
+    ``nn.vmap``, ``nnx.vmap``) cannot be mapped like the original: ``why`` says what yax
+    found (variables stacked along another axis than 0, ``axis``; mapped axes of several
+    sizes; variables it cannot find). ``node`` is the call.
+
+    Example::
+
+        yax.sub(heads, yax.LoRA(rank=2), mox, params=p, key=k)      # Unmappable: stacked along axis 1
+        yax.sub(heads, lambda h: h * 0.5, mox)                      # a function of the node's inputs
+    """
+
+    def __init__(self, node: object, why: str, transform: str, axis: int | None = None):
+        self.node, self.why, self.transform, self.axis = node, why, transform, axis
+        super().__init__(
+            f"{where(node, start=True)} runs inside `{transform}`, {why}. yax maps a replacement module like "
+            "the original over one axis, with variables stacked along axis 0 or broadcast (one set for every "
+            f"instance). Replace the module that calls the `{transform}`, or use a function of the node's inputs.")
+
+
+class CannotComeOut(YaxCaptureError):
+    """A pattern given to `capture`, `patch` or the explorer (``tool``) matched ``node``,
+    which runs inside ``holder`` (the name of an equation such as ``while``, ``cond`` or a
+    custom derivative rule, at ``holder_path``) whose values cannot be brought out: ``why``
+    says why. Match a node outside it, or the equation itself.
+
+    Example::
+
+        yax.capture("//while//add", mox, x)   # CannotComeOut: holder "while"
+        yax.capture("//while", mox, x)
+    """
+
+    def __init__(self, tool: str, pattern: Any, node: object, holder: str, holder_path: str, why: str):
+        self.tool, self.pattern, self.node, self.holder, self.holder_path, self.why = (
+            tool, pattern, node, holder, holder_path, why)
+        shown = f"`{pattern}`" if isinstance(pattern, str) else "given"
+        super().__init__(
+            f"The pattern {shown} matched {where(node)}, which runs inside the `{holder}` in "
+            f"`{holder_path or 'the root'}`: {why}. Match a node outside it, or the `{holder}` equation itself "
+            f"(`//{holder}`), whose outputs `{tool}` can use.")
+
+
+class BadArgnums(YaxCaptureError):
+    """``argnums`` given to `first_nonfinite` does not name what it can differentiate:
+    ``problem`` is ``"range"`` (``argnums`` holds ``found``, not an index of the ``count``
+    positional arguments) or ``"not floating"`` (the MoX traced no floating array at those
+    arguments, ``found``: a Python number is static).
+
+    Example::
+
+        yax.first_nonfinite(mox, params, x, grad_of=loss, argnums=2)   # BadArgnums: "range", 2 arguments
+        yax.first_nonfinite(mox, params, x, grad_of=loss, argnums=0)
+    """
+
+    def __init__(self, problem: str, found: Any, count: int = 0):
+        self.problem, self.found, self.count = problem, found, count
+        if problem == "range":
+            text = (f"`argnums` names positional arguments to differentiate, like `jax.grad`'s, but {found!r} is not "
+                    f"one of the {count} given. Pass an index below {count} (0, the parameters, by default).")
+        else:
+            shown = ", ".join(f"`args[{n}]`" for n in found)
+            text = (f"`first_nonfinite` takes the gradient with respect to {shown} (`argnums`), but the MoX traced "
+                    "no floating array there (a Python number is static: baked in when traced), so there is no "
+                    "gradient. Pass `argnums` naming the parameters, or trace with arrays (`jnp.asarray(1.0)`).")
+        super().__init__(text)
+
+
+class NotQueryable(YaxQueryError):
+    """A function that queries (``tool``: `query`, `explain`, …) was given something other
+    than a MoX or a `Document` from `load_xml` to run on; ``found`` is the type's name given
+    (a node of a loaded document, say).
+
+    Example::
+
+        dense = yax.query('//module_call[@type="Dense"]', doc)
+        yax.query("//*", dense[0])            # NotQueryable: an element, not the document
+        yax.query("//*", doc)
+    """
+
+    def __init__(self, tool: str, value: object):
+        self.tool, self.found = tool, _found(value)
+        super().__init__(f"`{tool}` expected a MoX or a Document from `yax.load_xml`, but got a `{self.found}`.")

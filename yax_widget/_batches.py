@@ -12,8 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
-import yax
-from yax.errors import BatchDoesNotFit, UnknownName, arg_name
+from yax.errors import BadArgument, BatchDoesNotFit, UnknownName, arg_name
 from yax.internal import type_str
 
 from . import _payloads
@@ -54,7 +53,7 @@ class Batches:
         ``has_params``) and ``kwargs`` (the example's, where not given), refused unless it
         fits the batch in use (`check_fits`)."""
         if not isinstance(name, str) or not name.strip() or len(name) > 80:
-            raise yax.YaxInputError(f"A batch name must be a non-empty string of at most 80 characters, not {name!r}.")
+            raise BadArgument("name", "a non-empty string of at most 80 characters", name, "A batch name")
         use = self.in_use
         head = use.args[:1] if has_params else ()
         new = NamedBatch(name, (*head, *args), {**use.kwargs, **kwargs})

@@ -101,9 +101,7 @@ def export(ex: Session, stem: str | pathlib.Path, overwrite: bool = False) -> di
     (a full disk) leaves none of them, and the paths are free for a retry.
     """
     if ex.abstract:
-        raise yax.YaxInputError(
-            "Export writes the model's parameters beside its program, but this explorer was opened with "
-            "abstract ones (`jax.ShapeDtypeStruct`); open it with the real weights to export.")
+        raise yax.errors.AbstractParams("export")
     if not isinstance(stem, (str, os.PathLike)):
         raise WrongType("stem", "the stem of the export's files' names", stem, "Try `ex.export('my_model')`.",
                         show=True)

@@ -17,7 +17,7 @@ import numpy as np
 
 import yax
 from yax import Equation, Mox
-from yax.errors import UnknownName, WrongType
+from yax.errors import BadArgument, UnknownName, WrongType
 from yax.internal import frontends, is_decider, is_module, misfit, script_of
 
 from ._code import replacement_code, xpath_for
@@ -130,8 +130,7 @@ class Palette:
         """Register ``repl`` as ``name`` (`Session.add_replacement` says how), replacing
         one of that name; refuse it, saying why, when `yax.sub` could not take it."""
         if not isinstance(name, str) or not name.strip() or len(name) > 80:
-            raise yax.YaxInputError(f"A replacement name must be a non-empty string of at most 80 characters, "
-                                    f"not {name!r}.")
+            raise BadArgument("name", "a non-empty string of at most 80 characters", name, "A replacement name")
         if not isinstance(cast, bool) or keep is not None and not (
                 isinstance(keep, Mapping) and all(isinstance(x, str) for kv in keep.items() for x in kv)):
             raise yax.YaxInputError(

@@ -40,7 +40,7 @@ from ._export import input_names
 from ._palette import Item, Palette, default_palette
 from ._providers import PROVIDERS
 from ._targets import check_static, hf_call, opening_lines, target_kind
-from ._values import NO_VALUES, Inspector
+from ._values import Inspector
 from ._worker import CompareWorker
 
 
@@ -259,7 +259,7 @@ class Session:
             raise yax.YaxInputError("The explorer was opened without example inputs, so the model has no values "
                                     "to show. Open it as `Explorer(model, variables, batch)`.")
         if self.abstract:
-            raise yax.YaxInputError(NO_VALUES)
+            raise yax.errors.AbstractParams("values")
         return self.inputs.in_use.args_with(self.params, self.has_params), self.kwargs
 
     def node(self, rid: Any, kinds: tuple = (*CALL_KINDS, "equation"), field: str = "id") -> Any:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 import yax
-from yax.errors import where
+from yax.errors import NotOneNode, where
 from yax.internal import ValueStats, capture_keys, node_ids
 
 from ._costs import COST_STATS
@@ -41,9 +41,7 @@ GRAD_STATS = ("grad", "gxa")  # the colourings by the gradient of a scalar of th
 SCALARS = {"loss": "the loss (`grad_of`)", "logit": "a logit", "sum": "the sum of the output"}
 
 #: What values, colouring, the NaN search and the comparison say for a model opened with abstract parameters.
-NO_VALUES = ("Values, colouring, the NaN search and the comparison need concrete parameters: this explorer was "
-             "opened with abstract ones (`jax.ShapeDtypeStruct`), which give the structure only; open it with "
-             "the real weights to see numbers.")
+NO_VALUES = yax.errors.NO_VALUES
 
 
 def value_stats(entry: dict) -> ValueStats:
@@ -103,8 +101,7 @@ class Inspector:
             found = yax.query(target, self._session.mox)
             found = [n for n in found if isinstance(n, (yax.Mox, yax.Equation))] if isinstance(found, list) else []
             if len(found) != 1:
-                raise yax.YaxInputError(f"`values` shows one node, but `{target}` selects {len(found)}. "
-                                        "Make the query select exactly one call or equation.")
+                raise NotOneNode("values", target, len(found))
             target = found[0]
         return {e["name"]: value_stats(e) for e in self.row(target)["outputs"]}
 

@@ -45,7 +45,7 @@ from .._eval import Hooks, bind, run
 from .._ir import Equation, Literal, Mox
 from .._jit import model_jit
 from .._sharding import to_host
-from ..errors import LossNotAFunction, YaxCaptureError
+from ..errors import LossNotAFunction
 from .stats import NonFinite, ValueStats
 
 
@@ -447,21 +447,13 @@ def _differentiated(mox: Mox, args: tuple[Any, ...], kwargs: dict[str, Any], arg
     nums = {argnums} if isinstance(argnums, int) else set(argnums)
     bad = [n for n in nums if not isinstance(n, int) or not 0 <= n < len(args)]
     if bad:
-        raise YaxCaptureError(
-            f"`argnums` names positional arguments to differentiate, like `jax.grad`'s, but {bad[0]!r} is not one "
-            f"of the {len(args)} given. Pass an index below {len(args)} (0, the parameters, by default)."
-        )
+        raise errors.BadArgnums("range", bad[0], len(args))
     paths = [kp for kp, _ in jax.tree_util.tree_flatten_with_path((args, kwargs))[0]]
     diff = tuple(i for i, v in enumerate(mox.invars) if _inexact(v)
                  and getattr(paths[mox.dyn_in[i]][0], "idx", None) == 0
                  and getattr(paths[mox.dyn_in[i]][1], "idx", None) in nums)
     if not diff:
-        shown = ", ".join(f"`args[{n}]`" for n in sorted(nums))
-        raise YaxCaptureError(
-            f"`first_nonfinite` takes the gradient with respect to {shown} (`argnums`), but the MoX traced no "
-            "floating array there (a Python number is static: baked in when traced), so there is no gradient. "
-            "Pass `argnums` naming the parameters, or trace with arrays (`jnp.asarray(1.0)`)."
-        )
+        raise errors.BadArgnums("not floating", sorted(nums))
     return diff
 
 

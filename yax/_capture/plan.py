@@ -126,12 +126,7 @@ def how_reached(eqn: Equation, forward_only: bool) -> str:
     return rule
 
 
-def _refused(pattern: Any, node: Node, eqn: Equation, how: str, what: str) -> YaxCaptureError:
+def _refused(pattern: Any, node: Node, eqn: Equation, how: str, what: str) -> errors.CannotComeOut:
     why = _calls.WHY.get(how) or (f"`{what}` brings values out of `scan`, `remat` and `jit` bodies only, and `{eqn.name}` "
                             "is none of these")
-    shown = f"`{pattern}`" if isinstance(pattern, str) else "given"
-    return YaxCaptureError(
-        f"The pattern {shown} matched {errors.where(node)}, which runs inside the `{eqn.name}` in "
-        f"`{eqn.path or 'the root'}`: {why}. Match a node outside it, or the `{eqn.name}` equation itself "
-        f"(`//{eqn.name}`), whose outputs `{what}` can use."
-    )
+    return errors.CannotComeOut(what, pattern, node, eqn.name, eqn.path, why)

@@ -20,7 +20,7 @@ import jax
 
 from .._ir import Mox
 from .._vocab import type_str
-from ..errors import YaxRewriteError, where
+from ..errors import Unmappable
 from ._protocol import engine
 
 
@@ -60,12 +60,8 @@ def inserted(small: tuple[int, ...], big: tuple[int, ...]) -> list[int]:
     return [k for k in range(len(big)) if big[:k] + big[k + 1:] == small]
 
 
-def _unmappable(node: Any, why: str, transform: str) -> YaxRewriteError:
-    return YaxRewriteError(
-        f"{where(node, start=True)} runs inside `{transform}`, {why}. yax maps a replacement module like "
-        "the original over one axis, with variables stacked along axis 0 or broadcast (one set for every "
-        f"instance). Replace the module that calls the `{transform}`, or use a function of the node's inputs."
-    )
+def _unmappable(node: Any, why: str, transform: str, axis: int | None = None) -> Unmappable:
+    return Unmappable(node, why, transform, axis)
 
 
 def mapped(node: Any, scans: tuple[int, ...], held: Callable[..., Any] | None, transform: str = "nn.vmap") -> Mapped | None:
@@ -122,7 +118,7 @@ def _var_axis(node: Mox, lead: int, held: Callable[..., Any] | None, size: int, 
                           transform)
     axis = found.pop()
     if axis not in (None, 0):
-        raise _unmappable(node, f"with variables stacked along axis {axis}", transform)
+        raise _unmappable(node, f"with variables stacked along axis {axis}", transform, int(axis))
     return axis
 
 

@@ -32,7 +32,7 @@ from ... import _activations, errors
 from ..._ir import Kind, ModuleInfo, Mox, Var
 from ..._record import CallInfo, Recorder, marked_call, recorder
 from ..._scripts import Script, register_script
-from ...errors import YaxRewriteError, where
+from ...errors import ParamDtypeDiffers, YaxRewriteError, where
 from .. import _mapped as _vmap
 from .._protocol import Frontend, MappedCall, Variables, engine
 from ._lora import LoRA as LoRA
@@ -499,13 +499,8 @@ class DictVariables(Variables):
                 # whose Dense has float32 parameters): kept, converted exactly, as a new variable
                 sc.kept[_keystr(kp)] = _converted(_get(self.values, where_), a.dtype)
             else:
-                raise YaxRewriteError(
-                    f"The replacement `{type(sc.traced.module).__name__}` for {where(sc.node)} would keep the "
-                    f"model's `{'/'.join(where_)}`, a {ov.dtype} array, but declares it {a.dtype}: keeping it "
-                    "would change its values" + ("" if self.given else " (or, without `params=`, their type)") +
-                    f", and initialising it afresh would throw the trained weights away. Give the replacement "
-                    f"parameters of type {ov.dtype} (`param_dtype=`), or convert the model's parameters first."
-                )
+                raise ParamDtypeDiffers("keep", type(sc.traced.module).__name__, "/".join(where_), ov.dtype,
+                                        a.dtype, sc.node, self.given)
         if is_module and not sc.kept and self.keep is None:
             self._refuse_reinitialising(sc, flat)
 

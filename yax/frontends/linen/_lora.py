@@ -26,7 +26,7 @@ import numpy as np
 
 from ..._ir import Mox
 from ..._lora import Adapters, abstract_inputs, contraction, delta, no_weight, register_adapters, weight_name
-from ...errors import CannotAdapt, NeedsParams, YaxRewriteError
+from ...errors import CannotAdapt, NeedsParams, ParamDtypeDiffers
 from .._protocol import engine
 
 
@@ -145,12 +145,8 @@ def merge(mox: Mox, params: Any) -> tuple[Mox, Any] | None:
     odd = next((n for n in nodes if n.attrs["held_dtype"] is not None), None)
     if odd is not None:
         layer = odd.attrs["base"].func
-        raise YaxRewriteError(
-            f"`merge_lora` folds each adapter back into its layer rebuilt from the layer's class, but the "
-            f"`{layer.__module__}.{layer.__qualname__}` at {odd.path!r} holds its parameters as "
-            f"{np.dtype(odd.attrs['held_dtype']).name} and its class has no field for their dtype (`param_dtype`), "
-            "so the rebuilt layer would compute in another dtype. Keep the adapted model (it is exact), or fold "
-            "by hand: weight + (lora_a @ lora_b) * alpha / rank.")
+        raise ParamDtypeDiffers("merge", f"{layer.__module__}.{layer.__qualname__}", odd.path,
+                                np.dtype(odd.attrs["held_dtype"]).name, node=odd)
     layout = DictVariables(mox, params)
     merged = params
     once = {n.scope: n for n in reversed(nodes)}  # a layer called twice (shared weights) is merged once
