@@ -88,6 +88,7 @@ def bind(c: Equation, vals: list[Any], hooks: Hooks | None = None) -> list[Any]:
 
 
 def _exec(children: Sequence[Any], env: dict[Symbol, Any], taps: list[Any] | None = None, hooks: Hooks | None = None) -> None:
+    # Not `_calls.visit`: evaluation binds a call's results after its children (a frame's end).
     # Without recursion: a call node opens a frame of its children, and its results are
     # bound when the frame is done, so a MoX of any depth evaluates (and traces under jit).
     stack: list[tuple[Any, Mox | None]] = [(iter(children), None)]
