@@ -430,9 +430,9 @@ def test_first_nonfinite_compiles_once():
     mox = yax.make_mox(m.apply)(params, x)
     for s in (1.0, 2.0, 3.0):
         yax.first_nonfinite(mox, params, s * x)
-    from yax._capture.nonfinite import _searches  # the flagging program is kept with the MoX
+    from yax._calls import kept  # the flagging program is kept with the MoX
 
-    assert _searches[mox].traces == 1
+    assert kept(mox, "nonfinite.search").traces == 1
 
 
 # -- the recipes (notebooks/inside.ipynb shows them) ---------------------------------------------

@@ -271,9 +271,9 @@ def test_a_healthy_scanned_transformer_has_none_and_compiles_once():
     for s in (1.0, 2.0):
         p = jax.tree_util.tree_map(lambda a, s=s: a * s, params)
         assert yax.first_nonfinite(mox, p, ids, grad_of=loss, **kwargs) is None
-    from yax._capture.backward import _searches
+    from yax._calls import kept
 
-    assert [s.traces for s in _searches[mox].values()] == [1]
+    assert [s.traces for s in kept(mox, "backward.searches").values()] == [1]
 
 
 def test_a_non_finite_gradient_of_the_loss_itself_and_refusals():

@@ -21,11 +21,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 import weakref
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from ._ir import CALL_KINDS, FN_KINDS, Equation, Mox
 
 Node = Equation | Mox
+T = TypeVar("T")
 
 #: How a higher-order primitive runs the computation it holds:
 #: ``inline`` (called once, in place), ``remat`` (called once, rematerialised),
@@ -61,6 +63,37 @@ def how(eqn: Equation) -> str:
     if rule in ("inline", "remat") and len(subs) != 1:
         return eqn.name
     return rule or eqn.name
+
+
+def is_scan(eqn: Equation) -> bool:
+    """Whether ``eqn`` runs what it holds once per step (its values stack along a leading axis)."""
+    return how(eqn) == "scan"
+
+
+def is_loop(eqn: Equation) -> bool:
+    """Whether ``eqn`` runs its body a number of times known only when it runs (a ``while``)."""
+    return how(eqn) == "while"
+
+
+def is_branch(eqn: Equation) -> bool:
+    """Whether ``eqn`` runs one of the computations it holds (a ``cond``)."""
+    return how(eqn) == "cond"
+
+
+def is_remat(name: str) -> bool:
+    """Whether the primitive ``name`` rematerialises what it holds (``jax.checkpoint``)."""
+    return HIGHER_ORDER.get(name) == "remat"
+
+
+def opens(rule: str) -> bool:
+    """Whether values can come out of a computation run the way ``rule`` (a `how`) says."""
+    return rule in OPEN
+
+
+def in_place(rule: str) -> bool:
+    """Whether a computation run the way ``rule`` says runs once, where it is called
+    (a ``jit``-like call or a ``remat`` body: what it computes is what the caller would)."""
+    return rule in ("inline", "remat")
 
 
 def base(node: Node) -> str:
@@ -120,15 +153,57 @@ class Index:
     positions: dict[int, Position]       # id(call) -> where it is evaluated
 
 
-_indexes: weakref.WeakKeyDictionary[Mox, Index] = weakref.WeakKeyDictionary()
+#: Everything derived from a MoX, by the MoX: a MoX is immutable, so what is computed from it
+#: once holds while it lives, and goes with it. The one home of per-MoX caches (`memo`).
+_derived: weakref.WeakKeyDictionary[Mox, dict[str, Any]] = weakref.WeakKeyDictionary()
+_MISSING = object()
+
+
+def memo(mox: Mox, name: str, build: Callable[[], T]) -> T:
+    """What ``build()`` gives, computed once per ``mox`` under ``name`` and kept while ``mox``
+    lives (its index, XML view, compiled programs...). A cache that is a table (keyed
+    by pattern, say) is built as an empty dict and filled by its user."""
+    store = _derived.get(mox)
+    if store is None:
+        store = _derived.setdefault(mox, {})
+    got = store.get(name, _MISSING)
+    if got is _MISSING:  # threads building at once keep the first stored
+        got = store.setdefault(name, build())
+    return got  # type: ignore[no-any-return]
+
+
+def kept(mox: Mox, name: str) -> Any:
+    """What `memo` keeps for ``mox`` under ``name``, or ``None``: looking builds nothing."""
+    return _derived.get(mox, {}).get(name)
 
 
 def index(mox: Mox) -> Index:
     """The `Index` of ``mox`` (kept while ``mox`` lives). One walk, without recursion."""
-    found = _indexes.get(mox)
-    if found is None:
-        found = _indexes[mox] = _build(mox)
-    return found
+    return memo(mox, "index", lambda: _build(mox))
+
+
+#: A node met by `visit`, with its context: the node, the number of the node holding it (-1: none)
+#: and the ``(equation, parameter)`` pairs whose nested computations hold it, outermost first.
+Visit = tuple[Node, int, tuple[tuple[Equation, str], ...]]
+
+
+def visit(mox: Node, *, nested: bool = True) -> Iterator[Visit]:
+    """``mox`` and every node below it in pre-order, each with its context (`Visit`): the n-th
+    node met is number n, as `Index` numbers them (``mox`` is 0). The scans around a node are
+    the holders `is_scan` says run theirs per step. ``nested=False`` stays in ``mox``'s own
+    scope: calls are entered, the computations equations hold are not. Without recursion:
+    a tree of any depth is visited."""
+    todo: list[Visit] = [(mox, -1, ())]
+    count = 0
+    while todo:
+        item = todo.pop()
+        yield item
+        n, _, holders = item
+        if isinstance(n, Mox):
+            todo.extend((c, count, holders) for c in reversed(n.children))
+        elif nested:
+            todo.extend((s, count, (*holders, (n, k))) for k, s in reversed(n.subs))
+        count += 1
 
 
 def keys(mox: Mox) -> dict[int, str]:

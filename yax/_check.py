@@ -59,6 +59,7 @@ from typing import Any, NoReturn, TypeVar
 import jax
 import numpy as np
 
+from ._calls import visit
 from ._ir import CALL_KINDS, Equation, Kind, Literal, Mox, Packing, Symbol, Var
 from ._vocab import type_str
 from .errors import YaxCheckError, YaxEvalError, where
@@ -519,17 +520,7 @@ NESTED: dict[str, Rule] = {
 
 def _scope_nodes(block: Mox) -> list[Node]:
     """The nodes of ``block``'s own scope (calls entered, nested computations not), in order."""
-    out: list[Node] = []
-    stack = [iter(block.children)]
-    while stack:
-        c = next(stack[-1], None)
-        if c is None:
-            stack.pop()
-            continue
-        out.append(c)
-        if isinstance(c, Mox):
-            stack.append(iter(c.children))
-    return out
+    return [n for n, _, _ in visit(block, nested=False)][1:]
 
 
 def _key(e: Equation) -> Any:

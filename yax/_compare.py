@@ -562,7 +562,6 @@ def _flat(vals: list[jax.Array]) -> jax.Array:
     return jnp.concatenate([jnp.ravel(_measured(v)) for v in vals])
 
 
-_programs: weakref.WeakKeyDictionary[Mox, dict[tuple[Any, ...], Any]] = weakref.WeakKeyDictionary()
 
 
 def _tapped(mox: Mox) -> list[Mox]:
@@ -587,10 +586,9 @@ def _unavailable(mox: Mox) -> dict[str, str]:
 # Primitives whose outputs XLA keeps in memory anyway: a boundary computed by one costs the
 # compiler nothing more when it is brought out. Others (elementwise chains) are fused away in
 # the plain model, and each brought out costs XLA a kernel of its own (milliseconds to compile).
-_MATERIALISED = frozenset({"dot_general", "conv_general_dilated", "scan", "while", "cond", "pjit", "jit",
-                           "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "remat2", "checkpoint",
-                           "sort", "gather", "scatter", "scatter-add", "argmax", "argmin", "cumsum", "fft",
-                           "reduce_sum", "reduce_max", "reduce_min", "reduce_prod"})
+_MATERIALISED = frozenset(_calls.HIGHER_ORDER) | frozenset({
+    "dot_general", "conv_general_dilated", "sort", "gather", "scatter", "scatter-add", "argmax", "argmin", "cumsum",
+    "fft", "reduce_sum", "reduce_max", "reduce_min", "reduce_prod"})
 
 
 def eager_is_cheaper(mox: Mox) -> bool:
@@ -623,7 +621,7 @@ def _program(mox: Mox, out_idx: tuple[int, ...], taps: bool, eager: bool, shaped
     for values laid out over several devices: each as it is shaped and laid out).
     Jitted (or, with ``eager``, op by op): one per MoX, kept while the MoX lives, so
     comparing many rewrites against one original compiles the original once."""
-    cache = _programs.setdefault(mox, {})
+    cache: dict[tuple[Any, ...], Any] = _calls.memo(mox, "compare.programs", dict)
     key = (out_idx, taps, eager, shaped)
     f = cache.get(key)
     if f is None:
@@ -996,7 +994,7 @@ def _output_names(mox: Mox) -> dict[int, str]:
 
 def compiled_programs(mox: Mox) -> dict[Any, Any]:
     """The jitted programs `compare` keeps for ``mox`` (empty until it ran)."""
-    return _programs.get(mox, {})
+    return _calls.kept(mox, "compare.programs") or {}
 
 
 # -- against a recorded run of another implementation ------------------------------------------------

@@ -121,6 +121,7 @@ class _Graph:
         """Draw what is inside ``parent``, without recursion: what is left to
         do is a stack of nodes to draw and of steps to take after a cluster's
         insides (close it, pass its results on)."""
+        # not `_calls.visit`: folded runs skip nodes, and a cluster closes after its insides
         todo: list[tuple[Any, ...]] = [("inside", parent, level, indent)]
         while todo:
             task = todo.pop()

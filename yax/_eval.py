@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ._calls import is_remat
 from ._ir import Equation, Kind, Literal, Mox, Symbol, holds_mox
 from ._vocab import type_str
 from .errors import InputsDiffer, NotARootMox, YaxEvalError, arg_name
@@ -87,6 +88,7 @@ def bind(c: Equation, vals: list[Any], hooks: Hooks | None = None) -> list[Any]:
 
 
 def _exec(children: Sequence[Any], env: dict[Symbol, Any], taps: list[Any] | None = None, hooks: Hooks | None = None) -> None:
+    # Not `_calls.visit`: evaluation binds a call's results after its children (a frame's end).
     # Without recursion: a call node opens a frame of its children, and its results are
     # bound when the frame is done, so a MoX of any depth evaluates (and traces under jit).
     stack: list[tuple[Any, Mox | None]] = [(iter(children), None)]
@@ -151,10 +153,6 @@ def _jaxprs(eqn: Equation, hooks: Hooks | None) -> tuple[dict[str, Any], tuple[A
     return jaxprs, lifted
 
 
-# Primitives whose open body takes the equation's inputs as they come, so
-# constants can go in as more leading inputs (``jax.checkpoint``).
-_TAKES_MORE_INPUTS = frozenset({"checkpoint", "remat", "remat2"})
-
 
 def _to_jaxpr(sub: Mox, eqn: Equation, lift: bool = True, hooks: Hooks | None = None) -> tuple[Any, tuple[Any, ...]]:
     """A JAX jaxpr for a nested MoX, with the type JAX expects in ``eqn``, and
@@ -166,8 +164,9 @@ def _to_jaxpr(sub: Mox, eqn: Equation, lift: bool = True, hooks: Hooks | None = 
     if not closed.consts:
         return closed.jaxpr, ()
     # An open jaxpr (remat's body) holds no constants: a rewrite that put an
-    # array into it (a replacement closing over a mask) gets it as an input.
-    if not (lift and eqn.primitive.name in _TAKES_MORE_INPUTS):
+    # array into it (a replacement closing over a mask) gets it as an input. A remat
+    # body takes the equation's inputs as they come, so they go in as more leading inputs.
+    if not (lift and is_remat(eqn.primitive.name)):
         raise YaxEvalError(
             f"The body of `{eqn.name}` in `{eqn.path or 'the root'}` captures constants, which "
             f"`{eqn.name}` cannot hold. Pass the values as inputs instead."

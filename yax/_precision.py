@@ -15,13 +15,13 @@ in ``bfloat16+float32``).
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._calls import memo
 from ._ir import CALL_KINDS, Equation, Kind, Mox
 from ._vocab import dtype_str
 from .errors import BadPolicy
@@ -79,7 +79,7 @@ class Policy:
 
 _HEAVY = ("dot_general", "conv_general_dilated")
 _MOVES = {"convert_element_type", "broadcast_in_dim", "reshape", "transpose", "squeeze", "expand_dims",
-          "slice", "dynamic_slice", "concatenate", "copy", "copy_p", "pjit", "jit", "optimization_barrier",
+          "slice", "dynamic_slice", "concatenate", "copy", "copy_p", "optimization_barrier",
           "select_n", "gather", "dynamic_update_slice", "scatter", "pad", "rev", "stop_gradient"}
 
 
@@ -102,15 +102,13 @@ class _Seen:
         self.other |= o.other
 
 
-_cache: weakref.WeakKeyDictionary[Mox, dict[int, Policy]] = weakref.WeakKeyDictionary()
-
-
 def precisions(mox: Mox) -> dict[int, Policy]:
     """``id(call)`` -> the `Policy` each call node under ``mox`` (itself
     included) computes with, read from its equations (one pass, no recursion; cached)."""
-    got = _cache.get(mox)
-    if got is not None:
-        return got
+    return memo(mox, "precision.precisions", lambda: _precisions(mox))
+
+
+def _precisions(mox: Mox) -> dict[int, Policy]:
     seen: dict[int, _Seen] = {}
     out: dict[int, Policy] = {}
     for n in reversed([mox, *mox.walk()]):  # children before parents
@@ -129,7 +127,6 @@ def precisions(mox: Mox) -> dict[int, Policy]:
             params = _floats(jax.tree_util.tree_leaves(n.var_tree)) if n.kind == Kind.MODULE_CALL else set()
             out[id(n)] = Policy(_joined(params) or None, _joined(s.heavy or s.other) or None,
                                 _joined(_floats(n.outputs)) or None)
-    _cache[mox] = out
     return out
 
 

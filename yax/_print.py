@@ -137,6 +137,7 @@ class _Printer:
         self._run([("child", c, indent, "")])
 
     def _run(self, todo: list[tuple[str, Any, int, str]]) -> None:
+        # not `_calls.visit`: a block ends with a line written after its insides (the "close" step)
         while todo:
             what, node, indent, head = todo.pop()
             pad = " " * indent

@@ -59,6 +59,7 @@ def to_dict(mox: Mox, names: Names | None = None) -> dict[str, Any]:
 
     top, todo = node(mox)
     todo.reverse()
+    # not `_calls.visit`: each dict is filled into its holder's slot as the tree is rebuilt
     while todo:  # depth first, in document order: vars are named as the printer names them
         into, key, n = todo.pop()
         into[key], below = node(n)

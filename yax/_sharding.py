@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import re
-import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -34,7 +33,7 @@ import jax.numpy as jnp
 import ml_dtypes
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ._calls import formals, index
+from ._calls import formals, index, memo
 from ._ir import Equation, Mox, Var
 
 
@@ -142,9 +141,6 @@ def _labels(paths: list[str]) -> list[str]:
             n[i] += 1
 
 
-_specs: weakref.WeakKeyDictionary[Mox, dict[int, str]] = weakref.WeakKeyDictionary()
-
-
 def call_specs(root: Mox) -> dict[int, str]:
     """``id(call)`` -> how the parameters it reads are laid out (``kernel=P(None,'model')
     bias=P('model')``), for the calls that read one that is sharded (`is_sharded`);
@@ -156,9 +152,10 @@ def call_specs(root: Mox) -> dict[int, str]:
     equations read, like a closure (a Flax module's variables), as its inputs (an
     Equinox module's), or inside a nested computation (an ``nn.scan`` body reads a
     stacked parameter's slice: the stacked one's spec is shown). Cached per root."""
-    got = _specs.get(root)
-    if got is not None:
-        return got
+    return memo(root, "sharding.call_specs", lambda: _call_specs(root))
+
+
+def _call_specs(root: Mox) -> dict[int, str]:
     own = {v: s for v, s in root.shardings}
     live = set(root.invars)
     paths = dict(zip(root.invars, root.in_paths))
@@ -169,7 +166,6 @@ def call_specs(root: Mox) -> dict[int, str]:
             if any(is_sharded(specs[v]) for v in read):
                 labels = _labels([paths.get(v, "") for v in read])
                 out[id(call)] = " ".join(f"{k}={spec_text(specs[v])}" for k, v in zip(labels, read))
-    _specs[root] = out
     return out
 
 

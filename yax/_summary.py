@@ -52,7 +52,7 @@ def flops_unknown_why(node: Mox | Equation, known: dict[int, int | None]) -> str
     inside = node.walk() if isinstance(node, Mox) else (n for _, body in node.subs for n in body.walk())
     for e in (node, *inside):
         if isinstance(e, Equation) and known[id(e)] is None and all(known[id(b)] is not None for _, b in e.subs):
-            if _calls.how(e) == "while":
+            if _calls.is_loop(e):
                 return "not known before it runs: a `while` loop in it runs its body a number of times known only then"
             return "not known before it runs: one branch of a `cond` in it runs, and its branches differ in cost"
     raise ValueError("the FLOPs of this node are known")
@@ -62,13 +62,12 @@ def _held(eqn: Equation, subs: list[int | None]) -> int | None:
     """FLOPs of an equation holding computations of ``subs`` FLOPs: a scan's body
     times its length, a ``cond``'s branches if they agree, others once; ``None``
     for a ``while`` loop (its steps are counted when it runs) or what holds one."""
-    rule = _calls.how(eqn)
-    if None in subs or (rule == "while" and any(subs)):
+    if None in subs or (_calls.is_loop(eqn) and any(subs)):
         return None
     known = [s for s in subs if s is not None]
-    if rule == "cond":
+    if _calls.is_branch(eqn):
         return known[0] if len(set(known)) == 1 else (0 if not known else None)
-    return sum(known) * (eqn.params.get("length", 1) if rule == "scan" else 1)
+    return sum(known) * (eqn.params.get("length", 1) if _calls.is_scan(eqn) else 1)
 
 
 def flops(mox: Mox) -> int | None:

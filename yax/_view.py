@@ -31,12 +31,11 @@ import functools
 import itertools
 import re
 import textwrap
-import weakref
 from typing import Any
 
 from lxml import etree
 
-from ._calls import index
+from ._calls import index, memo, visit
 from ._ir import CALL_KINDS, FN_KINDS, Equation, Kind, Mox
 from ._precision import precisions
 from ._print import pprint, shown_params
@@ -91,8 +90,6 @@ class View(Queryable):
         """``id(node)`` -> the node's element id (its index in ``nodes``)."""
         return {id(n): i for i, n in enumerate(self.nodes)}
 
-
-_views: weakref.WeakKeyDictionary[Mox, View] = weakref.WeakKeyDictionary()
 
 # Characters outside XML 1.0's `Char` production: lxml refuses them in attributes and comments.
 _NOT_XML = "\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff"
@@ -193,17 +190,24 @@ def build_view(mox: Mox) -> View:
     policies = precisions(mox)
     laid_out = call_specs(mox) if mox.kind == Kind.ROOT else {}  # `@sharding`: only where a parameter is split
     root_tag = "mox" if mox.kind == Kind.ROOT else mox.kind
-    root: etree._Element | None = None
-    # (parent element, node, tag, param, whether an enclosing element already shows the jaxpr text)
-    stack: list[tuple[Any, Any, str, str | None, bool]] = [(None, mox, root_tag, None, False)]
-    while stack:
-        parent, node, tag, param, texted = stack.pop()
-        el = etree.Element(tag) if parent is None else etree.SubElement(parent, tag)
-        if root is None:
-            root = el
+    elements: list[Any] = []  # number -> its element (a node's number is its element id)
+    shows: list[bool] = []    # number -> whether it or an element around it shows the jaxpr text
+    for node, parent, holders in visit(mox):
+        up = nodes[parent] if parent >= 0 else None
+        param: str | None = None
+        if up is None:
+            tag = root_tag
+        elif isinstance(up, Equation):  # a computation it holds
+            tag, param = Kind.JAXPR, holders[-1][1]
+        elif isinstance(node, Equation):
+            tag = node.name if _NAME_OK.match(node.name) else "equation"
+        else:
+            tag = node.kind
+        el = etree.Element(tag) if up is None else etree.SubElement(elements[parent], tag)
+        texted = parent >= 0 and shows[parent]
         el.set("id", str(len(nodes)))
         nodes.append(node)
-        below: list[tuple[Any, str, str | None]] = []
+        elements.append(el)
         if isinstance(node, Equation):
             el.set("primitive", node.name)
             # a jitted helper is named after its function: //jit[@name="relu"], as the prototype's
@@ -218,7 +222,6 @@ def build_view(mox: Mox) -> View:
                 if t is not None and _NAME_OK.match(k) and k not in el.attrib:
                     el.set(k, to_xml_text(t))
             _note(_source_attrs(el, node), len(nodes) - 1, sourced, own)
-            below = [(sub, Kind.JAXPR, k) for k, sub in node.subs]
         else:
             el.set("primitive", node.kind)
             el.set("name", to_xml_text(node.name or node.kind))
@@ -251,22 +254,13 @@ def build_view(mox: Mox) -> View:
                 text = to_xml_text(textwrap.dedent(text))
                 el.append(etree.Comment("\n" + text.replace("--", "- -").rstrip("-") + "\n"))
                 texted = True
-            for c in node.children:
-                if isinstance(c, Equation):
-                    below.append((c, c.name if _NAME_OK.match(c.name) else "equation", None))
-                else:
-                    below.append((c, c.kind, None))
-        for n, t, k in reversed(below):
-            stack.append((el, n, t, k, texted))
-    return View(etree.ElementTree(root), nodes, "set" in sourced, tuple(own))
+        shows.append(texted)
+    return View(etree.ElementTree(elements[0]), nodes, "set" in sourced, tuple(own))
 
 
 def view(mox: Mox) -> View:
     """The cached XML view of ``mox`` (built on first use)."""
-    v = _views.get(mox)
-    if v is None:
-        v = _views[mox] = build_view(mox)
-    return v
+    return memo(mox, "view", lambda: build_view(mox))
 
 
 def target_of(x: Any, caller: str) -> Queryable:

@@ -22,7 +22,10 @@ Contents:
   folding          `structure_keys` (equal for calls of the same structure: the tree's ×N rows)
   cost             `all_flops` (every node's FLOPs of matrix products and convolutions, ``None``
                    where not known before running: `flops_unknown_why` says why), `how` (how a
-                   higher-order equation runs what it holds: `yax._calls.HIGHER_ORDER`)
+                   higher-order equation runs what it holds: `yax._calls.HIGHER_ORDER`; `is_scan`,
+                   `is_loop`, `is_branch` ask it)
+  caches           `memo` (what is derived from a MoX, computed once and kept while it lives: the
+                   one home of per-MoX caches), `kept` (what is kept under a name, building nothing)
   sharding         `call_specs` (how the parameters each call reads are laid out: the view's
                    ``@sharding``), `spread` (whether a value is held on several devices)
   values           `ValueStats` (statistics of one array), `capture_programs` (the jitted
@@ -48,6 +51,11 @@ from typing import Any
 
 from ._calls import how as how
 from ._calls import index as node_index
+from ._calls import is_branch as is_branch
+from ._calls import is_loop as is_loop
+from ._calls import is_scan as is_scan
+from ._calls import kept as kept
+from ._calls import memo as memo
 from ._calls import param_copies as param_copies
 from ._capture import ValueStats as ValueStats
 from ._capture import capturable_calls as capturable_calls

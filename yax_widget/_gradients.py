@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import yax
-from yax.internal import capturable_calls, capture_keys, model_jit, node_ids, to_host, type_str
+from yax.internal import capturable_calls, capture_keys, memo, model_jit, node_ids, to_host, type_str
 
 from ._payloads import number
 from ._reduce import MAX_OUTPUTS, Light, Static, entry_of, output_arrays, rebuilt, squared_norms
@@ -180,7 +180,6 @@ class _GradProgram:
         self.run = model_jit(program, static_argnums=1)
 
 
-_grad_programs: weakref.WeakKeyDictionary[yax.Mox, dict] = weakref.WeakKeyDictionary()
 
 
 class Gradients:
@@ -188,7 +187,7 @@ class Gradients:
     one batch, kept on the device; what the colouring needs crosses to the host."""
 
     def __init__(self, mox: yax.Mox, scalar: Scalar, args: tuple, kwargs: dict, batch: str):
-        progs = _grad_programs.setdefault(mox, {})
+        progs: dict = memo(mox, "widget.gradients", dict)
         prog = progs.get(scalar.key)
         if prog is None:
             prog = progs[scalar.key] = _GradProgram(mox, scalar)

@@ -33,7 +33,16 @@ import jax
 import numpy as np
 
 import yax
-from yax.internal import CALL_KINDS, all_flops, flops_unknown_why, how, node_index, param_copies
+from yax.internal import (
+    CALL_KINDS,
+    all_flops,
+    flops_unknown_why,
+    is_branch,
+    is_loop,
+    is_scan,
+    node_index,
+    param_copies,
+)
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -172,12 +181,12 @@ class Cost(RowData):
         while i >= 0:
             holder = idx.nodes[i]
             if isinstance(holder, yax.Equation):
-                rule = how(holder)
-                if rule == "scan":
+                if is_scan(holder):
                     steps.append(int(holder.params["length"]))
-                elif rule in ("while", "cond"):
-                    return ("inside a `while` loop, whose body runs a number of times known only then"
-                            if rule == "while" else "inside one branch of a `cond`, which runs or not")
+                elif is_loop(holder):
+                    return "inside a `while` loop, whose body runs a number of times known only then"
+                elif is_branch(holder):
+                    return "inside one branch of a `cond`, which runs or not"
             i = idx.parents[i]
         return tuple(reversed(steps))
 

@@ -24,6 +24,7 @@ import yax
 from yax.internal import (
     capturable_calls,
     capture_keys,
+    memo,
     model_jit,
     node_ids,
     reduced_stats,
@@ -217,7 +218,6 @@ class Static:
         return isinstance(other, Static) and self.key == other.key
 
 
-_programs: weakref.WeakKeyDictionary[yax.Mox, _Program] = weakref.WeakKeyDictionary()
 
 
 class Boundaries:
@@ -233,9 +233,7 @@ class Boundaries:
 
     @classmethod
     def run(cls, mox: yax.Mox, args: tuple, kwargs: dict) -> Boundaries:
-        prog = _programs.get(mox)
-        if prog is None:
-            prog = _programs[mox] = _Program(mox)
+        prog = memo(mox, "widget.reduce", lambda: _Program(mox))
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
         outs, squares = prog.capture([leaves[i] for i in mox.dyn_in], Static(leaves, tree, mox))
         return cls(prog.where, prog.more, outs, to_host(squares))

@@ -14,7 +14,7 @@ import pytest
 from models import ScannedTransformer
 
 import yax
-from yax.internal import capturable_calls, capture_keys, node_ids
+from yax.internal import capturable_calls, capture_keys, kept, node_ids
 from yax_widget import Explorer
 from yax_widget import _reduce as reduce_module
 
@@ -79,7 +79,7 @@ def test_rows_are_read_off_what_the_comparison_measured_and_selecting_again_is_s
     calls = list(ex.mox.modules())
     # the original's rows are read off its measurement (made once, when the explorer opens): no program
     ask(ex, rid=1, type="values", id=ids[id(calls[3])])
-    assert ex.mox not in reduce_module._programs and ex.session.worker.reference is not None
+    assert kept(ex.mox, "widget.reduce") is None and ex.session.worker.reference is not None
     # a changed model's, off what its comparison measured: the model runs no second time
     ex.substitute('//activation[@name="gelu"]', "ReLU")
     monkeypatch.setattr(reduce_module.Boundaries, "run", lambda *a: pytest.fail("ran the model again"))
@@ -87,12 +87,12 @@ def test_rows_are_read_off_what_the_comparison_measured_and_selecting_again_is_s
     ids = node_ids(ex.mox)
     for c in calls:
         ask(ex, rid=2, type="values", id=ids[id(c)])
-    assert ex.mox not in reduce_module._programs
+    assert kept(ex.mox, "widget.reduce") is None
     # again: nothing runs on the device, the entry is the one kept
-    kept = ex._values
+    shown = ex._values
     monkeypatch.setattr(reduce_module, "_summarize", lambda *a: pytest.fail("ran again"))
     ask(ex, rid=3, type="values", id=ids[id(calls[-1])])
-    assert ex._values is kept
+    assert ex._values is shown
     # undone: the changed model's values are let go of, the original's read off its measurement again
     ex.undo()
     assert ex.session.worker.current is None
@@ -145,7 +145,7 @@ def test_colouring_paints_every_call_from_one_program(model):
                         "nonfinite": (~np.isfinite(flat)).mean()}[stat]
                 assert o["values"][str(ids[id(c)])] == pytest.approx(real, rel=1e-5, abs=1e-7)
             assert o["lo"] == min(o["values"].values()) and o["hi"] == max(o["values"].values())
-        assert ex.mox not in reduce_module._programs  # neither ran again
+        assert kept(ex.mox, "widget.reduce") is None  # neither ran again
     ask(ex, rid=2, type="overlay", stat="off")
     assert ex._overlay == {}
     assert ask(ex, rid=3, type="overlay", stat="mean")["type"] == "error" and ex._overlay == {}
@@ -213,7 +213,7 @@ def test_rows_float32_would_not_hold_exactly_are_run_not_read_off_the_measuremen
     assert reduce_module.Boundaries.measured(ex.mox, measure(ex.mox, (v, x), {}, paired_outputs(ex.mox, ex.mox)[0])
                                               .taps) is None
     ex.session.inspector.paint("norm")
-    prog = reduce_module._programs[ex.mox]  # run: the int32 row shows its own values
+    prog = kept(ex.mox, "widget.reduce")  # run: the int32 row shows its own values
     assert _agrees_with_capture(ex, (v, x)) == len(capturable_calls(ex.mox))
     # one program, traced (so compiled) once, for every row and the colouring. (Not jit's
     # `_cache_size()`: it read 0 once after this very program ran, in a worker of the full command.)

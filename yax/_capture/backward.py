@@ -128,11 +128,10 @@ class _Taps(Hooks):
         return _flag(x, self.ds["d"][n])
 
     def equation(self, eqn: Equation, values: list[Any]) -> list[Any]:
-        how = _calls.how(eqn)
-        if how in ("inline", "remat"):
+        if _calls.in_place(_calls.how(eqn)):
             (_, body), = eqn.subs
             return run(body, values, hooks=self)
-        if how == "scan":
+        if _calls.is_scan(eqn):
             return self._scan(eqn, values)
         taps = [j for j, (a, v) in enumerate(zip(eqn.inputs, values)) if not isinstance(a, Literal) and _inexact(v)]
         if not taps:  # nothing it reads can carry a cotangent, so nothing it writes can
@@ -438,7 +437,6 @@ def _first_bad_primitive(closed: Any, args: list[Any]) -> str:
     return ""
 
 
-_searches: weakref.WeakKeyDictionary[Mox, dict[Any, Search]] = weakref.WeakKeyDictionary()
 
 
 def _differentiated(mox: Mox, args: tuple[Any, ...], kwargs: dict[str, Any], argnums: Any) -> tuple[int, ...]:
@@ -477,7 +475,7 @@ def first_backward(mox: Mox, flat: list[Any], args: tuple[Any, ...], kwargs: dic
     if not callable(grad_of):
         raise LossNotAFunction("first_nonfinite", grad_of)
     diff = _differentiated(mox, args, kwargs, argnums)
-    cache = _searches.setdefault(mox, {})
+    cache: dict[Any, Search] = _calls.memo(mox, "backward.searches", dict)
     search = cache.get((grad_of, diff))
     if search is None:
         search = cache[(grad_of, diff)] = Search(mox, grad_of, diff)

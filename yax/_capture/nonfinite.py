@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import errors
-from .._calls import formals, how, index
+from .._calls import formals, in_place, index, is_loop, is_scan, memo
 from .._eval import Hooks, bind, flatten_inputs, run
 from .._ir import Equation, Mox
 from .._jit import model_jit
@@ -51,11 +51,11 @@ class _Flags(Hooks):
         return flags, tuple(self.subs)
 
     def equation(self, eqn: Equation, values: list[Any]) -> list[Any]:
-        how = how_reached(eqn, forward_only=True)
-        if how in ("inline", "remat"):
+        rule = how_reached(eqn, forward_only=True)
+        if in_place(rule):
             (_, body), = eqn.subs
             return run(body, values, hooks=self)
-        if how == "scan":
+        if is_scan(eqn):
             return self._scan(eqn, values)
         outs = bind(eqn, values)
         for i, (o, v) in enumerate(zip(outs, eqn.outputs)):
@@ -109,7 +109,6 @@ class _Search:
         self.jitted = model_jit(program)
 
 
-_searches: weakref.WeakKeyDictionary[Mox, _Search] = weakref.WeakKeyDictionary()
 
 
 def _first(entries: list[tuple[Any, ...]], level: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[int, ...]] | None:
@@ -157,7 +156,7 @@ def _first_reader(mox: Mox, var: Any) -> tuple[Equation | None, Equation | None]
         read = [(j, a) for j, a in enumerate(n.inputs) if a in alias]
         if not read:
             continue
-        if not n.subs or how(n) == "while":
+        if not n.subs or is_loop(n):
             return n, next((alias[a] for _, a in read if alias[a] is not None), None)
         for _, _, pairs in formals(n):
             for formal, actual, kind in pairs:
@@ -280,9 +279,7 @@ def first_nonfinite(mox: Mox, *args: Any, grad_of: Callable[[Any], Any] | None =
 
 def _forward(mox: Mox, flat: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> NonFinite | None:
     """`first_nonfinite` of the forward pass (jax's NaN and Inf checks off)."""
-    search = _searches.get(mox)
-    if search is None:
-        search = _searches[mox] = _Search(mox)
+    search = memo(mox, "nonfinite.search", lambda: _Search(mox))
     arg_flags, level = to_host(search.jitted(flat))
     if arg_flags.any():
         i = search.args[int(np.argmax(arg_flags))]

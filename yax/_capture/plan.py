@@ -72,28 +72,16 @@ def plan_of(nodes: Sequence[Node], mox: Mox, what: str, pattern: Any = None,
     key = capture_keys(mox)
     targets: dict[int, Target] = {}
     descend: dict[int, str] = {}
-    # Walk without recursion: each frame is (children, chain of (equation, how) above them).
-    stack: list[tuple[Any, tuple[Any, ...]]] = [(iter(mox.children), ())]
-    while stack:
-        it, chain = stack[-1]
-        c = next(it, None)
-        if c is None:
-            stack.pop()
-            continue
-        if id(c) in wanted and id(c) not in targets:
+    for c, _, holders in _calls.visit(mox):
+        if id(c) in wanted and id(c) not in targets and c is not mox:
+            chain = [(eqn, how_reached(eqn, forward_only)) for eqn, _ in holders]
             for eqn, how in chain:
-                if how not in ("inline", "remat", "scan"):
+                if not _calls.opens(how):
                     raise _refused(pattern, c, eqn, how, what)
                 descend[id(eqn)] = how
-            scans = tuple(e for e, how in chain if how == "scan")
+            scans = tuple(e for e, _ in holders if _calls.is_scan(e))
             targets[id(c)] = Target(key[id(c)], c, tuple(id(e) for e in scans),
                                      tuple(e.params["length"] for e in scans))
-        if isinstance(c, Equation):
-            how = how_reached(c, forward_only)
-            for _, s in reversed(c.subs):
-                stack.append((iter(s.children), (*chain, (c, how))))
-        else:
-            stack.append((iter(c.children), chain))
     missing = [n for n in nodes if id(n) not in targets]
     if missing:
         raise YaxCaptureError(

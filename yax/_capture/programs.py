@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import errors
+from .._calls import kept, memo
 from .._eval import run
 from .._ir import Kind, Mox
 from .._jit import model_jit
@@ -78,8 +79,6 @@ def watched(mox: Mox, plan: Plan, mode: str, flat: list[Any]) -> tuple[list[Any]
     return run(mox, flat, hooks=w), w.got
 
 
-_plans: weakref.WeakKeyDictionary[Mox, dict[Any, Plan]] = weakref.WeakKeyDictionary()
-_programs: weakref.WeakKeyDictionary[Mox, dict[Any, _Program]] = weakref.WeakKeyDictionary()
 
 
 def _pattern_key(pattern: Any) -> Any:
@@ -91,7 +90,7 @@ def _pattern_key(pattern: Any) -> Any:
 
 
 def cached_plan(pattern: Any, mox: Mox, what: str, forward_only: bool = False) -> Plan:
-    cache = _plans.setdefault(mox, {})
+    cache: dict[Any, Plan] = memo(mox, "capture.plans", dict)
     k = (_pattern_key(pattern), forward_only)
     plan = cache.get(k)
     if plan is None:
@@ -101,7 +100,7 @@ def cached_plan(pattern: Any, mox: Mox, what: str, forward_only: bool = False) -
 
 def program_for(mox: Mox, pattern: Any, plan: Plan, mode: str, inputs: bool = False, repl: Any = None,
              forward_only: bool = False) -> _Program:
-    cache = _programs.setdefault(mox, {})
+    cache: dict[Any, _Program] = memo(mox, "capture.programs", dict)
     k = (_pattern_key(pattern), forward_only, mode, inputs, repl)
     prog = cache.get(k)
     if prog is None:
@@ -112,7 +111,7 @@ def program_for(mox: Mox, pattern: Any, plan: Plan, mode: str, inputs: bool = Fa
 def capture_programs(mox: Mox) -> dict[str, Any]:
     """The jitted programs `capture` and `patch` keep for ``mox`` (each with
     ``traces``, how many times it was traced: once per argument shapes)."""
-    return _programs.get(mox, {})
+    return kept(mox, "capture.programs") or {}
 
 
 def check_root(mox: Any, what: str) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 import jax
 
 from .. import _roots, errors, frontends
-from .._calls import how
+from .._calls import how, visit
 from .._ir import CALL_KINDS, Equation, Kind, Literal, Mox, Var
 from .._map import mapped
 from .._vocab import type_str
@@ -67,12 +67,7 @@ def _level(call: Mox) -> Iterator[Node]:
     """``call`` and every node evaluated in its environment: its calls (at
     any depth) and their equations, not the computations equations hold
     (those are closed: they read only what the equation passes them)."""
-    todo: list[Node] = [call]
-    while todo:
-        n = todo.pop()
-        yield n
-        if isinstance(n, Mox):
-            todo.extend(n.children)
+    return (n for n, _, _ in visit(call, nested=False))
 
 
 def _vars(atoms: Sequence[Any]) -> Iterator[Var]:
@@ -110,15 +105,15 @@ def _leaked(call: Mox, around: Mox) -> list[Var]:
     BatchNorm's updated statistics, or an nnx module's updated state."""
     mine = inside(call)
     read: list[Var] = [v for v in _vars(around.outvars) if v in mine]
-    todo: list[Node] = list(around.children)
-    while todo:
-        n = todo.pop()
-        if n is call:
+    cut: set[int] = set()  # ``call`` and what is below it
+    for num, (n, parent, _) in enumerate(visit(around, nested=False)):
+        if parent in cut or n is call:
+            cut.add(num)
+        if parent < 0 or num in cut:  # ``around``'s own results are read above
             continue
         read.extend(v for v in _vars(n.inputs) if v in mine)
         if isinstance(n, Mox):
             read.extend(v for v in _vars(n.outvars) if v in mine)
-            todo.extend(n.children)
     return read
 
 

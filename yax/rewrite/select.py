@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import errors
-from .._calls import how
+from .._calls import how, in_place, visit
 from .._ir import CALL_KINDS, FN_KINDS, Equation, Mox
 from ..errors import YaxRewriteError, where
 
@@ -35,24 +35,17 @@ def locate(mox: Mox, targets: list[Node]) -> tuple[list[Node], dict[int, tuple[A
     ids = {id(t) for t in targets}
     order: list[Node] = []
     nested: dict[int, tuple[Any, ...]] = {}
-
-    todo: list[tuple[bool, Any, tuple[Any, ...]]] = [(False, mox, ())]  # (is a target, node, chain); any depth
-    while todo:
-        hit, node, chain = todo.pop()
-        if hit:
+    calls: list[bool] = []  # number -> whether the node is a call's child (a computation is no target)
+    cut: set[int] = set()   # the targets met and what is below them: only outermost targets count
+    for num, (node, parent, chain) in enumerate(visit(mox)):
+        calls.append(isinstance(node, Mox))
+        if parent in cut:
+            cut.add(num)
+        elif parent >= 0 and calls[parent] and id(node) in ids:
+            cut.add(num)
             order.append(node)
             if chain:
                 nested[id(node)] = chain
-            continue
-        items: list[tuple[bool, Any, tuple[Any, ...]]] = []
-        for c in node.children:
-            if id(c) in ids:
-                items.append((True, c, chain))
-            elif isinstance(c, Equation):
-                items.extend((False, s, (*chain, (c, k))) for k, s in c.subs)
-            else:
-                items.append((False, c, chain))
-        todo.extend(reversed(items))  # tree order
     if len({id(t) for t in order}) != len(ids):
         inner = ids - {id(t) for t in order}
         outside = [t for t in targets if id(t) in inner and not any(t is n for n in mox.walk())]
@@ -65,22 +58,16 @@ def ancestry(start: Mox | Equation, target: Node) -> list[Node] | None:
     """The nodes from ``start`` down to ``target`` (both included): each a
     child of the one before, a call's child or a computation an equation
     holds; ``None`` when ``target`` is not below ``start``. Iterative: any depth."""
-    if start is target:
-        return [start]
-    parent: dict[int, Node] = {}
-    todo: list[Node] = [start]
-    while todo:
-        n = todo.pop()
-        for c in (n.children if isinstance(n, Mox) else [s for _, s in n.subs]):
-            if id(c) in parent:  # a computation shared by two equations: the first holds it
-                continue
-            parent[id(c)] = n
-            if c is target:
-                path: list[Node] = [c]
-                while path[-1] is not start:
-                    path.append(parent[id(path[-1])])
-                return path[::-1]
-            todo.append(c)
+    met: list[tuple[Node, int]] = []  # number -> (node, its holder's number)
+    for n, parent, _ in visit(start):  # a computation shared by two equations: the first met holds it
+        met.append((n, parent))
+        if n is target:
+            path: list[Node] = []
+            k = len(met) - 1
+            while k >= 0:
+                path.append(met[k][0])
+                k = met[k][1]
+            return path[::-1]
     return None
 
 
@@ -102,7 +89,7 @@ def chain_of(path: list[Node]) -> tuple[tuple[Equation, str], ...]:
 def _whole(parent: Node, child: Node) -> bool:
     """Whether ``parent`` computes exactly what ``child`` does, from the same inputs."""
     if isinstance(parent, Equation):  # a jit/remat/custom call of the computation `child`
-        return how(parent) in ("inline", "remat", "custom") and len(parent.subs) == 1
+        return (in_place(how(parent)) or how(parent) == "custom") and len(parent.subs) == 1
     return (len(parent.children) == 1 and parent.children[0] is child
             and tuple(child.inputs) == tuple(parent.invars) and tuple(child.outputs) == tuple(parent.outvars))
 

@@ -113,6 +113,7 @@ def unbound(root: Mox) -> tuple[Node, Var] | None:
     root and the calls in it (a BatchNorm's updated statistics leave its call
     as root outputs), a fresh one for each nested computation."""
 
+    # not `_calls.visit`: scoping binds outputs after what reads them and opens fresh scopes.
     # iterative (any depth): per child, check its inputs, walk into it, then bind its outputs
     todo: list[tuple[str, Any, set[Any]]] = [("enter", root, set())]
     while todo:
