@@ -18,10 +18,26 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 # The tests check what yax computes against JAX in the same process, not how fast XLA's code runs:
 # LLVM's optimisations off compile the suite's thousands of small programs about 2.5 times faster on
 # CPU. They change what XLA computes where a value overflows, so the browser tests' kernels, which
-# show users' numbers, do without them (tests/e2e/lab.py), as bench/ does.
+# show users' numbers, do without them (tests/e2e/lab.py), as bench/ does. (XLA:CPU's older fusion
+# emitters, `--xla_cpu_use_fusion_emitters=false`, compile a one-operation program in 23 ms instead
+# of 39, but with them jaxlib 0.10.2 crashed twice in two full runs, compiling and loading.)
 _FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " " + _FAST_COMPILE
+
+# JAX's persistent compilation cache, where one is asked for (the fast tier keeps one in .jax-cache/:
+# scripts/test.sh): a directory for each test process, by JAX version and xdist worker. JAX writes a
+# cache file in place rather than renaming a finished one, so a process reading a program that
+# another is still writing loads a truncated executable and crashes: a segfault in
+# `get_executable_and_time`, seen when a fresh kernel (tests/widget/test_script_runs.py) compiled the
+# programs its test was compiling. The processes the tests start (kernels, the docs build) inherit
+# the variable and so use the directory itself, apart from every test process.
+_CACHE = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+if _CACHE:
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", os.path.join(
+        _CACHE, f"jax-{jax.__version__}-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"))
 
 # The test models live beside the tests; bench/ imports them too.
 sys.path.insert(0, os.path.dirname(__file__))
@@ -38,7 +54,7 @@ def tf():
 def pytest_addoption(parser):
     parser.addoption(
         "--oracle-examples", type=int, default=None,
-        help="examples per oracle property (tests/oracle); default $YAX_ORACLE_EXAMPLES or 25",
+        help="examples per oracle property (tests/oracle); default $YAX_ORACLE_EXAMPLES or 12",
     )
 
 

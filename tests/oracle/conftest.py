@@ -1,5 +1,5 @@
-"""Every oracle property is in the core suite: the test command runs it on the newest JAX (25
-examples a property) and on the oldest supported one (5), where what JAX does differently shows."""
+"""Every oracle property is in the core suite: the test command runs it on the newest JAX (12
+examples a property) and on the oldest supported one (4), where what JAX does differently shows."""
 
 import pytest
 

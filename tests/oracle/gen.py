@@ -38,7 +38,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 #: examples per property in the test command's run; more with `--oracle-examples N` (or the variable)
-EXAMPLES = int(os.environ.get("YAX_ORACLE_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("YAX_ORACLE_EXAMPLES", "12"))
 #: every oracle's Hypothesis settings: no deadline (each example compiles), the blob to reproduce printed
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, print_blob=True, derandomize=False,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
