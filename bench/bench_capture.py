@@ -117,7 +117,7 @@ def capture_rows(layers: int, runs: int) -> list[dict]:
     t = time.perf_counter()
     ex.session.inspector.boundaries()
     compile_sum = time.perf_counter() - t
-    prog = programs[mox]
+    prog = programs(mox)
     leaves, tree = jax.tree_util.tree_flatten((ex.session.call_args()[0], {}))
     static = Static(leaves, tree, mox)
     summary = median_time(lambda: prog.capture([leaves[i] for i in mox.dyn_in], static), runs)

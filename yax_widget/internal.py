@@ -5,11 +5,19 @@ names are stable between them, not promised to users.
 Contents:
   the explorer's measuring program  `Boundaries` (every call row's values, reduced on the device,
                                     ``Boundaries.run(mox, args, kwargs)``), `Static` (its static
-                                    arguments) and `programs` (the compiled program per MoX)
+                                    arguments) and `programs` (the compiled program of a MoX)
 """
+
+from typing import Any
+
+from yax.internal import kept
 
 from ._reduce import Boundaries as Boundaries
 from ._reduce import Static as Static
-from ._reduce import _programs as programs
+
+
+def programs(mox: Any) -> Any:
+    """The explorer's measuring program of ``mox``, or ``None`` before one measured it."""
+    return kept(mox, "widget.reduce")
 
 __all__ = ["Boundaries", "Static", "programs"]
