@@ -83,6 +83,8 @@ BUILT = {
     "BadArgument": lambda: errors.BadArgument("name", "a non-empty string of at most 80 characters", "",
                                               "A batch name"),
     "BadQueryArgument": lambda: errors.BadQueryArgument("timeout", "a positive number of seconds", 0),
+    "NotInMox": lambda: errors.NotInMox(NODE, "sub", hint="Query the MoX you rewrite."),
+    "NotNodes": lambda: errors.NotNodes("sub", "count(//*)", 19.0),
     "NotOneNode": lambda: errors.NotOneNode("to_dot", '//module_call[@type="Block"]', 2),
     "ParamDtypeDiffers": lambda: errors.ParamDtypeDiffers("keep", "Dense", "params/kernel", "float32", "bfloat16",
                                                           NODE),
@@ -199,6 +201,16 @@ def test_the_wording_of_the_families_of_issue_42_continued():
     assert isinstance(e, errors.BadValue) and isinstance(e, yax.YaxXMLError) and e.expected.endswith("bytes")
     e = errors.BadLimit("indent", 65, "a number of spaces from 0 to 64")
     assert errors.message(e) == "`indent` must be a number of spaces from 0 to 64, but got 65."
+    e = BUILT["NotInMox"]()
+    assert all(isinstance(e, c) for c in (yax.YaxRewriteError, yax.YaxCaptureError, yax.YaxInputError))
+    assert (e.node, e.tool) == (NODE, "sub")
+    assert errors.said(e) == errors.where(NODE, start=True) + (" is not a node of this MoX, so `sub` cannot use it. "
+                                                               "Query the MoX you rewrite.")
+    e = BUILT["NotNodes"]()
+    assert (e.tool, e.xpath, e.found) == ("sub", "count(//*)", 19.0)
+    assert errors.said(e).startswith("The XPath `count(//*)` gives the float 19.0, not nodes, so `sub` has nothing ")
+    assert errors.said(errors.NotNodes("the ReLU replacement", "", [])) == (
+        "There are no nodes for the ReLU replacement to work on; give at least one.")
     e = BUILT["NotOneNode"]()
     assert isinstance(e, yax.YaxQueryError) and isinstance(e, yax.YaxInputError)
     assert errors.message(e).startswith("`to_dot` expected `root` to select exactly one module call, but "

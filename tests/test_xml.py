@@ -76,5 +76,5 @@ def test_dump_of_rewritten_mox_roundtrips():
                                   "lifted", "shared"])
 def test_element_ids_number_nodes_as_the_document_does_without_building_it(name):
     mox = mox_of(name)
-    ids = yax.internal.element_ids(mox)  # before the view exists: the walk
+    ids = yax.internal.node_ids(mox)  # before the view exists: the walk
     assert ids == yax.internal.view(mox).ids and len(ids) == len(yax.internal.view(mox).nodes)

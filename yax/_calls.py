@@ -141,7 +141,7 @@ class Index:
 
     A node's *number* is its place in pre-order (the MoX itself 0, then a call's children and an
     equation's nested computations in order): the ``id`` of its element in the XML view
-    (`yax.internal.element_ids`) and what the explorer sends back. Its *key* names its values
+    (`yax.internal.node_ids`) and what the explorer sends back. Its *key* names its values
     across MoXes (module docstring); its `Position` says where it is evaluated."""
 
     ids: dict[int, int]                  # id(node) -> number (the MoX itself included)

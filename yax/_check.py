@@ -62,7 +62,7 @@ import numpy as np
 from ._calls import visit
 from ._ir import CALL_KINDS, Equation, Kind, Literal, Mox, Packing, Symbol, Var
 from ._vocab import type_str
-from .errors import YaxCheckError, YaxEvalError, where
+from .errors import WrongType, YaxCheckError, YaxEvalError, where
 
 Node = Equation | Mox
 T = TypeVar("T")
@@ -125,7 +125,7 @@ def check_mox(mox: Mox) -> None:
       yax.errors.YaxCheckError: The MoX is not well formed: the equation `mul` at `the root` reads `b` (f32[3]), ...
     """
     if not isinstance(mox, Mox):
-        raise YaxCheckError(f"`check_mox` checks a `Mox`, but got a `{type(mox).__name__}`.", hint=False)
+        raise WrongType("mox", "a `Mox` (what `yax.make_mox(fn)(...)` returns)", mox)
     if mox in _passed:
         return
     checker = _Checker(mox)

@@ -27,7 +27,7 @@ from ._check import check_if_enabled
 from ._ir import Packing
 from ._record import recording
 from ._sharding import input_specs
-from .errors import CouldNotTrace, YaxTraceError
+from .errors import CouldNotTrace, WrongType, YaxTraceError
 
 
 def is_dynamic(x: Any) -> bool:
@@ -73,10 +73,8 @@ def make_mox(fn: Callable[..., Any], *, static_argnums: int | Sequence[int] | No
     """
     frontend = frontends.for_target(fn)
     if frontend is None:
-        raise YaxTraceError(
-            f"`make_mox` expected a callable (a JAX function, `Module.apply` or a bound module), "
-            f"but got a `{type(fn).__name__}`. Try `yax.make_mox(model.apply)(variables, x)`."
-        )
+        raise WrongType("fn", "a callable (a JAX function, `Module.apply` or a module)", fn,
+                        "Try `yax.make_mox(model.apply)(variables, x)`.")
 
     explicit = static_argnums is not None or static_argnames is not None
     nums = {static_argnums} if isinstance(static_argnums, int) else set(static_argnums or ())

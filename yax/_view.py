@@ -35,7 +35,7 @@ from typing import Any
 
 from lxml import etree
 
-from ._calls import index, memo, visit
+from ._calls import memo, visit
 from ._ir import CALL_KINDS, FN_KINDS, Equation, Kind, Mox
 from ._precision import precisions
 from ._print import pprint, shown_params
@@ -278,8 +278,3 @@ def tree_of(x: Any, caller: str) -> tuple[etree._ElementTree, View | None]:
     return t.tree, t if isinstance(t, View) else None
 
 
-def element_ids(mox: Mox) -> dict[int, int]:
-    """``id(node)`` -> the node's element id in the view of ``mox`` (its number in
-    `yax._calls.index`), without building the document: opening a model does not wait for the XML
-    of every equation (on a 70B structure the document took seconds; the first query builds it)."""
-    return index(mox).ids

@@ -30,6 +30,7 @@ from typing import Any
 from lxml import etree
 
 from . import _xpath_worker as worker
+from . import errors
 from ._ir import Equation, Mox, delegate
 from ._view import NOT_XML_CHAR, Queryable, View, target_of, to_xml_text
 from .errors import BadQueryArgument, InvalidXPath, QueryTimeout, YaxError, YaxQueryError, unexpected
@@ -344,10 +345,7 @@ def selected(pattern: Any, mox: Mox, what: str, error: type[Exception]) -> list[
     if isinstance(pattern, str):
         found = query(pattern, mox)
         if not isinstance(found, list):
-            raise error(
-                f"The pattern `{pattern}` returned a {type(found).__name__}, not nodes, so `{what}` has nothing to "
-                "work on. Use a location path such as `//module_call[@type=\"Dense\"]`."
-            )
+            raise errors.NotNodes(what, pattern, found)
         return found
     if isinstance(pattern, (Mox, Equation)):
         return [pattern]

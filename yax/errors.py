@@ -1422,6 +1422,53 @@ class BadLimit(BadValue, YaxXMLError):
         super().__init__(argument, expected, value)
 
 
+def _code(name: str) -> str:
+    """A tool's name for a message: ``sub`` as code (`` `sub` ``), a phrase (``the ReLU replacement``) as is."""
+    return f"`{name}`" if name.replace(".", "").replace("_", "").isalnum() else name
+
+
+class NotInMox(YaxRewriteError, YaxCaptureError, YaxInputError):
+    """A node given to yax (``node``) is not a node of the MoX that ``tool`` (`sub`,
+    `capture`, `patch`, `compare`, the explorer) works on: it comes from another MoX, or
+    from this one before a rewrite (`sub` returns a new MoX, with new nodes where it
+    changed something). It is a `YaxRewriteError`, a `YaxCaptureError` and a
+    `YaxInputError`, so code catching the category of any of these tools catches it.
+
+    Example::
+
+        old = yax.query("//activation", mox)[0]
+        new = yax.sub(old, jax.nn.gelu, mox)
+        yax.sub(old, jax.nn.relu, new)                     # NotInMox: `old` is a node of `mox`
+        yax.sub("//activation", jax.nn.relu, new)          # query the MoX you rewrite
+    """
+
+    def __init__(self, node: object, tool: str, of: str = "this MoX", hint: str = "Query the MoX you work on."):
+        self.node, self.tool = node, tool
+        super().__init__(f"{where(node, start=True)} is not a node of {of}, so {_code(tool)} cannot use it. {hint}")
+
+
+class NotNodes(YaxRewriteError, YaxCaptureError, YaxInputError):
+    """An XPath (``xpath``) given to ``tool`` (`sub`, `capture`, the explorer's palette),
+    which works on the nodes it selects, gives a number, a string or a boolean
+    (``found``) instead; or a list of nodes given to it is empty (``found`` is ``[]``).
+    Like `NotInMox`, it is a `YaxRewriteError`, a `YaxCaptureError` and a `YaxInputError`.
+
+    Example::
+
+        yax.sub("count(//activation)", jax.nn.gelu, mox)  # NotNodes: a float, not nodes
+        yax.sub("//activation", jax.nn.gelu, mox)
+    """
+
+    def __init__(self, tool: str, xpath: str, found: object):
+        self.tool, self.xpath, self.found = tool, xpath, found
+        if isinstance(found, list):
+            text = f"There are no nodes for {_code(tool)} to work on; give at least one."
+        else:
+            text = (f"The XPath `{xpath}` gives the {type(found).__name__} {found!r}, not nodes, so {_code(tool)} has "
+                    "nothing to work on. Use a location path such as `//module_call[@type=\"Dense\"]`.")
+        super().__init__(text)
+
+
 class NotOneNode(YaxQueryError, YaxInputError):
     """An XPath (``xpath``) given where one node is needed (``tool``: `to_dot`'s ``root``,
     `Explorer.values`) selected ``count`` nodes of the kind it takes, none or several. Narrow

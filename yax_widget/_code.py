@@ -11,7 +11,7 @@ from typing import Any
 
 import yax
 from yax import Equation, Mox
-from yax.errors import WrongType
+from yax.errors import NotInMox, WrongType
 from yax.internal import frontends, node_ids, script_of
 
 
@@ -103,18 +103,14 @@ def xpath_for(node: Any, mox: Mox) -> str:
     element id.
 
     Raises:
-      yax.YaxInputError: ``node`` is not a node of ``mox``.
+      yax.errors.NotInMox: ``node`` is not a node of ``mox``.
     """
     if not isinstance(node, (Mox, Equation)):
         raise WrongType("node", "a node of the current model, an XPath or \"query\"", node)
     ids = node_ids(mox)
     if id(node) not in ids:
-        kind = node.kind if isinstance(node, Mox) else f"`{node.name}` equation"
-        raise yax.YaxInputError(
-            f"The {kind} at `{node.path or 'the root'}` is not a node of the explorer's current model (it may come "
-            "from the model before a change, or from another model). Query the current one again, e.g. "
-            "`explorer.query(...)`."
-        )
+        raise NotInMox(node, "Explorer", "the explorer's current model", "It may come from the model before a "
+                       "change, or from another model: query the current one again, e.g. `explorer.query(...)`.")
     if isinstance(node, Equation):
         base = f"//*[@primitive={_literal(node.name)}][@path={_literal(node.path)}]"
     else:

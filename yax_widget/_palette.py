@@ -17,7 +17,7 @@ import numpy as np
 
 import yax
 from yax import Equation, Mox
-from yax.errors import BadArgument, UnknownName, WrongType
+from yax.errors import BadArgument, NotNodes, UnknownName, WrongType
 from yax.internal import frontends, is_decider, is_module, misfit, script_of
 
 from ._code import replacement_code, xpath_for
@@ -187,13 +187,11 @@ class Palette:
                 raise yax.YaxInputError("There is no query to replace the matches of; type one first.")
             found = yax.query(pattern, mox)
             if not isinstance(found, list):
-                raise yax.YaxInputError(
-                    f"`{pattern}` gives the {type(found).__name__} {found!r}, not nodes, so there is nothing for "
-                    f"{name} to replace. Select nodes, such as `//activation`.")
+                raise NotNodes(f"the {name} replacement", pattern, found)
             what = f"{len(found)} node(s) selected by {pattern}"
         elif isinstance(target, list):  # some nodes (the matches a drop fits): one change, `sub` checks each
             if not target:
-                raise yax.YaxInputError(f"There are no nodes to replace with {name}; give at least one.")
+                raise NotNodes(f"the {name} replacement", "", [])
             # `sub` is given the nodes; their XPaths, joined, are for "copy as code" to replay them
             pattern = " | ".join(xpath_for(node, mox) for node in target)
             what = _listed([n.path or n.name for n in target])

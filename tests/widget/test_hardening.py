@@ -122,8 +122,9 @@ def test_a_node_of_another_model_is_refused_by_name(model):
     ex = explorer(model)
     ex.substitute("//module_call[@type='Dropout']", "identity")
     stale = yax.query("//module_call[@type='Dropout']", ex.original)[0]  # replaced: not in the current model
-    with pytest.raises(yax.YaxInputError, match="Dropout_0` is not a node of the explorer's current model"):
+    with pytest.raises(yax.errors.NotInMox) as e:
         ex.substitute(stale, "ReLU")
+    assert e.value.node is stale and e.value.tool == "Explorer" and "Dropout_0" in str(e.value)
     with pytest.raises(yax.errors.WrongType) as e:
         ex.substitute(3, "ReLU")
     assert e.value.found == "int"

@@ -149,13 +149,14 @@ def test_a_refused_request_changes_nothing(content):
 
 def test_a_query_giving_a_number_is_refused_as_a_drop_target_with_a_sentence():
     s = session()
-    with pytest.raises(yax.YaxInputError, match=r"`count\(//\*\)` gives the float 19\.0, not nodes"):
+    with pytest.raises(yax.errors.NotNodes) as e:
         s.substitute("count(//*)", "ReLU")
+    assert (e.value.xpath, e.value.found, e.value.tool) == ("count(//*)", 19.0, "the ReLU replacement")
     s.query("count(//*)")
     assert s.state["query_result"]["kind"] == "value"
     before = frozen(s)
     reply = ask(s, type="substitute", target="query", name="ReLU", xpath="count(//*)")
-    assert reply["type"] == "error" and "not nodes, so there is nothing for ReLU to replace" in reply["message"]
+    assert reply["type"] == "error" and "gives the float 19.0, not nodes, so the ReLU replacement has nothing" in reply["message"]
     assert frozen(s)[1:] == before[1:]
 
 
@@ -223,8 +224,9 @@ def test_a_list_of_nodes_is_replaced_in_one_change_that_names_exactly_them():
     code = s.history[0].code
     pattern = ast.literal_eval(ast.parse(code).body[0].value.args[0])  # what "copy as code" replays
     assert " | " in pattern and yax.query(pattern, s.original) == [d0, d1]
-    with pytest.raises(yax.YaxInputError, match="There are no nodes to replace with ReLU"):
+    with pytest.raises(yax.errors.NotNodes) as e:
         s.substitute([], "ReLU")
+    assert e.value.found == [] and isinstance(e.value, yax.YaxInputError)
     s.close()
 
 

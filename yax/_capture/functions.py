@@ -7,7 +7,7 @@ from typing import Any
 
 from .._eval import flatten_inputs, unflatten_outputs
 from .._ir import Mox
-from ..errors import LossNotAFunction, PatchDoesNotFit, YaxCaptureError
+from ..errors import LossNotAFunction, PatchDoesNotFit, WrongType, YaxCaptureError
 from .hooks import fitted
 from .programs import cached_plan, check_root, grads_of, program_for, values_of
 
@@ -151,11 +151,8 @@ def patch(pattern: Any, mox: Mox, repl: Callable[..., Any] | None = None) -> Cal
             outs, _ = prog(flat, {}, values)
             return unflatten_outputs(mox, outs)
         if not isinstance(values, Mapping):
-            raise YaxCaptureError(
-                f"The patched function takes a dict of new outputs by key (such as `yax.capture` returns) as its "
-                f"first argument, but got a `{type(values).__name__}`. Pass `{{{next(iter(by_key))!r}: value}}`, "
-                "or give `yax.patch` a function `repl(path, value)`."
-            )
+            raise WrongType("values", "a dict of new outputs by key (such as `yax.capture` returns)", values,
+                            f"Pass `{{{next(iter(by_key))!r}: value}}`, or give `yax.patch` a function `repl(path, value)`.")
         unknown = [k for k in values if k not in by_key]
         if unknown:
             known = ", ".join(f"`{k}`" for k in list(by_key)[:8]) + (" …" if len(by_key) > 8 else "")

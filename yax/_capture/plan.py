@@ -84,10 +84,7 @@ def plan_of(nodes: Sequence[Node], mox: Mox, what: str, pattern: Any = None,
                                      tuple(e.params["length"] for e in scans))
     missing = [n for n in nodes if id(n) not in targets]
     if missing:
-        raise YaxCaptureError(
-            f"{errors.where(missing[0], start=True)} is not part of this MoX, so `{what}` cannot find its values. "
-            "Query the MoX you evaluate."
-        )
+        raise errors.NotInMox(missing[0], what, hint="Query the MoX you evaluate.")
     return Plan(targets, descend)
 
 

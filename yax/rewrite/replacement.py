@@ -113,7 +113,7 @@ class Decider:
 
     def __init__(self, fn: Callable[[str, Any], Any]):
         if not callable(fn):
-            raise YaxRewriteError(f"`yax.decider` takes a function `f(path, node)`, not a `{type(fn).__name__}`.")
+            raise errors.WrongType("fn", "a function `f(path, node)` for `yax.decider` to mark", fn)
         self.fn = fn
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.__doc__ = getattr(fn, "__doc__", None)

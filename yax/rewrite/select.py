@@ -9,7 +9,7 @@ from typing import Any
 from .. import errors
 from .._calls import how, in_place, visit
 from .._ir import CALL_KINDS, FN_KINDS, Equation, Mox
-from ..errors import YaxRewriteError, where
+from ..errors import YaxRewriteError
 
 Node = Equation | Mox
 
@@ -28,7 +28,7 @@ def matches(pattern: Any, mox: Mox) -> list[Node]:
     return found
 
 
-def locate(mox: Mox, targets: list[Node]) -> tuple[list[Node], dict[int, tuple[Any, ...]]]:
+def locate(mox: Mox, targets: list[Node], tool: str = "sub") -> tuple[list[Node], dict[int, tuple[Any, ...]]]:
     """Targets in tree order, outermost only, and for those inside nested
     computations (scan, remat and jit bodies) their *chain*: the
     ``(equation, parameter)`` pairs leading from the root to them."""
@@ -50,7 +50,7 @@ def locate(mox: Mox, targets: list[Node]) -> tuple[list[Node], dict[int, tuple[A
         inner = ids - {id(t) for t in order}
         outside = [t for t in targets if id(t) in inner and not any(t is n for n in mox.walk())]
         if outside:
-            raise YaxRewriteError(f"{where(outside[0], start=True)} is not part of this MoX. Query the MoX you rewrite.")
+            raise errors.NotInMox(outside[0], tool, hint="Query the MoX you rewrite.")
     return order, nested
 
 

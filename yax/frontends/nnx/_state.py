@@ -184,7 +184,7 @@ def replace_modules(model: Any, pattern: Any, repl: Any, *args: Any, **kwargs: A
             f"A replacement must be an `nnx.Module` or a factory `f(path, module)`, but got a `{_what(repl)}`."
         )
     mox = make_mox(model)(*args, **kwargs)
-    targets, _ = locate(mox, matches(pattern, mox))
+    targets, _ = locate(mox, matches(pattern, mox), "replace_modules")
     calls = _module_calls(targets)
     copy = nnx.clone(model)
     plan = _surgery_plan(mox, calls, copy, repl)
