@@ -222,6 +222,9 @@ def trace_target(target: Any, *args: Any, static_argnums: int | Sequence[int] | 
     """The MoX of ``target`` (anything `make_mox` takes) on ``*args, **kwargs``,
     and the positional arguments it is evaluated with (for an nnx module,
     its state comes first: docs/nnx.md)."""
+    if frontends.for_target(target) is None:
+        raise WrongType("target", "a model, a function or the MoX of one", target,
+                        "Pass the model itself, its `apply` or a JAX function, then its inputs.")
     mox = make_mox(target, static_argnums=static_argnums, static_argnames=static_argnames)(*args, **kwargs)
     return mox, frontends.get(mox.frontend).arguments(target, args)
 

@@ -75,8 +75,9 @@ def test_bad_explorer_arguments():
         mox = yax.make_mox(lambda x: nn.gelu(x))(jnp.ones(3))
         Explorer(mox.modules().__next__())
     assert e.value.tool == "Explorer"
-    with pytest.raises(yax.YaxTraceError):
+    with pytest.raises(yax.errors.WrongType) as e:
         Explorer(42)
+    assert (e.value.argument, e.value.found) == ("target", "int") and "its `apply`" in str(e.value)
     ex = Explorer(yax.make_mox(jnp.sin)(jnp.ones(3)))
     assert ex._comparison == {"message": "no example inputs to compare on"}
     with pytest.raises(yax.errors.BadArgument) as e:
